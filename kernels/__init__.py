@@ -1,0 +1,1 @@
+"""Triton kernels, each beside a pure-torch reference (the CPU path and the test oracle)."""

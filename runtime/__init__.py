@@ -1,0 +1,1 @@
+"""sglpy runtime: engine, scheduler, KV pool, radix cache, models, server."""

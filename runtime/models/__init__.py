@@ -1,0 +1,1 @@
+"""Llama-family model implementations reading/writing the token KV pool."""

@@ -1,0 +1,98 @@
+"""Guards for the package-dir mapping (runtime/ grammar/ kernels/ -> sglpy.*)."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _pyproject():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _expected_packages():
+    """Every folder holding __init__.py under the mapped roots, as its installed name."""
+    mapping = _pyproject()["tool"]["setuptools"]["package-dir"]
+    roots = {"sglpy": "sglpy", "sglpy.runtime": "runtime", "sglpy.grammar": "grammar", "sglpy.kernels": "kernels"}
+    for name, folder in roots.items():
+        assert mapping.get(name) == folder, f"package-dir must map {name} -> {folder}"
+    found = set()
+    for name, folder in roots.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([name, *rel.parts]) if rel.parts else name)
+    return found
+
+
+def test_package_list_matches_folders():
+    listed = set(_pyproject()["tool"]["setuptools"]["packages"])
+    assert listed == _expected_packages()
+
+
+def test_every_listed_package_has_a_package_dir_entry():
+    cfg = _pyproject()["tool"]["setuptools"]
+    for pkg in cfg["packages"]:
+        folder = cfg["package-dir"].get(pkg)
+        assert folder is not None, f"{pkg} missing from [tool.setuptools.package-dir]"
+        assert (ROOT / folder / "__init__.py").exists(), f"{pkg} -> {folder} has no __init__.py"
+
+
+def test_tests_folder_is_not_a_package():
+    assert not (ROOT / "tests" / "__init__.py").exists()
+
+
+def test_no_top_level_imports_of_mapped_folders():
+    bad = re.compile(r"^\s*(import|from)\s+(runtime|grammar|kernels)(\.|\s|$)", re.M)
+    offenders = []
+    for folder in ("sglpy", "runtime", "grammar", "kernels", "tests", "examples", "benchmarks"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if bad.search(path.read_text(encoding="utf-8")):
+                offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == [], f"use sglpy.runtime / relative imports instead: {offenders}"
+
+
+def test_grammar_imports_nothing_of_ours_and_no_torch():
+    bad = re.compile(r"^\s*(import|from)\s+(torch|sglpy\.runtime|sglpy\.kernels|\.\.runtime)", re.M)
+    offenders = [str(p) for p in (ROOT / "grammar").rglob("*.py") if bad.search(p.read_text(encoding="utf-8"))]
+    assert offenders == []
+
+
+def test_import_sglpy_does_not_import_torch():
+    code = "import sys, sglpy; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.slow
+def test_wheel_builds_and_imports_outside_repo(tmp_path):
+    """Build the wheel, install it into a fresh venv (system site for deps), import from elsewhere."""
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(ROOT)],
+        check=True, capture_output=True, text=True,
+    )
+    wheels = list(dist.glob("sglpy-*.whl"))
+    assert len(wheels) == 1
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    vpy = venv / "bin" / "python"
+    subprocess.run([str(vpy), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheels[0])],
+                   check=True, capture_output=True, text=True)
+    code = (
+        "import sglpy, sglpy.runtime, sglpy.grammar, sglpy.kernels, sglpy.runtime.models, os\n"
+        "p = sglpy.runtime.__file__\n"
+        "assert 'site-packages' in p, p\n"
+        "print(p)\n"
+    )
+    out = subprocess.run([str(vpy), "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env={"PATH": os.environ.get("PATH", ""), "PYTHONNOUSERSITE": "1"})
+    assert out.returncode == 0, out.stderr
+    # runtime/ must not be importable as a top-level name from the installed wheel
+    out = subprocess.run([str(vpy), "-c", "import runtime"], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode != 0
