@@ -1,0 +1,101 @@
+"""Decode attention: one new query token per request over its cached K/V, read through req_to_token."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_same_dtype, check_tensor
+from ._dispatch import triton_module
+
+
+def decode_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Pure-torch decode attention: gather K/V padded to the longest request, one masked SDPA in float32."""
+    # q: [b, heads, head_dim]; k_cache, v_cache: [slots, kv_heads, head_dim]; seq_lens: [b]
+    b, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    group = heads // kv_heads
+    max_len = int(seq_lens.max())
+    pos = torch.arange(max_len, device=q.device)
+    valid = pos[None, :] < seq_lens[:, None]  # [b, max_len]
+    slots = req_to_token[req_pool_indices.long(), :max_len].long()
+    # Padding positions may hold stale slot ids; point them at slot 0 (always in range) and mask them out.
+    slots = torch.where(valid, slots, torch.zeros_like(slots))
+    # index_select on the flat slot list is the cheapest gather on CPU (the gather dominates this function).
+    flat = slots.reshape(-1)
+    k = k_cache.index_select(0, flat).view(b, max_len, kv_heads, head_dim)
+    v = v_cache.index_select(0, flat).view(b, max_len, kv_heads, head_dim)
+    k = k.to(torch.float32).permute(0, 2, 1, 3)  # [b, kv_heads, max_len, head_dim]
+    v = v.to(torch.float32).permute(0, 2, 1, 3)
+    # Grouping query heads under their kv head avoids materialising K/V once per query head.
+    qf = q.to(torch.float32).reshape(b, kv_heads, group, head_dim)
+    out = F.scaled_dot_product_attention(qf, k, v, attn_mask=valid[:, None, None, :], scale=sm_scale)
+    return out.reshape(b, heads, head_dim).to(q.dtype)
+
+
+def check_decode_attention_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> None:
+    """Raise ValueError naming the first bad argument of decode_attention (shapes, dtypes, devices)."""
+    check_tensor("q", q, 3, FLOAT_DTYPES, last_dim_contiguous=True)
+    check_tensor("k_cache", k_cache, 3, FLOAT_DTYPES, last_dim_contiguous=True)
+    check_tensor("v_cache", v_cache, 3, FLOAT_DTYPES, last_dim_contiguous=True)
+    check_tensor("req_to_token", req_to_token, 2, INDEX_DTYPES)
+    check_tensor("req_pool_indices", req_pool_indices, 1, INDEX_DTYPES)
+    check_tensor("seq_lens", seq_lens, 1, INDEX_DTYPES)
+    check_same_device(
+        q=q, k_cache=k_cache, v_cache=v_cache, req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices, seq_lens=seq_lens,
+    )
+    check_same_dtype(q=q, k_cache=k_cache, v_cache=v_cache)
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
+    b, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    check_dim("k_cache", k_cache.shape[2], head_dim, "dim 2 (head_dim, = q.shape[2])")
+    if kv_heads == 0 or heads % kv_heads != 0:
+        raise ValueError(f"q heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    check_dim("req_pool_indices", req_pool_indices.shape[0], b, "length (batch, = q.shape[0])")
+    check_dim("seq_lens", seq_lens.shape[0], b, "length (batch, = q.shape[0])")
+
+
+def _check_seq_len_values(seq_lens: torch.Tensor, max_context: int) -> None:
+    lo, hi = int(seq_lens.min()), int(seq_lens.max())
+    if lo < 1:
+        raise ValueError(f"seq_lens must be >= 1 (the new token is already stored), got min {lo}")
+    if hi > max_context:
+        raise ValueError(f"seq_lens must be <= req_to_token.shape[1] ({max_context}), got max {hi}")
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Attention of each request's single new query over its first seq_lens[i] cached tokens; returns o like q."""
+    check_decode_attention_args(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens)
+    if q.shape[0] == 0:
+        return torch.empty_like(q)
+    impl = triton_module("decode_attention_triton", q)
+    if impl is None:
+        # Value checks cost a host sync, so only the reference path (CPU, or CUDA without Triton) makes them.
+        _check_seq_len_values(seq_lens, req_to_token.shape[1])
+        return decode_attention_reference(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale)
+    return impl.decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale)

@@ -1,0 +1,60 @@
+"""RMSNorm with an optional fused residual add (HF Llama semantics)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._checks import FLOAT_DTYPES, check_dim, check_same_device, check_tensor
+from ._dispatch import triton_module
+
+
+class RMSNormResult(NamedTuple):
+    """`out` feeds the next layer; `residual` is the running residual stream (x + residual, or x)."""
+
+    out: torch.Tensor
+    residual: torch.Tensor
+
+
+def rmsnorm_reference(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> RMSNormResult:
+    """Pure-torch RMSNorm matching HF LlamaRMSNorm: normalise in float32, cast to x.dtype, scale by weight."""
+    # x, residual: [tokens, hidden]; weight: [hidden]
+    if residual is not None:
+        x = x + residual  # in x.dtype, as HF adds the residual stream before the norm
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * h.to(x.dtype)
+    return RMSNormResult(out.to(x.dtype), x)
+
+
+def check_rmsnorm_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:
+    """Raise ValueError naming the first bad argument of rmsnorm."""
+    check_tensor("x", x, 2, FLOAT_DTYPES, last_dim_contiguous=True)
+    check_tensor("weight", weight, 1, FLOAT_DTYPES, last_dim_contiguous=True)
+    check_dim("weight", weight.shape[0], x.shape[1], "length (hidden, = x.shape[1])")
+    if residual is None:
+        check_same_device(x=x, weight=weight)
+        return
+    check_tensor("residual", residual, 2, FLOAT_DTYPES, last_dim_contiguous=True)
+    check_same_device(x=x, weight=weight, residual=residual)
+    if residual.shape != x.shape:
+        raise ValueError(f"residual shape {tuple(residual.shape)} must equal x shape {tuple(x.shape)}")
+    if residual.dtype != x.dtype:
+        raise ValueError(f"residual dtype {residual.dtype} must equal x dtype {x.dtype}")
+
+
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> RMSNormResult:
+    """RMSNorm of x (+ residual first when given); returns new tensors, inputs are left untouched."""
+    check_rmsnorm_args(x, weight, residual)
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    impl = triton_module("rmsnorm_triton", x)
+    if impl is None or x.shape[0] == 0:
+        return rmsnorm_reference(x, weight, eps, residual)
+    out, res = impl.rmsnorm_triton(x, weight, eps, residual)
+    return RMSNormResult(out, res)
