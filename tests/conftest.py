@@ -1,6 +1,26 @@
 """Shared test setup. TRITON_INTERPRET must be set before any kernel module imports triton."""
 
 import os
+import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, os.path.dirname(__file__))  # tests/ is not a package: make helper modules importable
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def default_model_path():
+    """HF folder of the embedded default model (converted once into the cache)."""
+    from sglpy.runtime.model_loader import resolve_model_path
+
+    return resolve_model_path(None)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    """A tiny random-weight Llama folder (2 layers, GQA 4:2) with the default tokenizer."""
+    from sglpy.runtime.testing import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")

@@ -1,0 +1,82 @@
+"""Token-granular KV pool: K/V buffers, a slot free list, and the request-to-slot table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SlotAlloc:
+    """Result of an allocation: the slots, or ok=False when the pool is short (nothing allocated)."""
+
+    ok: bool
+    slots: list[int]
+
+
+class KVPool:
+    """Owns K/V storage and the free list. Slots are token-granular; slot ids are plain ints."""
+
+    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.num_slots = num_slots
+        # k_buffer, v_buffer: [layers, slots, kv_heads, head_dim]
+        self.k_buffer = torch.zeros(num_layers, num_slots, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v_buffer = torch.zeros_like(self.k_buffer)
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() hands out low slots first
+        self._is_free = bytearray(b"\x01") * num_slots
+
+    def available(self) -> int:
+        """Number of free slots."""
+        return len(self._free)
+
+    def alloc(self, n: int) -> SlotAlloc:
+        """Take n free slots; returns ok=False (and takes nothing) when fewer than n are free."""
+        if n > len(self._free):
+            return SlotAlloc(False, [])
+        out = self._free[len(self._free) - n:][::-1]
+        del self._free[len(self._free) - n:]
+        for s in out:
+            self._is_free[s] = 0
+        return SlotAlloc(True, out)
+
+    def free(self, slots: list[int]) -> None:
+        """Return slots to the free list; freeing a free slot is a bug and raises."""
+        for s in slots:
+            if self._is_free[s]:
+                raise RuntimeError(f"double free of KV slot {s}")
+            self._is_free[s] = 1
+        self._free.extend(slots)
+
+    def reset(self) -> None:
+        """Mark every slot free (flush)."""
+        self._free = list(range(self.num_slots - 1, -1, -1))
+        self._is_free = bytearray(b"\x01") * self.num_slots
+
+
+class ReqToTokenPool:
+    """Rows of KV slot ids, one row per running request: req_to_token[row, pos] = slot."""
+
+    def __init__(self, max_reqs: int, max_context: int, device: torch.device):
+        # req_to_token: [max_reqs, max_context] int32 (read by the attention kernels)
+        self.req_to_token = torch.zeros(max_reqs, max_context, dtype=torch.int32, device=device)
+        self._free_rows = list(range(max_reqs - 1, -1, -1))
+        self.max_context = max_context
+
+    def alloc_row(self) -> int | None:
+        """A free row index, or None when every row is taken."""
+        return self._free_rows.pop() if self._free_rows else None
+
+    def free_row(self, row: int) -> None:
+        """Release a row."""
+        self._free_rows.append(row)
+
+    def available(self) -> int:
+        """Number of free rows."""
+        return len(self._free_rows)
+
+    def write(self, row: int, start: int, slots: list[int]) -> None:
+        """Record slots for positions start..start+len(slots)-1 of a request's row."""
+        if slots:
+            self.req_to_token[row, start:start + len(slots)] = torch.tensor(slots, dtype=torch.int32)

@@ -1,0 +1,116 @@
+"""The one request object that flows through scheduler, model runner, sampler and output."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .config import SamplingParams
+
+_arrival = itertools.count()
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    """Why a request ended: type is 'length', 'stop' or 'abort'."""
+
+    type: str
+    matched: int | str | None = None  # stop token id or stop string (type == 'stop')
+    length: int | None = None  # completion length (type == 'length')
+    message: str | None = None  # error text (type == 'abort')
+
+    def to_json(self) -> dict:
+        """SGLang's meta_info.finish_reason shape."""
+        if self.type == "stop":
+            return {"type": "stop", "matched": self.matched}
+        if self.type == "length":
+            return {"type": "length", "length": self.length}
+        return {"type": "abort", "message": self.message}
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A (logprob, token id) pair with the top-k alternatives at that position."""
+
+    logprob: float | None
+    token_id: int
+    top: tuple[tuple[float, int], ...] = ()
+
+
+@dataclass
+class Req:
+    """One generation request. KV holds all_ids[:kv_len]; the next forward extends kv_len forward."""
+
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1 = output logprobs only
+    top_logprobs_num: int = 0
+    extra_key: str | None = None
+    on_output: Callable[["Req", bool], None] | None = None  # called by the engine loop after each step
+    stream: bool = False
+
+    output_ids: list[int] = field(default_factory=list)
+    status: ReqStatus = ReqStatus.WAITING
+    finish_reason: FinishReason | None = None
+    arrival: int = field(default_factory=lambda: next(_arrival))
+    created: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+
+    # KV state
+    slots: list[int] = field(default_factory=list)  # KV slots of all_ids[:kv_len]
+    row: int | None = None  # row in ReqToTokenPool
+    cache_node: Any = None  # locked radix node covering slots[:cached_len_locked]
+    locked_len: int = 0  # tokens of `slots` owned by the radix cache (not freed by us)
+    cached_tokens: int = 0  # prompt tokens served from the cache (reported)
+    num_preemptions: int = 0
+
+    # logprobs
+    input_logprobs: list[TokenLogprob] = field(default_factory=list)
+    input_logprobs_done: bool = False  # set once every requested prompt position is scored
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    # output text
+    detok: Any = None  # IncrementalDetokenizer
+    text: str = ""  # output text so far (stop strings trimmed at finish)
+    num_jumped_tokens: int = 0  # tokens appended by jump-forward (no model step)
+    grammar: Any = None  # per-request guide state holder (constrained decoding)
+
+    @property
+    def all_ids(self) -> list[int]:
+        """Prompt followed by outputs."""
+        return self.input_ids + self.output_ids
+
+    @property
+    def kv_len(self) -> int:
+        """Tokens whose K/V is in the pool."""
+        return len(self.slots)
+
+    @property
+    def seq_len(self) -> int:
+        """Prompt + output tokens."""
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def pending(self) -> int:
+        """Tokens the next forward must extend."""
+        return self.seq_len - self.kv_len
+
+    @property
+    def finished(self) -> bool:
+        """True once a finish reason is set."""
+        return self.finish_reason is not None
+
+    def wants_input_logprobs(self) -> bool:
+        """Prompt-token logprobs requested (logprob_start_len >= 0)."""
+        return self.return_logprob and self.logprob_start_len >= 0 and not self.input_logprobs_done
