@@ -1,0 +1,151 @@
+"""The small interface every backend implements, plus the shared select-scoring logic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional
+
+from .chat_template import CHATML, ChatTemplate
+from .choices import ChoicesDecision, ChoicesSamplingMethod, token_length_normalized
+from .ir import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenResult:
+    """One gen's output: `text` (first sample), all samples when n > 1, and the runtime's meta_info."""
+
+    text: str
+    meta_info: dict = field(default_factory=dict)
+    texts: tuple = ()
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """A streamed delta of generated text and the latest meta_info."""
+
+    delta: str
+    meta_info: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ChoiceScore:
+    """Scored window of one choice: [logprob, token_id, text] triples over exactly its own tokens."""
+
+    input_token_logprobs: list
+    normalized_prompt_logprob: float
+    unconditional_token_logprobs: Optional[list] = None
+
+
+class BaseBackend:
+    """What the interpreter needs from a backend. Subclasses implement generate and score_choices."""
+
+    supports_concate_and_append = False
+
+    def get_chat_template(self) -> ChatTemplate:
+        """The template role blocks use (subclasses derive it from the model's tokenizer)."""
+        return CHATML
+
+    def generate(self, text: str, sampling: SamplingParams) -> GenResult:
+        """Continue `text` under `sampling` (dtype already lowered to regex by the caller)."""
+        raise NotImplementedError
+
+    def generate_stream(self, text: str, sampling: SamplingParams) -> Iterator[StreamChunk]:
+        """Stream deltas; default: one chunk holding the whole result."""
+        res = self.generate(text, sampling)
+        yield StreamChunk(res.text, res.meta_info)
+
+    def score_choices(self, prefix: str, choices: list[str], need_unconditional: bool) -> list[ChoiceScore]:
+        """Prompt logprobs of each choice's own tokens after `prefix`."""
+        raise NotImplementedError
+
+    def select(self, prefix: str, choices: list[str], temperature: float = 0.0,
+               choices_method: Optional[ChoicesSamplingMethod] = None) -> ChoicesDecision:
+        """Pick one choice by `choices_method` over the scored windows (greedy: temperature must be 0)."""
+        if temperature > 1e-5:
+            raise ValueError(f"select scores choices deterministically; temperature must be 0, got {temperature}")
+        if not choices or not all(isinstance(c, str) for c in choices):
+            raise ValueError(f"select needs a non-empty list of strings, got {choices!r}")
+        method = choices_method or token_length_normalized
+        scores = self.score_choices(prefix, list(choices), method.requires_unconditional_logprobs)
+        return method(
+            choices=list(choices),
+            normalized_prompt_logprobs=[sc.normalized_prompt_logprob for sc in scores],
+            input_token_logprobs=[sc.input_token_logprobs for sc in scores],
+            output_token_logprobs=[[] for _ in scores],
+            unconditional_token_logprobs=[sc.unconditional_token_logprobs for sc in scores]
+            if method.requires_unconditional_logprobs else None,
+        )
+
+    def cache_prefix(self, text: str) -> None:
+        """Prefill `text` without generating so later requests sharing it hit the prefix cache."""
+
+    def flush_cache(self) -> bool:
+        """Drop the runtime's prefix cache."""
+        return False
+
+    def get_server_info(self) -> dict:
+        """Runtime configuration and state."""
+        return {}
+
+    def shutdown(self) -> None:
+        """Release resources held by the backend."""
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass(frozen=True)
+class ScoringPlan:
+    """Token ids per choice and where each choice's own window starts."""
+
+    prefix_ids: list
+    full_ids: list  # one token list per choice: tokenize(prefix + choice)
+    window_starts: list  # first scored position per choice
+
+    @property
+    def logprob_start_len(self) -> int:
+        return min(self.window_starts)
+
+
+def plan_scoring(tokenize: Callable[[str], list[int]], prefix: str, choices: list[str]) -> ScoringPlan:
+    """Define the scored window: the tokens of tokenize(prefix + choice) after its common prefix with tokenize(prefix).
+
+    When the choice's first characters merge with the prefix's last token (" Yes" vs prefix "...:" + " "),
+    the merged token carries the choice and is scored; prefix-only tokens never are.
+    """
+    prefix_ids = tokenize(prefix)
+    fulls, starts = [], []
+    for c in choices:
+        ids = tokenize(prefix + c)
+        start = common_prefix_len(prefix_ids, ids)
+        if start >= len(ids):
+            raise ValueError(f"select choice {c!r} adds no tokens after the prefix")
+        fulls.append(ids)
+        starts.append(start)
+    return ScoringPlan(prefix_ids, fulls, starts)
+
+
+def mean_logprob(entries: list) -> float:
+    """Mean of the non-null logprobs of a window (the first prompt token has none)."""
+    vals = [e[0] for e in entries if e[0] is not None]
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def scores_from_logprobs(plan: ScoringPlan, input_logprobs: list[list], start: int,
+                         unconditional: Optional[list[list]] = None) -> list[ChoiceScore]:
+    """Slice each choice's window out of prompt logprobs that begin at position `start`."""
+    out = []
+    for i, entries in enumerate(input_logprobs):
+        expected = len(plan.full_ids[i]) - start
+        if len(entries) != expected:
+            raise RuntimeError(f"runtime returned {len(entries)} prompt logprobs, expected {expected}")
+        window = [list(e) for e in entries[plan.window_starts[i] - start:]]
+        out.append(ChoiceScore(window, mean_logprob(window),
+                               [list(e) for e in unconditional[i]] if unconditional else None))
+    return out

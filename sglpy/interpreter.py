@@ -1,0 +1,250 @@
+"""Program execution: one StreamExecutor (worker thread + FIFO of IR nodes) per ProgramState."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import uuid
+import warnings
+from typing import Any, Optional
+
+from .backend_base import BaseBackend
+from .chat_template import ChatTemplate
+from .ir import (
+    SamplingParams,
+    SglCommitLazy,
+    SglConstantText,
+    SglExpr,
+    SglGen,
+    SglImage,
+    SglRoleBegin,
+    SglRoleEnd,
+    SglSelect,
+    SglVarScopeBegin,
+    SglVarScopeEnd,
+    resolve_sampling,
+    wrap,
+)
+
+
+class ProgramError(RuntimeError):
+    """A program failed in its worker; raised where the caller reads its results."""
+
+
+_END = object()
+
+
+def role_begin_text(template: ChatTemplate, role: str, first_message: bool) -> str:
+    """Text written when a role block opens (the template's default system block comes first if due)."""
+    text = ""
+    if first_message and role != "system" and template.default_system_prompt is not None:
+        sp, ss = template.get_prefix_and_suffix("system")
+        text = sp + template.default_system_prompt + ss
+    return text + template.get_prefix_and_suffix(role)[0]
+
+
+class StreamExecutor:
+    """Runs submitted IR nodes in order on its own thread; keeps text, messages and variables."""
+
+    def __init__(self, backend: BaseBackend, default_sampling: SamplingParams,
+                 chat_template: Optional[ChatTemplate] = None, stream: bool = False):
+        self.sid = uuid.uuid4().hex
+        self.backend = backend
+        self.default_sampling = default_sampling
+        self.chat_template = chat_template or backend.get_chat_template()
+        self.stream = stream
+        self.text_ = ""
+        self.messages_: list[dict] = []
+        self.variables: dict[str, Any] = {}
+        self.meta_info: dict[str, Any] = {}
+        self.variable_event: dict[str, threading.Event] = {}
+        self.stream_buffers: dict[str, str] = {}
+        self.cur_role: Optional[str] = None
+        self.cur_role_begin_pos = 0
+        self.var_scope_begin: dict[str, int] = {}
+        self.fork_start_text_pos = 0
+        self.error_: Optional[BaseException] = None
+        self.is_finished = False
+        self.children: list["StreamExecutor"] = []
+        self._ended = False
+        self.cond = threading.Condition()
+        self.queue: "queue.Queue" = queue.Queue()
+        self.worker = threading.Thread(target=self._loop, name=f"sglpy-state-{self.sid[:8]}", daemon=True)
+        self.worker.start()
+
+    # ------------------------------------------------------------ caller side
+
+    def submit(self, expr: Any) -> None:
+        """Queue an expression; named outputs get a fresh event so readers wait for this value."""
+        if self._ended:
+            raise RuntimeError("cannot append to a program state that has finished")
+        nodes = wrap(expr).flatten()
+        for node in nodes:
+            name = getattr(node, "name", None)
+            if isinstance(node, (SglGen, SglSelect, SglVarScopeEnd)) and name is not None:
+                self.variable_event[name] = threading.Event()
+        for node in nodes:
+            self.queue.put(node)
+
+    def sync(self) -> None:
+        """Wait until every submitted node has run."""
+        self.queue.join()
+
+    def end(self) -> None:
+        """No more input: the worker (and any un-joined fork's worker) exits after draining its queue."""
+        if self._ended:
+            return
+        self._ended = True
+        for c in self.children:
+            c.end()
+        self.queue.put(_END)
+
+    def get_var(self, name: str, timeout: Optional[float] = None) -> Any:
+        """The value of `name`, waiting for it; a clear error if it failed or was never set."""
+        event = self.variable_event.get(name)
+        if event is None:
+            if name not in self.variables:
+                self.sync()
+        elif not event.wait(timeout):
+            raise TimeoutError(f"variable {name!r} not ready after {timeout}s")
+        if name in self.variables:
+            return self.variables[name]
+        if self.error_ is not None:
+            raise ProgramError(f"variable {name!r} was not produced: the program failed with "
+                               f"{type(self.error_).__name__}: {self.error_}") from self.error_
+        raise KeyError(f"variable {name!r} was never set by this program; set variables: {sorted(self.variables)}")
+
+    def set_var(self, name: str, value: Any) -> None:
+        """Set a variable directly (host code, joins)."""
+        with self.cond:
+            self.variables[name] = value
+            self.cond.notify_all()
+        self.variable_event.setdefault(name, threading.Event()).set()
+
+    def fork(self, size: int) -> list["StreamExecutor"]:
+        """Child executors that copy this state's text, messages, role and variables (after a sync)."""
+        self.sync()
+        children = []
+        for _ in range(size):
+            c = StreamExecutor(self.backend, self.default_sampling, self.chat_template, self.stream)
+            c.text_ = self.text_
+            c.messages_ = list(self.messages_)
+            c.variables = dict(self.variables)
+            c.meta_info = dict(self.meta_info)
+            for k in c.variables:
+                c.variable_event[k] = _set_event()
+            c.cur_role, c.cur_role_begin_pos = self.cur_role, self.cur_role_begin_pos
+            c.var_scope_begin = dict(self.var_scope_begin)
+            c.fork_start_text_pos = len(self.text_)
+            children.append(c)
+        self.children.extend(children)
+        return children
+
+    def fail(self, exc: BaseException) -> None:
+        """Record an error raised outside the worker (e.g. in a streaming program body)."""
+        with self.cond:
+            if self.error_ is None:
+                self.error_ = exc
+            self.cond.notify_all()
+        self._release_waiters()
+
+    # ------------------------------------------------------------ worker side
+
+    def _loop(self) -> None:
+        while True:
+            node = self.queue.get()
+            try:
+                if node is _END:
+                    with self.cond:
+                        self.is_finished = True
+                        self.cond.notify_all()
+                    self._release_waiters()
+                    return
+                if self.error_ is None:
+                    self._execute(node)
+            except BaseException as e:  # noqa: BLE001 - reported to the reader, never lost
+                warnings.warn(f"sglpy program error: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=1)
+                self.fail(e)
+            finally:
+                # After an error the remaining nodes are skipped: later text would build on a broken state.
+                self.queue.task_done()
+
+    def _release_waiters(self) -> None:
+        for ev in list(self.variable_event.values()):
+            ev.set()
+
+    def _append(self, text: str, var: Optional[str] = None) -> None:
+        with self.cond:
+            self.text_ += text
+            if var is not None:
+                self.stream_buffers[var] = self.stream_buffers.get(var, "") + text
+            self.cond.notify_all()
+
+    def _finish_var(self, name: Optional[str], value: Any, meta: Any) -> None:
+        if name is None:
+            return
+        with self.cond:
+            self.variables[name] = value
+            self.meta_info[name] = meta
+            self.cond.notify_all()
+        self.variable_event.setdefault(name, threading.Event()).set()
+
+    def _execute(self, node: SglExpr) -> None:
+        if isinstance(node, SglConstantText):
+            self._append(node.value)
+        elif isinstance(node, SglGen):
+            self._execute_gen(node)
+        elif isinstance(node, SglSelect):
+            decision = self.backend.select(self.text_, node.choices, node.temperature, node.choices_method)
+            self._append(decision.decision)
+            self._finish_var(node.name, decision.decision, decision.meta_info)
+        elif isinstance(node, SglRoleBegin):
+            if self.cur_role is not None:
+                raise ValueError(f"Nested roles are not allowed: {node.role!r} opened inside {self.cur_role!r}")
+            self._append(role_begin_text(self.chat_template, node.role, not self.messages_))
+            self.cur_role, self.cur_role_begin_pos = node.role, len(self.text_)
+        elif isinstance(node, SglRoleEnd):
+            if self.cur_role != node.role:
+                raise ValueError(f"role end {node.role!r} does not match the open role {self.cur_role!r}")
+            content = self.text_[self.cur_role_begin_pos:]
+            self._append(self.chat_template.get_prefix_and_suffix(node.role)[1])
+            self.messages_.append({"role": node.role, "content": content.lstrip()})
+            self.cur_role = None
+        elif isinstance(node, SglVarScopeBegin):
+            self.var_scope_begin[node.name] = len(self.text_)
+        elif isinstance(node, SglVarScopeEnd):
+            if node.name not in self.var_scope_begin:
+                raise ValueError(f"var_scope {node.name!r} ended without beginning")
+            value = self.text_[self.var_scope_begin.pop(node.name):]
+            self._finish_var(node.name, value, None)
+        elif isinstance(node, SglCommitLazy):
+            if self.text_:
+                self.backend.cache_prefix(self.text_)
+        elif isinstance(node, SglImage):
+            raise ValueError("sglpy serves text-only models: images are not supported")
+        else:
+            raise TypeError(f"unknown program node {type(node).__name__}")
+
+    def _execute_gen(self, node: SglGen) -> None:
+        sampling = resolve_sampling(self.default_sampling, node.overrides, self.chat_template.stop_str)
+        if self.stream and sampling.n == 1:
+            meta: dict = {}
+            with self.cond:
+                if node.name is not None:
+                    self.stream_buffers[node.name] = ""
+            for chunk in self.backend.generate_stream(self.text_, sampling):
+                self._append(chunk.delta, node.name)
+                meta = chunk.meta_info
+            value = self.stream_buffers.get(node.name, "") if node.name is not None else None
+            self._finish_var(node.name, value, meta)
+            return
+        res = self.backend.generate(self.text_, sampling)
+        self._append(res.text, node.name)
+        value = list(res.texts) if sampling.n > 1 else res.text
+        self._finish_var(node.name, value, res.meta_info)
+
+
+def _set_event() -> threading.Event:
+    ev = threading.Event()
+    ev.set()
+    return ev
