@@ -1,0 +1,147 @@
+"""GrammarCompiler: constraint -> Guide, with a thread-safe LRU cache keyed by (kind, constraint, options)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
+
+from .dfa import regex_to_dfa
+from .errors import GrammarError
+from .guide import Guide, RegexGuide
+from .vocab import TokenizerInfo
+
+# SGLang-compatible dtype constraints (gen(..., dtype=int/float/bool/str)).
+DTYPE_REGEX = {
+    "int": r"[-+]?[0-9]+",
+    "float": r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?",
+    "bool": r"(?:True|False)",
+    "str": r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt])*"',
+}
+
+
+def choices_regex(choices: list[str]) -> str:
+    """Regex matching exactly one of the strings."""
+    if not isinstance(choices, (list, tuple)) or not choices:
+        raise GrammarError("choices must be a non-empty list of strings")
+    for c in choices:
+        if not isinstance(c, str):
+            raise GrammarError(f"choices must be strings, got {type(c).__name__}")
+    return "(?:" + "|".join(re.escape(c) for c in choices) + ")"
+
+
+class GrammarCompiler:
+    """Compiles constraints for one tokenizer; results are cached (LRU) and safe to share across threads."""
+
+    KINDS = ("regex", "json_schema", "ebnf", "choices", "dtype")
+
+    def __init__(
+        self,
+        tokenizer_info: TokenizerInfo,
+        max_states: int = 20_000,
+        cache_size: int = 128,
+        whitespace_pattern: str | None = None,
+        max_recursion_depth: int = 3,
+    ):
+        if not isinstance(tokenizer_info, TokenizerInfo):
+            raise ValueError("GrammarCompiler needs a TokenizerInfo (use TokenizerInfo.from_hf(tokenizer))")
+        if max_states < 2:
+            raise ValueError(f"max_states must be >= 2, got {max_states}")
+        if cache_size < 0:
+            raise ValueError(f"cache_size must be >= 0, got {cache_size}")
+        self.info = tokenizer_info
+        self.max_states = max_states
+        self.cache_size = cache_size
+        self.whitespace_pattern = whitespace_pattern
+        self.max_recursion_depth = max_recursion_depth
+        self._cache: OrderedDict[tuple, Guide] = OrderedDict()
+        self._lock = threading.Lock()
+        self._inflight: dict[tuple, threading.Event] = {}
+
+    def _cached(self, key: tuple, build: Callable[[], Guide]) -> Guide:
+        while True:
+            with self._lock:
+                hit = self._cache.get(key)
+                if hit is not None:
+                    self._cache.move_to_end(key)
+                    return hit
+                waiting = self._inflight.get(key)
+                if waiting is None:
+                    done = self._inflight[key] = threading.Event()
+                    break
+            waiting.wait()  # another thread compiles the same constraint: reuse its result
+        try:
+            guide = build()
+            with self._lock:
+                if self.cache_size:
+                    self._cache[key] = guide
+                    while len(self._cache) > self.cache_size:
+                        self._cache.popitem(last=False)
+            return guide
+        finally:
+            with self._lock:
+                del self._inflight[key]
+            done.set()
+
+    def compile(self, kind: str, value: Any) -> Guide:
+        """Dispatch on kind: regex | json_schema | ebnf | choices | dtype."""
+        if kind in ("json", "json_schema"):
+            return self.compile_json_schema(value)
+        if kind == "regex":
+            return self.compile_regex(value)
+        if kind == "ebnf":
+            return self.compile_ebnf(value)
+        if kind == "choices":
+            return self.compile_choices(value)
+        if kind == "dtype":
+            return self.compile_dtype(value)
+        raise GrammarError(f"unknown constraint kind {kind!r} (expected one of {', '.join(self.KINDS)})")
+
+    def compile_regex(self, pattern: str) -> Guide:
+        """Guide for strings that `re.fullmatch(pattern, s)` accepts."""
+        if not isinstance(pattern, str):
+            raise GrammarError(f"regex must be a str, got {type(pattern).__name__}")
+        return self._cached(("regex", pattern, self.max_states), lambda: self._regex_guide(pattern))
+
+    def _regex_guide(self, pattern: str) -> RegexGuide:
+        return RegexGuide(regex_to_dfa(pattern, self.max_states), self.info, pattern)
+
+    def compile_choices(self, choices: list[str]) -> Guide:
+        """Guide for exactly one of the strings."""
+        return self.compile_regex(choices_regex(choices))
+
+    def compile_dtype(self, dtype: Any) -> Guide:
+        """Guide for an int / float / bool / str literal (type objects or their names)."""
+        name = dtype.__name__ if isinstance(dtype, type) else dtype
+        if name not in DTYPE_REGEX:
+            raise GrammarError(f"unsupported dtype {dtype!r} (expected int, float, bool or str)")
+        return self.compile_regex(DTYPE_REGEX[name])
+
+    def json_schema_to_regex(self, schema: Any, strict: bool = True) -> str:
+        """The regex this compiler uses for a JSON schema (dict, JSON string, or pydantic model class)."""
+        from .json_schema import schema_to_regex
+
+        return schema_to_regex(
+            schema, whitespace_pattern=self.whitespace_pattern, strict=strict,
+            max_recursion_depth=self.max_recursion_depth,
+        )
+
+    def compile_json_schema(self, schema: Any, strict: bool = True) -> Guide:
+        """Guide for JSON documents valid under `schema` (see docs/grammar.md for the supported subset)."""
+        from .json_schema import normalize_schema
+
+        norm = normalize_schema(schema)
+        key = ("json_schema", json.dumps(norm), strict, self.whitespace_pattern, self.max_recursion_depth,
+               self.max_states)
+        return self._cached(key, lambda: self._regex_guide(self.json_schema_to_regex(norm, strict)))
+
+    def compile_ebnf(self, grammar: str, start: str = "start") -> Guide:
+        """Guide for a context-free grammar in lark EBNF syntax."""
+        from .ebnf import EBNFGuide
+
+        if not isinstance(grammar, str):
+            raise GrammarError(f"EBNF grammar must be a str, got {type(grammar).__name__}")
+        return self._cached(("ebnf", grammar, start, self.max_states),
+                            lambda: EBNFGuide(grammar, self.info, start=start, max_states=self.max_states))

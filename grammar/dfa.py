@@ -1,0 +1,181 @@
+"""Byte NFA -> minimal, trimmed byte DFA (subset construction over byte classes + Moore refinement)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import GrammarError
+from .regex_nfa import NFA, build_nfa
+
+DEAD = 0
+
+
+@dataclass(frozen=True)
+class ByteDFA:
+    """Deterministic automaton over bytes. State 0 is the dead state; every other state can reach acceptance."""
+
+    trans: np.ndarray  # [states, 256] int32, next state per byte (DEAD = rejected)
+    accepting: np.ndarray  # [states] bool
+    initial: int
+
+    @property
+    def num_states(self) -> int:
+        return int(self.trans.shape[0])
+
+    def walk(self, state: int, data: bytes) -> int:
+        """State after `data` (DEAD if rejected)."""
+        t = self.trans
+        for b in data:
+            state = int(t[state, b])
+            if state == DEAD:
+                return DEAD
+        return state
+
+    def fullmatch(self, data: bytes) -> bool:
+        s = self.walk(self.initial, data)
+        return s != DEAD and bool(self.accepting[s])
+
+
+def regex_to_dfa(pattern: str, max_states: int = 10_000) -> ByteDFA:
+    """Compile a Python-syntax regex into a minimal byte DFA, or raise GrammarError."""
+    nfa = build_nfa(pattern, max_nfa_states=min(500_000, max(100_000, 50 * max_states)))
+    dfa = nfa_to_dfa(nfa, max_states)
+    if not dfa.accepting.any():
+        raise GrammarError(f"regex {pattern[:80]!r} matches no string")
+    return dfa
+
+
+def _byte_classes(nfa: NFA) -> tuple[np.ndarray, int]:
+    cuts = {0, 256}
+    for edges in nfa.edges:
+        for lo, hi, _ in edges:
+            cuts.add(lo)
+            cuts.add(hi + 1)
+    bounds = np.array(sorted(cuts), dtype=np.int64)
+    class_of = np.searchsorted(bounds, np.arange(256), side="right") - 1
+    return class_of.astype(np.int32), len(bounds) - 1
+
+
+def nfa_to_dfa(nfa: NFA, max_states: int) -> ByteDFA:
+    """Subset construction over byte classes, then trimming and minimisation."""
+    class_of, n_classes = _byte_classes(nfa)
+    cedges = [[(int(class_of[lo]), int(class_of[hi]), t) for lo, hi, t in es] for es in nfa.edges]
+    eps, accept = nfa.eps, nfa.accept
+
+    def closure(seeds) -> tuple[frozenset, bool]:
+        seen = set(seeds)
+        stack = list(seeds)
+        while stack:
+            for t in eps[stack.pop()]:
+                if t not in seen:
+                    seen.add(t)
+                    stack.append(t)
+        # only states with byte edges matter for the future; acceptance is kept as a flag
+        return frozenset(n for n in seen if cedges[n]), accept in seen
+
+    ids: dict[tuple[frozenset, bool], int] = {}
+    rows: list[list[int]] = [[DEAD] * n_classes]  # dead state
+    acc: list[bool] = [False]
+    work: list[tuple[frozenset, bool]] = []
+
+    def intern(key) -> int:
+        sid = ids.get(key)
+        if sid is None:
+            if len(rows) > max_states:
+                raise GrammarError(
+                    f"automaton too large: more than {max_states} DFA states (raise max_states, or simplify "
+                    "the constraint: large bounded repeats, maxLength/maxItems and many optional parts multiply states)"
+                )
+            sid = ids[key] = len(rows)
+            rows.append([DEAD] * n_classes)
+            acc.append(key[1])
+            work.append(key)
+        return sid
+
+    initial = intern(closure([nfa.start]))
+    while work:
+        key = work.pop()
+        row = rows[ids[key]]
+        moves: dict[int, set[int]] = {}
+        for n in key[0]:
+            for clo, chi, t in cedges[n]:
+                for c in range(clo, chi + 1):
+                    moves.setdefault(c, set()).add(t)
+        cache: dict[frozenset, int] = {}
+        for c, targets in moves.items():
+            ft = frozenset(targets)
+            sid = cache.get(ft)
+            if sid is None:
+                ck = closure(targets)
+                sid = cache[ft] = intern(ck) if (ck[0] or ck[1]) else DEAD
+            row[c] = sid
+    ctrans = np.array(rows, dtype=np.int32).reshape(len(rows), n_classes)
+    accepting = np.array(acc, dtype=bool)
+    ctrans, accepting, initial = _trim(ctrans, accepting, initial)
+    ctrans, accepting, initial = _minimise(ctrans, accepting, initial)
+    return ByteDFA(np.ascontiguousarray(ctrans[:, class_of]), accepting, initial)
+
+
+def _trim(ctrans: np.ndarray, accepting: np.ndarray, initial: int):
+    """Redirect transitions into states that cannot reach acceptance to DEAD, and drop those states."""
+    n = ctrans.shape[0]
+    src = np.repeat(np.arange(n), ctrans.shape[1])
+    dst = ctrans.reshape(-1)
+    order = np.argsort(dst, kind="stable")
+    src_sorted, dst_sorted = src[order], dst[order]
+    starts = np.searchsorted(dst_sorted, np.arange(n + 1))
+    live = accepting.copy()
+    live[DEAD] = False
+    frontier = list(np.flatnonzero(live))
+    while frontier:
+        nxt = []
+        for s in frontier:
+            for p in src_sorted[starts[s] : starts[s + 1]]:
+                if not live[p]:
+                    live[p] = True
+                    nxt.append(p)
+        frontier = nxt
+    live[DEAD] = True
+    if not live[initial]:
+        return np.zeros((1, ctrans.shape[1]), np.int32), np.zeros(1, bool), DEAD
+    keep = np.flatnonzero(live)
+    remap = np.zeros(n, np.int32)  # dropped states -> DEAD
+    remap[keep] = np.arange(len(keep), dtype=np.int32)
+    return remap[ctrans[keep]], accepting[keep], int(remap[initial])
+
+
+def _minimise(ctrans: np.ndarray, accepting: np.ndarray, initial: int):
+    """Moore partition refinement, vectorised: split blocks until the signatures stop changing."""
+    n = ctrans.shape[0]
+    block = accepting.astype(np.int64) + 1
+    block[DEAD] = 0
+    count = len(np.unique(block))
+    while True:
+        sig = np.ascontiguousarray(np.column_stack([block, block[ctrans]]), dtype=np.int32)
+        width = sig.shape[1] * 4
+        raw = sig.tobytes()
+        ids: dict[bytes, int] = {}
+        block = np.fromiter(
+            (ids.setdefault(raw[i * width : (i + 1) * width], len(ids)) for i in range(n)), np.int64, n
+        )
+        new_count = len(ids)
+        if new_count == count:
+            break
+        count = new_count
+    # renumber so that the dead state's block is 0
+    order = np.full(count, -1, np.int64)
+    order[block[DEAD]] = 0
+    nxt = 1
+    for b in block:
+        if order[b] < 0:
+            order[b] = nxt
+            nxt += 1
+    block = order[block]
+    rep = np.zeros(count, np.int64)
+    rep[block[::-1]] = np.arange(n)[::-1]  # first state of each block
+    new_trans = block[ctrans[rep]].astype(np.int32)
+    new_acc = accepting[rep]
+    new_trans[DEAD] = DEAD
+    return new_trans, new_acc, int(block[initial])

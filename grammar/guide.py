@@ -1,0 +1,178 @@
+"""Guides: the per-token interface the sampler uses (allowed mask, advance, final, forced string)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Hashable
+
+import numpy as np
+
+from .dfa import DEAD, ByteDFA
+from .index import TokenIndex, build_index
+from .vocab import TokenizerInfo
+
+_MAX_FORCED = 4096
+
+
+@dataclass(frozen=True)
+class JumpResult:
+    """Drop the last `rollback` generated tokens, append `new_token_ids`; the guide is then in `new_state`."""
+
+    rollback: int
+    new_token_ids: list[int]
+    new_state: Hashable
+
+
+def utf8_complete_prefix(data: bytes) -> str:
+    """The longest prefix of `data` made of whole UTF-8 characters, decoded ("" if it starts mid-character)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return data[: e.start].decode("utf-8") if e.start else ""
+
+
+class Guide:
+    """Common interface of compiled constraints. States are immutable and hashable (fork = share the value)."""
+
+    info: TokenizerInfo
+    initial_state: Hashable
+
+    def allowed(self, state) -> np.ndarray:
+        """Packed int32 bitmask [ceil(vocab/32)]: bit t%32 of word t//32 set = token t allowed. Do not mutate."""
+        raise NotImplementedError
+
+    def fill_bitmask(self, state, out_row: np.ndarray) -> None:
+        """Write `allowed(state)` into a preallocated int32 row (e.g. one row of a batch bitmask)."""
+        out_row[...] = self.allowed(state)
+
+    def advance(self, state, token_id: int):
+        """State after `token_id`; ValueError if the token is not allowed in `state`."""
+        raise NotImplementedError
+
+    def advance_bytes(self, state, data: bytes):
+        """State after raw bytes (e.g. a forced string); ValueError if they leave the language."""
+        raise NotImplementedError
+
+    def is_final(self, state) -> bool:
+        """Accepting: the text so far is a complete match, EOS is allowed."""
+        raise NotImplementedError
+
+    def can_continue(self, state) -> bool:
+        """Some non-EOS token is allowed (False in a terminated or necessarily-complete state)."""
+        raise NotImplementedError
+
+    def is_terminated(self, state) -> bool:
+        """EOS has been consumed; only EOS is allowed from here (EOS consumption is idempotent)."""
+        raise NotImplementedError
+
+    def forced_bytes(self, state) -> bytes:
+        """Bytes every continuation must start with (b"" when the next byte is a free choice)."""
+        raise NotImplementedError
+
+    def forced_string(self, state) -> str:
+        """The forced continuation, cut to whole UTF-8 characters ("" if none)."""
+        return utf8_complete_prefix(self.forced_bytes(state))
+
+    def token_allowed(self, state, token_id: int) -> bool:
+        """Bit `token_id` of `allowed(state)`."""
+        m = self.allowed(state)
+        return 0 <= token_id < self.info.vocab_size and bool((int(m[token_id >> 5]) >> (token_id & 31)) & 1)
+
+    def jump_tokens(self, state, generated_token_ids, forced: str | None = None, tokenizer: Any = None, **kw):
+        """Canonical tokens for a jump over the forced string; see `sglpy.grammar.jump.jump_tokens`."""
+        from .jump import jump_tokens
+
+        return jump_tokens(self, state, generated_token_ids, forced, tokenizer, **kw)
+
+
+class RegexGuide(Guide):
+    """A regular constraint: integer states of a minimal byte DFA, masks precomputed per state."""
+
+    def __init__(self, dfa: ByteDFA, info: TokenizerInfo, source: str = ""):
+        self.dfa, self.info, self.source = dfa, info, source
+        self.index: TokenIndex = build_index(dfa, info)
+        self.initial_state: int = dfa.initial
+        self.num_states = dfa.num_states
+        self._term = self.index.terminated
+        self._rows = dfa.trans.tolist()
+        self._accepting = dfa.accepting.tolist() + [True]
+        self._has_token = self.index.has_token.tolist()
+        self._masks = self.index.masks
+        self._mask_of = self.index.mask_of.tolist()
+        self._token_bytes = info.token_bytes
+        self._eos = frozenset(info.eos_token_ids)
+        live = dfa.trans != DEAD
+        counts = live.sum(axis=1)
+        single = np.where((counts == 1) & ~dfa.accepting, live.argmax(axis=1), -1)
+        single[DEAD] = -1
+        self._single = single.tolist() + [-1]
+        self._forced: dict[int, bytes] = {}
+
+    def __repr__(self) -> str:
+        return f"RegexGuide(states={self.num_states}, masks={len(self._masks)}, source={self.source[:40]!r})"
+
+    def _check(self, state) -> int:
+        if not isinstance(state, (int, np.integer)) or not 0 < state <= self._term:
+            raise ValueError(f"invalid guide state {state!r}")
+        return int(state)
+
+    def allowed(self, state) -> np.ndarray:
+        return self._masks[self._mask_of[self._check(state)]]
+
+    def fill_bitmask(self, state, out_row: np.ndarray) -> None:
+        out_row[...] = self._masks[self._mask_of[self._check(state)]]
+
+    def advance(self, state, token_id: int) -> int:
+        s = self._check(state)
+        if token_id in self._eos:
+            if self._accepting[s]:
+                return self._term
+            raise ValueError(f"EOS token {token_id} not allowed: state {s} is not accepting")
+        if s == self._term:
+            raise ValueError(f"token {token_id} after EOS: the guide is terminated")
+        if not 0 <= token_id < len(self._token_bytes):
+            raise ValueError(f"token id {token_id} outside the vocabulary (size {len(self._token_bytes)})")
+        data = self._token_bytes[token_id]
+        if data is None:
+            raise ValueError(f"token {token_id} is a special/added/padding token: never allowed in a constraint")
+        rows = self._rows
+        for b in data:
+            s = rows[s][b]
+            if s == DEAD:
+                raise ValueError(f"token {token_id} ({data!r}) not allowed in state {state}")
+        return s
+
+    def advance_bytes(self, state, data: bytes) -> int:
+        s = self._check(state)
+        if data and s == self._term:
+            raise ValueError("bytes after EOS: the guide is terminated")
+        rows = self._rows
+        for b in data:
+            s = rows[s][b]
+            if s == DEAD:
+                raise ValueError(f"bytes {data!r} leave the language from state {state}")
+        return s
+
+    def is_final(self, state) -> bool:
+        return self._accepting[self._check(state)]
+
+    def can_continue(self, state) -> bool:
+        return self._has_token[self._check(state)]
+
+    def is_terminated(self, state) -> bool:
+        return self._check(state) == self._term
+
+    def forced_bytes(self, state) -> bytes:
+        s = self._check(state)
+        got = self._forced.get(s)
+        if got is None:
+            out = bytearray()
+            cur = s
+            while len(out) < _MAX_FORCED:
+                b = self._single[cur]
+                if b < 0:
+                    break
+                out.append(b)
+                cur = self._rows[cur][b]
+            got = self._forced[s] = bytes(out)
+        return got

@@ -1,0 +1,242 @@
+"""Python-`re` syntax -> byte-level Thompson NFA (UTF-8 exact); constructs a DFA cannot express are errors."""
+
+from __future__ import annotations
+
+import re
+
+from . import utf8
+from .errors import GrammarError
+
+try:  # Python >= 3.11
+    from re import _constants as sre_c
+    from re import _parser as sre_parse
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_constants as sre_c  # type: ignore[no-redef]
+    import sre_parse  # type: ignore[no-redef]
+
+_UNSUPPORTED_FLAGS = {
+    sre_c.SRE_FLAG_IGNORECASE: "IGNORECASE flag ((?i))",
+    sre_c.SRE_FLAG_LOCALE: "LOCALE flag ((?L))",
+}
+_CATEGORIES = {
+    sre_c.CATEGORY_DIGIT: ("digit", False),
+    sre_c.CATEGORY_NOT_DIGIT: ("digit", True),
+    sre_c.CATEGORY_WORD: ("word", False),
+    sre_c.CATEGORY_NOT_WORD: ("word", True),
+    sre_c.CATEGORY_SPACE: ("space", False),
+    sre_c.CATEGORY_NOT_SPACE: ("space", True),
+}
+_AT_NAMES = {
+    sre_c.AT_BOUNDARY: "word boundary (\\b)",
+    sre_c.AT_NON_BOUNDARY: "non-boundary (\\B)",
+}
+_START_ANCHORS = (sre_c.AT_BEGINNING, sre_c.AT_BEGINNING_STRING)
+_END_ANCHORS = (sre_c.AT_END, sre_c.AT_END_STRING)
+
+
+class NFA:
+    """Thompson NFA over bytes: epsilon lists and (lo, hi, target) byte-range edges per state."""
+
+    def __init__(self, max_states: int):
+        self.eps: list[list[int]] = []
+        self.edges: list[list[tuple[int, int, int]]] = []
+        self.max_states = max_states
+        self.start = 0
+        self.accept = 0
+
+    def new(self) -> int:
+        if len(self.eps) >= self.max_states:
+            raise GrammarError(
+                f"regex too large: its automaton exceeds {self.max_states} NFA states "
+                "(large bounded repeats such as {{m,n}} or maxLength multiply states)"
+            )
+        self.eps.append([])
+        self.edges.append([])
+        return len(self.eps) - 1
+
+
+def parse(pattern: str):
+    """Parse with Python's own `re` parser so the language matches `re.fullmatch` exactly."""
+    if not isinstance(pattern, str):
+        raise GrammarError(f"regex must be a str, got {type(pattern).__name__}")
+    try:
+        return sre_parse.parse(pattern, 0)
+    except re.error as e:
+        raise GrammarError(f"invalid regex {pattern!r}: {e}") from None
+    except RecursionError:
+        raise GrammarError(f"invalid regex {pattern[:60]!r}...: nested too deeply") from None
+
+
+def build_nfa(pattern: str, max_nfa_states: int = 500_000) -> NFA:
+    """Compile a regex to a byte NFA whose language is the strings `re.fullmatch` accepts."""
+    tree = parse(pattern)
+    flags = tree.state.flags
+    for bit, name in _UNSUPPORTED_FLAGS.items():
+        if flags & bit:
+            raise GrammarError(f"unsupported regex construct: {name}")
+    est = _estimate(list(tree))
+    if est > max_nfa_states:
+        raise GrammarError(
+            f"regex too large: about {est} automaton states needed, limit {max_nfa_states} "
+            "(nested or large bounded repeats such as {m,n}, maxLength or maxItems)"
+        )
+    nfa = NFA(max_nfa_states)
+    b = _Builder(nfa, flags)
+    s, e = b.seq(list(tree), True, True)
+    nfa.start, nfa.accept = s, e
+    return nfa
+
+
+def _estimate(items) -> int:
+    """Cheap upper-bound-ish size of the NFA, so huge repeats fail before any allocation."""
+    total = 1
+    for op, av in items:
+        if op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT):
+            lo, hi, sub = av
+            reps = lo + 1 if hi == sre_c.MAXREPEAT else max(hi, 1)
+            total += reps * _estimate(list(sub)) + 2
+        elif op == sre_c.SUBPATTERN:
+            total += _estimate(list(av[3]))
+        elif op == sre_c.BRANCH:
+            total += sum(_estimate(list(a)) for a in av[1]) + 2
+        elif op == sre_c.IN:
+            total += 2 + 3 * len(av)
+        else:
+            total += 2
+        if total > 1 << 40:
+            break
+    return total
+
+
+class _Builder:
+    def __init__(self, nfa: NFA, flags: int):
+        self.nfa = nfa
+        self.dotall = bool(flags & sre_c.SRE_FLAG_DOTALL)
+        self.ascii = bool(flags & sre_c.SRE_FLAG_ASCII)
+
+    def seq(self, items, at_start: bool, at_end: bool) -> tuple[int, int]:
+        nfa = self.nfa
+        start = cur = nfa.new()
+        n = len(items)
+        for i, (op, av) in enumerate(items):
+            first = at_start and all(o == sre_c.AT for o, _ in items[:i])
+            last = at_end and all(o == sre_c.AT for o, _ in items[i + 1 :])
+            s, e = self.node(op, av, first, last)
+            nfa.eps[cur].append(s)
+            cur = e
+        del n
+        return start, cur
+
+    def node(self, op, av, at_start: bool, at_end: bool) -> tuple[int, int]:
+        nfa = self.nfa
+        if op == sre_c.LITERAL:
+            return self.cpset(((av, av),))
+        if op == sre_c.NOT_LITERAL:
+            return self.cpset(utf8.complement(((av, av),)))
+        if op == sre_c.ANY:
+            return self.cpset(((0, utf8.MAX_CP),) if self.dotall else utf8.complement(((10, 10),)))
+        if op == sre_c.IN:
+            return self.cpset(self.class_items(av))
+        if op == sre_c.SUBPATTERN:
+            _group, add_flags, del_flags, sub = av
+            if (add_flags | del_flags) & (sre_c.SRE_FLAG_IGNORECASE | sre_c.SRE_FLAG_LOCALE):
+                raise GrammarError("unsupported regex construct: IGNORECASE/LOCALE flag in a group (?i:...)")
+            saved = self.dotall, self.ascii
+            if add_flags & sre_c.SRE_FLAG_DOTALL or del_flags & sre_c.SRE_FLAG_DOTALL:
+                self.dotall = bool(add_flags & sre_c.SRE_FLAG_DOTALL)
+            if add_flags & sre_c.SRE_FLAG_ASCII or add_flags & sre_c.SRE_FLAG_UNICODE:
+                self.ascii = bool(add_flags & sre_c.SRE_FLAG_ASCII)
+            try:
+                return self.seq(list(sub), at_start, at_end)
+            finally:
+                self.dotall, self.ascii = saved
+        if op == sre_c.BRANCH:
+            s, e = nfa.new(), nfa.new()
+            for alt in av[1]:
+                a, b = self.seq(list(alt), at_start, at_end)
+                nfa.eps[s].append(a)
+                nfa.eps[b].append(e)
+            return s, e
+        if op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT):
+            return self.repeat(*av)
+        if op == sre_c.AT:
+            if (av in _START_ANCHORS and at_start) or (av in _END_ANCHORS and at_end):
+                s = nfa.new()
+                return s, s
+            name = _AT_NAMES.get(av, f"anchor {str(av).lower()} not at the start/end of the pattern")
+            raise GrammarError(f"unsupported regex construct: {name}")
+        names = {
+            sre_c.GROUPREF: "backreference",
+            sre_c.GROUPREF_EXISTS: "conditional group (?(id)yes|no)",
+            sre_c.ASSERT: "lookahead/lookbehind assertion",
+            sre_c.ASSERT_NOT: "negative lookahead/lookbehind assertion",
+        }
+        for attr, name in (("POSSESSIVE_REPEAT", "possessive quantifier"), ("ATOMIC_GROUP", "atomic group")):
+            if hasattr(sre_c, attr) and op == getattr(sre_c, attr):
+                raise GrammarError(f"unsupported regex construct: {name}")
+        raise GrammarError(f"unsupported regex construct: {names.get(op, str(op).lower())}")
+
+    def repeat(self, lo: int, hi: int, sub) -> tuple[int, int]:
+        nfa = self.nfa
+        items = list(sub)
+        start = cur = nfa.new()
+        for _ in range(lo):
+            s, e = self.seq(items, False, False)
+            nfa.eps[cur].append(s)
+            cur = e
+        if hi == sre_c.MAXREPEAT:
+            s, e = self.seq(items, False, False)
+            loop = nfa.new()
+            nfa.eps[cur].append(loop)
+            nfa.eps[loop].append(s)
+            nfa.eps[e].append(loop)
+            return start, loop
+        end = nfa.new()
+        for _ in range(hi - lo):
+            nfa.eps[cur].append(end)
+            s, e = self.seq(items, False, False)
+            nfa.eps[cur].append(s)
+            cur = e
+        nfa.eps[cur].append(end)
+        return start, end
+
+    def class_items(self, items) -> utf8.Intervals:
+        negate = False
+        ivs: list[tuple[int, int]] = []
+        for op, av in items:
+            if op == sre_c.NEGATE:
+                negate = True
+            elif op == sre_c.LITERAL:
+                ivs.append((av, av))
+            elif op == sre_c.RANGE:
+                ivs.append(av)
+            elif op == sre_c.CATEGORY:
+                if av not in _CATEGORIES:
+                    raise GrammarError(f"unsupported regex construct: class category {av}")
+                name, neg = _CATEGORIES[av]
+                cat = utf8.category(name, self.ascii)
+                ivs.extend(utf8.complement(cat) if neg else cat)
+            else:
+                raise GrammarError(f"unsupported regex construct in character class: {op}")
+        res = utf8.normalize(ivs)
+        return utf8.complement(res) if negate else res
+
+    def cpset(self, intervals: utf8.Intervals) -> tuple[int, int]:
+        """A fragment matching one code point of the set, as a trie of UTF-8 byte ranges."""
+        nfa = self.nfa
+        s, e = nfa.new(), nfa.new()
+        trie: dict[tuple, int] = {}
+        for lo, hi in intervals:
+            for seq in utf8.byte_sequences(lo, hi):
+                cur = s
+                for k, (blo, bhi) in enumerate(seq):
+                    if k == len(seq) - 1:
+                        nfa.edges[cur].append((blo, bhi, e))
+                        break
+                    key = seq[: k + 1]
+                    nxt = trie.get(key)
+                    if nxt is None:
+                        nxt = trie[key] = nfa.new()
+                        nfa.edges[cur].append((blo, bhi, nxt))
+                    cur = nxt
+        return s, e

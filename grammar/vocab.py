@@ -1,0 +1,219 @@
+"""Vocabulary normalisation: every token id -> the bytes it stands for (GPT-2 byte-level, SentencePiece, raw)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+from .errors import GrammarError
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+SPM_SPACE = "\u2581"
+
+
+@functools.lru_cache(maxsize=1)
+def byte_level_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode table: printable char -> byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return {c: b for b, c in table.items()}
+
+
+@dataclass(frozen=True, eq=False)
+class TokenizerInfo:
+    """Normalised vocabulary: token_bytes[id] is the token's bytes, or None if it may never appear in a constraint."""
+
+    token_bytes: tuple
+    eos_token_ids: tuple[int, ...]
+    special_token_ids: frozenset = frozenset()
+    kind: str = "raw"
+    key: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        if not self.token_bytes:
+            raise ValueError("TokenizerInfo: empty vocabulary")
+        for i, b in enumerate(self.token_bytes):
+            if b is not None and not isinstance(b, bytes):
+                raise ValueError(f"TokenizerInfo: token {i} must be bytes or None, got {type(b).__name__}")
+        if not self.eos_token_ids:
+            raise ValueError("TokenizerInfo: at least one EOS token id is required")
+        for e in self.eos_token_ids:
+            if not 0 <= e < len(self.token_bytes):
+                raise ValueError(f"TokenizerInfo: EOS id {e} outside the vocabulary (size {len(self.token_bytes)})")
+        if self.kind not in ("raw", "byte_level", "byte_fallback"):
+            raise ValueError(f"TokenizerInfo: unknown kind {self.kind!r}")
+        if not self.key:
+            h = hashlib.sha256()
+            h.update(json.dumps([self.kind, list(self.eos_token_ids), sorted(self.special_token_ids)]).encode())
+            for b in self.token_bytes:
+                h.update(b"\xff\xfe" if b is None else len(b).to_bytes(2, "little") + b)
+            object.__setattr__(self, "key", h.hexdigest()[:32])
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TokenizerInfo) and other.key == self.key
+
+    @property
+    def vocab_size(self) -> int:
+        """Logits width (tokenizer vocabulary plus any padding up to the model's size)."""
+        return len(self.token_bytes)
+
+    @property
+    def mask_words(self) -> int:
+        """int32 words in one packed bitmask row."""
+        return (self.vocab_size + 31) // 32
+
+    @functools.cached_property
+    def trie(self) -> "TokenTrie":
+        """Level-by-level prefix tree of the constraint-usable tokens (built once, shared by compiles)."""
+        return TokenTrie.build(self.token_bytes)
+
+    @functools.cached_property
+    def sorted_tokens(self) -> tuple[list[bytes], np.ndarray]:
+        """Usable token byte strings sorted, with their ids (prefix queries for the jump helper)."""
+        pairs = sorted((b, i) for i, b in enumerate(self.token_bytes) if b)
+        return [b for b, _ in pairs], np.array([i for _, i in pairs], dtype=np.int64)
+
+    @classmethod
+    def from_hf(
+        cls,
+        tokenizer: Any,
+        vocab_size: int | None = None,
+        eos_token_ids: Iterable[int] | None = None,
+    ) -> "TokenizerInfo":
+        """Normalise a transformers tokenizer (fast) or a `tokenizers.Tokenizer`; `vocab_size` pads to the logits width."""
+        backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+        if not hasattr(backend, "to_str"):
+            raise GrammarError(
+                f"incompatible vocabulary: {type(tokenizer).__name__} has no `tokenizers` backend "
+                "(use a fast tokenizer, or build TokenizerInfo from token bytes)"
+            )
+        spec = json.loads(backend.to_str())
+        vocab: dict[str, int] = backend.get_vocab(with_added_tokens=True)
+        added = backend.get_added_tokens_decoder()
+        size = max(vocab.values()) + 1
+        if vocab_size is not None:
+            if vocab_size < size:
+                raise GrammarError(f"vocab_size={vocab_size} is smaller than the tokenizer's {size} ids")
+            size = vocab_size
+        kind = _detect_kind(spec, vocab)
+        table = byte_level_decoder()
+        out: list[bytes | None] = [None] * size
+        bad = []
+        for tok, i in vocab.items():
+            if i in added:
+                continue
+            b = _token_to_bytes(tok, kind, table)
+            if b is None:
+                bad.append(tok)
+            else:
+                out[i] = b
+        if bad:
+            raise GrammarError(
+                f"incompatible vocabulary: {len(bad)} {kind} tokens cannot be mapped to bytes, e.g. {bad[:3]!r}"
+            )
+        if eos_token_ids is None:
+            eos = getattr(tokenizer, "eos_token_id", None)
+            if eos is None:
+                raise GrammarError("cannot find the EOS token id: pass eos_token_ids=")
+            eos_token_ids = [eos]
+        eos_ids = tuple(sorted({int(e) for e in eos_token_ids}))
+        return cls(tuple(out), eos_ids, frozenset(added) | frozenset(eos_ids), kind)
+
+
+def _detect_kind(spec: dict, vocab: dict[str, int]) -> str:
+    types = set()
+
+    def collect(node):
+        if isinstance(node, dict):
+            if "type" in node:
+                types.add(node["type"])
+            for v in node.values():
+                collect(v)
+        elif isinstance(node, list):
+            for v in node:
+                collect(v)
+
+    collect(spec.get("decoder"))
+    if "ByteLevel" in types:
+        return "byte_level"
+    if "ByteFallback" in types or "Metaspace" in types or (spec.get("model") or {}).get("byte_fallback"):
+        return "byte_fallback"
+    if sum(1 for t in vocab if _BYTE_TOKEN.match(t)) >= 256:
+        return "byte_fallback"
+    raise GrammarError(
+        f"incompatible vocabulary: decoder types {sorted(types) or 'none'} are neither byte-level BPE "
+        "nor SentencePiece byte-fallback"
+    )
+
+
+def _token_to_bytes(tok: str, kind: str, table: dict[str, int]) -> bytes | None:
+    if kind == "byte_level":
+        try:
+            return bytes(table[c] for c in tok)
+        except KeyError:
+            return None
+    m = _BYTE_TOKEN.match(tok)
+    if m:
+        return bytes([int(m.group(1), 16)])
+    return tok.replace(SPM_SPACE, " ").encode("utf-8")
+
+
+@dataclass(frozen=True)
+class TokenTrie:
+    """Prefix tree stored per depth. Level d nodes are the distinct length-d prefixes, sorted."""
+
+    byte: list  # [depth] -> np.int32[nodes]: last byte of each node (level 0 unused)
+    child_start: list  # [depth] -> np.int64[nodes]: first child index in level depth+1
+    child_count: list  # [depth] -> np.int64[nodes]
+    tok_start: list  # [depth] -> np.int64[nodes]: CSR into tok_ids
+    tok_count: list  # [depth] -> np.int64[nodes]
+    tok_ids: list  # [depth] -> np.int64[tokens ending at this depth], grouped by node
+
+    @property
+    def depth(self) -> int:
+        return len(self.byte) - 1
+
+    @classmethod
+    def build(cls, token_bytes) -> "TokenTrie":
+        by_bytes: dict[bytes, list[int]] = {}
+        for i, b in enumerate(token_bytes):
+            if b:
+                by_bytes.setdefault(b, []).append(i)
+        maxlen = max((len(b) for b in by_bytes), default=0)
+        prefix_sets: list[set[bytes]] = [set() for _ in range(maxlen + 1)]
+        for b in by_bytes:
+            for d in range(1, len(b) + 1):
+                prefix_sets[d].add(b[:d])
+        levels: list[list[bytes]] = [[b""]] + [sorted(s) for s in prefix_sets[1:]]
+        byte, cstart, ccount, tstart, tcount, tids = [], [], [], [], [], []
+        for d, nodes in enumerate(levels):
+            byte.append(np.array([n[-1] if n else 0 for n in nodes], dtype=np.int32))
+            ids = [by_bytes.get(n, []) if d else [] for n in nodes]
+            counts = np.array([len(x) for x in ids], dtype=np.int64)
+            tcount.append(counts)
+            tstart.append(np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64))
+            tids.append(np.array([t for x in ids for t in x], dtype=np.int64))
+            if d + 1 < len(levels):
+                index = {n: j for j, n in enumerate(nodes)}
+                parents = np.array([index[c[:-1]] for c in levels[d + 1]], dtype=np.int64)
+                cnt = np.bincount(parents, minlength=len(nodes)).astype(np.int64)
+                ccount.append(cnt)
+                cstart.append(np.concatenate([[0], np.cumsum(cnt)[:-1]]).astype(np.int64))
+            else:
+                ccount.append(np.zeros(len(nodes), np.int64))
+                cstart.append(np.zeros(len(nodes), np.int64))
+        return cls(byte, cstart, ccount, tstart, tcount, tids)

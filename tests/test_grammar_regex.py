@@ -1,0 +1,248 @@
+"""Regex -> byte DFA -> token guide: property walks, brute-force masks, API semantics, bad input."""
+
+import random
+import re
+import threading
+import time
+
+import interegular
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglpy.grammar import DTYPE_REGEX, GrammarCompiler, GrammarError, TokenizerInfo
+from sglpy.grammar.dfa import regex_to_dfa
+from sglpy.grammar.testing import mask_to_ids, random_walk, small_vocab_info
+
+INFO = small_vocab_info()
+COMPILER = GrammarCompiler(INFO)
+
+CORPUS = [
+    r"[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,4}",  # email
+    r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])",  # date (unicode \d)
+    r"((25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)\.){3}(25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)",  # IPv4
+    r"(cat|dog|bird)s?( and (cat|dog|bird)s?){0,2}",  # alternations, bounded repeat
+    r"a{2,5}b{0,3}c?",
+    r"[😀-🙏]{1,3}x?",  # 4-byte characters
+    r"\w{1,8}( \w{1,8}){0,2}",  # unicode word class
+    r"[^\x00-\x7f]{1,4}",  # non-ASCII only
+    r'\{"name": "[a-z ]{1,10}", "age": (0|[1-9][0-9]{0,2})\}',  # JSON-like
+    r"[-+]?[0-9]+[ ]*",
+    r"(?s:.){0,3}z",
+    DTYPE_REGEX["float"],
+    DTYPE_REGEX["str"],
+]
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8")
+
+
+@pytest.mark.parametrize("pattern", CORPUS)
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_walks_fullmatch(pattern, seed):
+    guide = COMPILER.compile_regex(pattern)
+    walk = random_walk(guide, random.Random(seed), max_steps=120, eos_bias=0.3)
+    if walk.finished:
+        assert re.fullmatch(pattern, _decode(walk.data)), (pattern, walk.data)
+    for s in walk.states[:-1]:
+        assert not guide.is_terminated(s)
+
+
+def _interegular_live(fsm, text: str) -> bool:
+    """Independent oracle: walk interegular's char-level FSM; alive = some completion exists."""
+    state = fsm.initial
+    for ch in text:
+        sym = fsm.alphabet[ch] if ch in fsm.alphabet else fsm.alphabet[interegular.fsm.anything_else]
+        nxt = fsm.map.get(state, {}).get(sym)
+        if nxt is None:
+            return False
+        state = nxt
+    return fsm.islive(state)
+
+
+BRUTE = [
+    r"[a-c]{1,3}(x|yz)?",
+    r"(ab|abc|b)+\.com",
+    r"(true|false|null)",
+    r'\{"id": [0-9]{1,3}\}',
+    r"(é|ü)+[a-z]?",
+]
+
+
+@pytest.mark.parametrize("pattern", BRUTE)
+def test_mask_matches_brute_force(pattern):
+    """Token allowed <=> prefix + token bytes is a viable prefix (checked with interegular + re)."""
+    guide = COMPILER.compile_regex(pattern)
+    fsm = interegular.parse_pattern(pattern).to_fsm()
+    rng = random.Random(0)
+    checked = 0
+    for _ in range(6):
+        walk = random_walk(guide, rng, max_steps=12, eos_bias=0.2)
+        prefix = b""
+        for state, tok in zip(walk.states, walk.tokens + [None]):
+            allowed = set(mask_to_ids(guide.allowed(state), INFO.vocab_size).tolist())
+            try:
+                prefix.decode("utf-8")
+            except UnicodeDecodeError:
+                allowed = None  # mid-character state: the char-level oracle cannot express it
+            for t, tb in enumerate(INFO.token_bytes if allowed is not None else ()):
+                if t in INFO.eos_token_ids:
+                    expect = bool(re.fullmatch(pattern, prefix.decode()))
+                elif tb is None:
+                    expect = False
+                else:
+                    try:
+                        text = (prefix + tb).decode("utf-8")
+                    except UnicodeDecodeError:
+                        continue  # partial characters: covered by the walk tests
+                    expect = _interegular_live(fsm, text)
+                assert (t in allowed) == expect, (pattern, prefix, tb)
+                checked += 1
+            if tok is None or tok in INFO.eos_token_ids:
+                break
+            prefix += INFO.token_bytes[tok]
+    assert checked > 1000
+
+
+def test_multibyte_split_tokens():
+    guide = COMPILER.compile_regex("😀+")
+    ids = {b: i for i, b in enumerate(INFO.token_bytes) if b is not None}
+    s = guide.advance(guide.initial_state, ids[b"\xf0\x9f"])
+    assert not guide.is_final(s)
+    s = guide.advance(s, ids[b"\x98\x80"])
+    assert guide.is_final(s)
+    s = guide.advance(s, ids["😀".encode()])
+    assert guide.token_allowed(s, 0)
+    with pytest.raises(ValueError):
+        guide.advance(s, ids[b"\xa9"])
+
+
+def test_api_semantics():
+    guide = COMPILER.compile_regex(r"ab(c|d)")
+    ids = {b: i for i, b in enumerate(INFO.token_bytes) if b is not None}
+    s0 = guide.initial_state
+    assert guide.forced_string(s0) == "ab" and guide.forced_bytes(s0) == b"ab"
+    assert not guide.is_final(s0) and guide.can_continue(s0)
+    with pytest.raises(ValueError, match="not allowed"):
+        guide.advance(s0, ids[b"b"])
+    with pytest.raises(ValueError, match="EOS"):
+        guide.advance(s0, 0)
+    with pytest.raises(ValueError, match="special"):
+        guide.advance(s0, 1)
+    with pytest.raises(ValueError, match="outside"):
+        guide.advance(s0, 10**6)
+    s = guide.advance(guide.advance_bytes(s0, b"ab"), ids[b"c"])
+    assert guide.is_final(s) and not guide.can_continue(s) and guide.forced_string(s) == ""
+    allowed = mask_to_ids(guide.allowed(s), INFO.vocab_size).tolist()
+    assert allowed == [0]
+    t = guide.advance(s, 0)
+    assert guide.is_terminated(t) and guide.is_final(t) and guide.advance(t, 0) == t  # EOS idempotent
+    with pytest.raises(ValueError, match="after EOS"):
+        guide.advance(t, ids[b"c"])
+    row = np.zeros(INFO.mask_words, np.int32)
+    guide.fill_bitmask(s0, row)
+    assert (row == guide.allowed(s0)).all() and row.dtype == np.int32
+    assert guide.allowed(s0).shape == ((INFO.vocab_size + 31) // 32,)
+    # padding ids and special tokens are never allowed
+    pad = INFO.vocab_size - 1
+    for st_ in (s0, guide.advance_bytes(s0, b"a")):
+        bits = set(mask_to_ids(guide.allowed(st_), INFO.vocab_size).tolist())
+        assert pad not in bits and 1 not in bits
+    with pytest.raises(ValueError, match="invalid guide state"):
+        guide.allowed(10**6)
+
+
+def test_accepting_state_with_continuations_is_not_forced():
+    """Final states are branching points: `[-+]?[0-9]+[ ]*` never forces the trailing spaces."""
+    guide = COMPILER.compile_regex(r"[-+]?[0-9]+[ ]*")
+    s = guide.advance_bytes(guide.initial_state, b"12 ")
+    assert guide.is_final(s) and guide.can_continue(s) and guide.forced_string(s) == ""
+    g2 = COMPILER.compile_regex(r"x(é|ë)")
+    s = g2.advance_bytes(g2.initial_state, b"x")
+    assert g2.forced_bytes(s) == b"\xc3" and g2.forced_string(s) == ""  # never cut a character
+
+
+def test_cache_and_threads():
+    comp = GrammarCompiler(INFO, cache_size=4)
+    pat = r"(cat|dog)[0-9]{1,20}"
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(comp.compile_regex(pat))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r is results[0] for r in results)
+    t0 = time.perf_counter()
+    assert comp.compile("regex", pat) is results[0]
+    assert time.perf_counter() - t0 < 0.005
+    for i in range(6):
+        comp.compile_regex(f"x{i}")
+    assert comp.compile_regex(pat) is not results[0]  # evicted (LRU of 4)
+
+
+def test_choices_and_dtypes():
+    g = COMPILER.compile_choices(["yes", "no", "a.b"])
+    for w in ("yes", "no", "a.b"):
+        assert g.is_final(g.advance_bytes(g.initial_state, w.encode()))
+    with pytest.raises(ValueError):
+        g.advance_bytes(g.initial_state, b"aXb")
+    for name, ok in (("int", "-12"), ("float", "3.5e-2"), ("bool", "True"), ("str", '"hi \\"x\\""')):
+        g = COMPILER.compile("dtype", name)
+        assert g.is_final(g.advance_bytes(g.initial_state, ok.encode()))
+    assert COMPILER.compile_dtype(int) is COMPILER.compile("dtype", "int")
+    with pytest.raises(GrammarError, match="dtype"):
+        COMPILER.compile_dtype(list)
+    with pytest.raises(GrammarError, match="choices"):
+        COMPILER.compile_choices([])
+
+
+@pytest.mark.parametrize(
+    "pattern,match",
+    [
+        ("a(b", "invalid regex"),
+        (r"(a)\1", "backreference"),
+        (r"a(?=b)", "lookahead"),
+        (r"(?<!a)b", "lookahead/lookbehind"),
+        (r"\bword\b", "word boundary"),
+        (r"a^b", "anchor"),
+        (r"(?i)abc", "IGNORECASE"),
+        (r"[^\x00-\U0010ffff]", "matches no string"),
+    ],
+)
+def test_bad_regex(pattern, match):
+    t0 = time.perf_counter()
+    with pytest.raises(GrammarError, match=match):
+        COMPILER.compile_regex(pattern)
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_state_blowup_is_a_clear_fast_error():
+    comp = GrammarCompiler(INFO, max_states=500)
+    t0 = time.perf_counter()
+    with pytest.raises(GrammarError, match="more than 500 DFA states"):
+        comp.compile_regex(r"(a|b)*a(a|b){14}")
+    with pytest.raises(GrammarError, match="too large"):
+        comp.compile_regex(r"(((a{100}){100}){100}){100}")
+    assert time.perf_counter() - t0 < 2.0
+    assert isinstance(GrammarError("x"), ValueError)
+
+
+def test_incompatible_vocabulary_and_bad_info():
+    info = TokenizerInfo((None, b"a", b"b"), eos_token_ids=(0,))
+    comp = GrammarCompiler(info)
+    with pytest.raises(GrammarError, match="incompatible vocabulary"):
+        comp.compile_regex("ac")
+    with pytest.raises(ValueError, match="EOS"):
+        TokenizerInfo((b"a",), eos_token_ids=())
+    with pytest.raises(ValueError, match="bytes or None"):
+        TokenizerInfo(("a",), eos_token_ids=(0,))
+
+
+def test_dfa_is_minimal_for_simple_cases():
+    assert regex_to_dfa("(a|b)*").num_states == 2  # dead + one state
+    assert regex_to_dfa("abc|abd").num_states == 5
+    d = regex_to_dfa(r"^x+$")
+    assert d.fullmatch(b"xxx") and not d.fullmatch(b"")
