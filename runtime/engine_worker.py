@@ -1,0 +1,166 @@
+"""Engine-process side of the server: length checks, abort bookkeeping and the whitelisted engine calls."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Iterator
+
+logger = logging.getLogger("sglpy.server.engine")
+
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default
+
+
+def _jsonable(v):
+    return v if v is None or isinstance(v, (str, int, float, bool)) else str(v)
+
+
+def _context_len(engine) -> int | None:
+    """The model's context length as the engine reports it (several spellings tolerated)."""
+    for name in ("context_len", "max_context_len"):
+        v = getattr(engine, name, None)
+        if isinstance(v, int):
+            return v
+    try:
+        info = engine.get_server_info()
+    except Exception:  # noqa: BLE001
+        return None
+    for name in ("context_len", "max_context_len", "max_model_len"):
+        if isinstance(info.get(name), int):
+            return info[name]
+    return None
+
+
+def engine_info(engine, engine_kwargs: dict) -> dict:
+    """What the server needs once: model path, context length, chat template, special tokens."""
+    tok = engine.tokenizer
+    special = {n: _jsonable(getattr(tok, n, None)) for n in ("bos_token", "eos_token", "pad_token", "unk_token")}
+    special.update({n: _jsonable(getattr(tok, n, None)) for n in ("bos_token_id", "eos_token_id", "pad_token_id")})
+    special["all_special_tokens"] = [str(t) for t in (getattr(tok, "all_special_tokens", None) or [])]
+    cfg = getattr(engine, "model_config", None) or getattr(getattr(engine, "model", None), "config", None)
+    template = getattr(tok, "chat_template", None)
+    return {
+        "model_path": str(getattr(engine, "model_path", None) or engine_kwargs.get("model") or "default"),
+        "context_len": _context_len(engine),
+        "chat_template": template if isinstance(template, str) else None,
+        "special_tokens": special,
+        "vocab_size": len(tok) if hasattr(tok, "__len__") else None,
+        "model_type": _jsonable(getattr(cfg, "model_type", None)),
+        "architectures": list(getattr(cfg, "architectures", None) or []),
+    }
+
+
+class EngineWorker:
+    """Runs generations for the command loop; one thread per generation, many at once."""
+
+    CALLS = ("get_server_info", "flush_cache", "tokenize", "detokenize", "chat_prompt")
+
+    def __init__(self, engine, info: dict):
+        self.engine = engine
+        self.tok = engine.tokenizer
+        self.context_len = info.get("context_len")
+        self._lock = threading.Lock()
+        self._active: set[str] = set()
+        self._aborted: set[str] = set()
+
+    # ---- generation ----
+    def register(self, rid: str) -> None:
+        """Called by the command loop before the generation thread starts, so an abort is never lost."""
+        with self._lock:
+            self._active.add(rid)
+
+    def abort(self, rid: str) -> None:
+        """Abort a running generation, or mark one whose thread has not reached the engine yet."""
+        with self._lock:
+            if rid not in self._active:
+                return
+            self._aborted.add(rid)
+        try:
+            self.engine.abort(rid)
+        except Exception:  # noqa: BLE001 - an unknown rid at the engine is not an error here
+            logger.debug("engine.abort(%s) raised", rid, exc_info=True)
+
+    def _was_aborted(self, rid: str) -> bool:
+        with self._lock:
+            return rid in self._aborted
+
+    def count_prompt_tokens(self, kwargs: dict) -> int:
+        """Prompt length in tokens (what the engine will see)."""
+        if kwargs.get("input_ids") is not None:
+            return len(kwargs["input_ids"])
+        return len(self.tok.encode(kwargs["prompt"]))
+
+    def check_lengths(self, kwargs: dict) -> dict:
+        """Reject prompts that do not fit the context; fill max_new_tokens=None with the room left."""
+        sp = dict(kwargs.get("sampling_params") or {})
+        if self.context_len is None:
+            if sp.get("max_new_tokens", 0) is None:
+                sp.pop("max_new_tokens")
+            return {**kwargs, "sampling_params": sp}
+        n = self.count_prompt_tokens(kwargs)
+        if n >= self.context_len:
+            raise ValueError(f"the prompt has {n} tokens, which does not fit the model's context of "
+                             f"{self.context_len} tokens")
+        mnt = sp.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+        if mnt is None:
+            sp["max_new_tokens"] = self.context_len - n
+        elif isinstance(mnt, int) and n + mnt > self.context_len:
+            raise ValueError(f"the prompt ({n} tokens) plus max_new_tokens ({mnt}) exceeds the model's context of "
+                             f"{self.context_len} tokens")
+        return {**kwargs, "sampling_params": sp}
+
+    def generate(self, rid: str, kwargs: dict) -> Iterator[dict]:
+        """Yield the engine's cumulative chunks for one prompt; ValueError for a bad request."""
+        try:
+            if self._was_aborted(rid):
+                yield {"text": "", "output_ids": [], "meta_info": {
+                    "id": rid, "finish_reason": {"type": "abort", "message": "aborted before start"},
+                    "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "e2e_latency": 0.0}}
+                return
+            kwargs = self.check_lengths(kwargs)
+            reaborted = False
+            for chunk in self.engine.generate(**kwargs, rid=rid, stream=True):
+                if not reaborted and self._was_aborted(rid):
+                    reaborted = True  # the abort may have raced the engine registering this rid
+                    self.abort(rid)
+                yield chunk
+        finally:
+            with self._lock:
+                self._active.discard(rid)
+                self._aborted.discard(rid)
+
+    # ---- whitelisted calls (no request field ever names a method, path or code) ----
+    def call(self, method: str, args: tuple):
+        """Dispatch one of CALLS."""
+        if method not in self.CALLS:
+            raise ValueError(f"unknown engine call {method!r}")
+        return getattr(self, "_call_" + method)(*args)
+
+    def _call_get_server_info(self):
+        return self.engine.get_server_info()
+
+    def _call_flush_cache(self):
+        return bool(self.engine.flush_cache())
+
+    def _call_tokenize(self, texts: list[str], add_special_tokens: bool = True):
+        return [list(self.tok.encode(t, add_special_tokens=add_special_tokens)) for t in texts]
+
+    def _call_detokenize(self, ids: list[int], skip_special_tokens: bool = False):
+        vocab = len(self.tok) if hasattr(self.tok, "__len__") else None
+        bad = [i for i in ids if vocab is not None and not 0 <= i < vocab]
+        if bad:
+            raise ValueError(f"token ids out of range [0, {vocab}): {bad[:5]}")
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def _call_chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True,
+                          continue_final_message: bool = False, template_kwargs: dict | None = None):
+        if not getattr(self.tok, "chat_template", None):
+            raise ValueError("this model has no chat template; use /v1/completions or /generate")
+        try:
+            return self.tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt and not continue_final_message,
+                continue_final_message=continue_final_message, **(template_kwargs or {}))
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"chat template failed on these messages: {e}") from None
+        except Exception as e:  # jinja2 TemplateError (raise_exception in templates)
+            raise ValueError(f"chat template failed on these messages: {type(e).__name__}: {e}") from None
