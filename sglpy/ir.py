@@ -205,9 +205,6 @@ class SglExprList(SglExpr):
 class SglConstantText(SglExpr):
     value: str
 
-    def __add__(self, other):
-        return SglExprList([self, wrap(other)])
-
 
 @dataclass(eq=False)
 class SglGen(SglExpr):

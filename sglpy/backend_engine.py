@@ -1,0 +1,96 @@
+"""In-process backend: programs call sglpy.runtime.engine.Engine directly (no HTTP)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+from .backend_base import BaseBackend, ChoiceScore, GenResult, StreamChunk, plan_scoring, scores_from_logprobs
+from .chat_template import ChatTemplate, from_hf_tokenizer, get_chat_template
+from .ir import SamplingParams
+
+
+def check_output(out: dict) -> dict:
+    """Raise on an aborted request so the program fails with the runtime's message."""
+    reason = (out.get("meta_info") or {}).get("finish_reason") or {}
+    if isinstance(reason, dict) and reason.get("type") == "abort":
+        raise RuntimeError(f"the runtime aborted the request: {reason.get('message', 'no message')}")
+    return out
+
+
+def engine_sampling(sampling: SamplingParams) -> tuple[dict, dict]:
+    """(sampling_params dict, top-level logprob fields) for one engine request; n is handled by the caller."""
+    sp = sampling.to_srt_sampling_params()
+    sp.pop("n", None)
+    return {k: v for k, v in sp.items() if v is not None}, sampling.to_srt_request_fields()
+
+
+class Engine(BaseBackend):
+    """`sgl.Engine(model_path=None, **engine_options)`: the default model in-process unless a path is given."""
+
+    def __init__(self, model_path: Optional[str] = None, *, engine: Any = None,
+                 chat_template: Optional[str] = None, **engine_options):
+        if engine is None:
+            from sglpy.runtime.engine import Engine as RuntimeEngine
+
+            model = engine_options.pop("model", None) or model_path
+            engine = RuntimeEngine(model=model, **engine_options)
+        elif engine_options:
+            raise ValueError(f"engine options {sorted(engine_options)} given together with an engine instance")
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.chat_template = (get_chat_template(chat_template) if chat_template
+                              else from_hf_tokenizer(self.tokenizer, name=getattr(engine, "model_path", "hf")))
+
+    def get_chat_template(self) -> ChatTemplate:
+        return self.chat_template
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids exactly as the engine tokenizes a text prompt."""
+        return list(self.tokenizer.encode(text)) if text else []
+
+    def generate(self, text: str, sampling: SamplingParams) -> GenResult:
+        sp, fields = engine_sampling(sampling)
+        if sampling.n == 1:
+            out = check_output(self.engine.generate(prompt=text, sampling_params=sp, **fields))
+            return GenResult(out["text"], out["meta_info"], (out["text"],))
+        outs = [check_output(o) for o in self.engine.generate(prompt=[text] * sampling.n, sampling_params=sp, **fields)]
+        return GenResult(outs[0]["text"], outs[0]["meta_info"], tuple(o["text"] for o in outs))
+
+    def generate_stream(self, text: str, sampling: SamplingParams) -> Iterator[StreamChunk]:
+        sp, fields = engine_sampling(sampling)
+        pos = 0
+        for chunk in self.engine.generate(prompt=text, sampling_params=sp, stream=True, **fields):
+            check_output(chunk)
+            delta, pos = chunk["text"][pos:], len(chunk["text"])
+            yield StreamChunk(delta, chunk["meta_info"])
+
+    def score_choices(self, prefix: str, choices: list[str], need_unconditional: bool) -> list[ChoiceScore]:
+        plan = plan_scoring(self.tokenize, prefix, choices)
+        start = plan.logprob_start_len
+        # One prefill of the shared prefix first, so every choice below hits the radix cache.
+        if start > 0:
+            self.engine.generate(input_ids=plan.prefix_ids[:start] if start < len(plan.prefix_ids)
+                                 else plan.prefix_ids, sampling_params={"max_new_tokens": 0})
+        outs = self.engine.generate(input_ids=plan.full_ids, sampling_params={"max_new_tokens": 0, "temperature": 0},
+                                    return_logprob=True, logprob_start_len=start, return_text_in_logprobs=True)
+        logprobs = [check_output(o)["meta_info"]["input_token_logprobs"] for o in outs]
+        uncond = None
+        if need_unconditional:
+            windows = [ids[s:] for ids, s in zip(plan.full_ids, plan.window_starts)]
+            uouts = self.engine.generate(input_ids=windows, sampling_params={"max_new_tokens": 0, "temperature": 0},
+                                         return_logprob=True, logprob_start_len=0, return_text_in_logprobs=True)
+            uncond = [check_output(o)["meta_info"]["input_token_logprobs"] for o in uouts]
+        return scores_from_logprobs(plan, logprobs, start, uncond)
+
+    def cache_prefix(self, text: str) -> None:
+        if text:
+            check_output(self.engine.generate(prompt=text, sampling_params={"max_new_tokens": 0}))
+
+    def flush_cache(self) -> bool:
+        return bool(self.engine.flush_cache())
+
+    def get_server_info(self) -> dict:
+        return self.engine.get_server_info()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

@@ -1,0 +1,344 @@
+"""HTTP backends: RuntimeEndpoint (SGLang-native /generate, as SGLang's frontend sends it) and Runtime."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Iterator, Optional
+
+from .backend_base import (
+    BaseBackend,
+    ChoiceScore,
+    GenResult,
+    StreamChunk,
+    mean_logprob,
+    plan_scoring,
+    scores_from_logprobs,
+)
+from .backend_engine import check_output
+from .chat_template import ChatTemplate, from_jinja, get_chat_template, get_chat_template_by_model_path
+from .global_config import global_config
+from .ir import SamplingParams
+
+
+class HttpClient:
+    """Minimal JSON-over-HTTP client (stdlib) with Bearer auth, timeouts and clear errors."""
+
+    def __init__(self, base_url: str, api_key: Optional[str] = None, timeout: float = 600.0):
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+
+    def _request(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self.base_url + path, data=data, headers=headers, method=method)
+        try:
+            return urllib.request.urlopen(req, timeout=self.timeout)
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:2000]
+            raise RuntimeError(f"{method} {path} failed with HTTP {e.code}: {detail}") from None
+        except (urllib.error.URLError, ConnectionError, socket.timeout) as e:
+            reason = getattr(e, "reason", e)
+            raise ConnectionError(f"cannot reach the server at {self.base_url} ({method} {path}): {reason}") from None
+
+    def get(self, path: str) -> Any:
+        """GET and decode JSON (or return text)."""
+        with self._request("GET", path) as r:
+            return _decode(r.read())
+
+    def post(self, path: str, body: Any) -> Any:
+        """POST JSON and decode the JSON answer (or return text)."""
+        with self._request("POST", path, body) as r:
+            return _decode(r.read())
+
+    def stream(self, path: str, body: Any) -> Iterator[dict]:
+        """POST and yield each SSE `data:` JSON object until `data: [DONE]`."""
+        with self._request("POST", path, body) as r:
+            for raw in r:
+                line = raw.decode(errors="replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    return
+                obj = json.loads(payload)
+                if isinstance(obj, dict) and "error" in obj:
+                    err = obj["error"]
+                    raise RuntimeError(f"stream error: {err.get('message', err) if isinstance(err, dict) else err}")
+                yield obj
+
+
+def _decode(raw: bytes) -> Any:
+    text = raw.decode(errors="replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class RuntimeEndpoint(BaseBackend):
+    """Talks to an sglpy (or SGLang) server's native API; fails fast if the server is down."""
+
+    supports_concate_and_append = False  # join(concate_and_append) is done at text level by the interpreter
+
+    def __init__(self, base_url: str, api_key: Optional[str] = None, verify: Any = None,
+                 chat_template_name: Optional[str] = None, timeout: float = 600.0):
+        self.base_url = base_url.rstrip("/")
+        self.client = HttpClient(self.base_url, api_key, timeout)
+        self.model_info = self.client.get("/get_model_info")
+        if not isinstance(self.model_info, dict):
+            raise RuntimeError(f"{self.base_url}/get_model_info did not return JSON: {self.model_info!r}"[:300])
+        self.chat_template = self._pick_template(chat_template_name)
+        self._has_tokenize: Optional[bool] = None
+
+    def _pick_template(self, name: Optional[str]) -> ChatTemplate:
+        if name:
+            return get_chat_template(name)
+        jinja = self.model_info.get("chat_template")
+        special = self.model_info.get("special_tokens") or {}
+        if isinstance(jinja, str) and jinja:
+            try:
+                return from_jinja(jinja, bos_token=special.get("bos_token") or "",
+                                  eos_token=special.get("eos_token") or "", name=self.get_model_name())
+            except Exception:  # an unusual template: fall back to name matching, like SGLang
+                pass
+        return get_chat_template_by_model_path(self.get_model_name())
+
+    def get_model_name(self) -> str:
+        """The served model path."""
+        return str(self.model_info.get("model_path") or "")
+
+    def get_chat_template(self) -> ChatTemplate:
+        return self.chat_template
+
+    # ------------------------------------------------------------ generation
+
+    def _gen_body(self, text: str, sampling: SamplingParams) -> dict:
+        sp = sampling.to_srt_sampling_params()
+        sp["skip_special_tokens"] = global_config.skip_special_tokens_in_output
+        sp["spaces_between_special_tokens"] = global_config.spaces_between_special_tokens_in_out
+        return {"text": text, "sampling_params": sp, **sampling.to_srt_request_fields()}
+
+    def generate(self, text: str, sampling: SamplingParams) -> GenResult:
+        out = self.client.post("/generate", self._gen_body(text, sampling))
+        outs = out if isinstance(out, list) else [out]  # n > 1 returns one object per sample
+        for o in outs:
+            if not isinstance(o, dict) or "text" not in o:
+                raise RuntimeError(f"unexpected /generate response: {o!r}"[:300])
+            check_output(o)
+        return GenResult(outs[0]["text"], outs[0].get("meta_info", {}), tuple(o["text"] for o in outs))
+
+    def generate_stream(self, text: str, sampling: SamplingParams) -> Iterator[StreamChunk]:
+        body = self._gen_body(text, sampling)
+        body["stream"] = True
+        pos = 0
+        for obj in self.client.stream("/generate", body):
+            check_output(obj)
+            delta, pos = obj["text"][pos:], len(obj["text"])
+            yield StreamChunk(delta, obj.get("meta_info", {}))
+
+    # ------------------------------------------------------------ select
+
+    def _tokenize_many(self, texts: list[str]) -> Optional[list[list[int]]]:
+        """Token ids via POST /tokenize (None when the server has no usable route)."""
+        if self._has_tokenize is False:
+            return None
+        try:
+            out = self.client.post("/tokenize", {"text": texts, "add_special_tokens": True})
+        except RuntimeError:
+            self._has_tokenize = False
+            return None
+        tokens = out.get("tokens") if isinstance(out, dict) else None
+        if not (isinstance(tokens, list) and len(tokens) == len(texts) and all(isinstance(t, list) for t in tokens)):
+            self._has_tokenize = False
+            return None
+        self._has_tokenize = True
+        return tokens
+
+    def _prompt_logprobs(self, input_ids: list[list[int]], start: int) -> list[list]:
+        out = self.client.post("/generate", {
+            "input_ids": input_ids, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+            "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start})
+        return [check_output(o)["meta_info"]["input_token_logprobs"] for o in out]
+
+    def score_choices(self, prefix: str, choices: list[str], need_unconditional: bool) -> list[ChoiceScore]:
+        texts = [prefix] + [prefix + c for c in choices]
+        ids = self._tokenize_many(texts)
+        if ids is None:
+            return self._score_by_text(prefix, choices, need_unconditional)
+        table = dict(zip(texts, ids))
+        plan = plan_scoring(lambda t: table[t] if t else [], prefix, choices)
+        start = plan.logprob_start_len
+        if start > 0:  # prefill the shared prefix once; the choices then hit the radix cache
+            self.client.post("/generate", {"input_ids": plan.prefix_ids[:start],
+                                           "sampling_params": {"max_new_tokens": 0}})
+        logprobs = self._prompt_logprobs(plan.full_ids, start)
+        uncond = None
+        if need_unconditional:
+            uncond = self._prompt_logprobs([f[s:] for f, s in zip(plan.full_ids, plan.window_starts)], 0)
+        return scores_from_logprobs(plan, logprobs, start, uncond)
+
+    def _score_by_text(self, prefix: str, choices: list[str], need_unconditional: bool) -> list[ChoiceScore]:
+        """Servers without /tokenize (SGLang's original requests): score text, locate the window by token texts."""
+        res = self.client.post("/generate", {"text": prefix, "sampling_params": {"max_new_tokens": 0}})
+        start = max(check_output(res)["meta_info"]["prompt_tokens"] - 2, 0)
+        out = self.client.post("/generate", {
+            "text": [prefix + c for c in choices], "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+            "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start})
+        windows = []
+        for c, o in zip(choices, out):
+            entries = check_output(o)["meta_info"]["input_token_logprobs"]
+            windows.append(_window_by_text(prefix, c, entries))
+        uncond = None
+        if need_unconditional:
+            uncond = self._prompt_logprobs([[e[1] for e in w] for w in windows], 0)
+        return [ChoiceScore(w, mean_logprob(w), uncond[i] if uncond else None) for i, w in enumerate(windows)]
+
+    # ------------------------------------------------------------ misc
+
+    def cache_prefix(self, text: str) -> None:
+        if text:
+            check_output(self.client.post("/generate", {"text": text, "sampling_params": {"max_new_tokens": 0}}))
+
+    def flush_cache(self) -> bool:
+        try:
+            self.client.post("/flush_cache", {})
+        except RuntimeError:
+            return False
+        return True
+
+    def get_server_info(self) -> dict:
+        return self.client.get("/get_server_info")
+
+
+def _window_by_text(prefix: str, choice: str, entries: list) -> list:
+    """Entries whose token text reaches past the end of `prefix` (the tokens carrying the choice)."""
+    texts = [e[2] or "" for e in entries]
+    full, joined = prefix + choice, "".join(texts)
+    if full.endswith(joined):
+        pos = len(full) - len(joined)
+        for i, t in enumerate(texts):
+            if pos + len(t) > len(prefix):
+                return [list(e) for e in entries[i:]]
+            pos += len(t)
+    # Token texts do not line up with the string: drop a leading token that the prefix ends with.
+    if entries and texts[0] and prefix.endswith(texts[0]):
+        entries = entries[1:]
+    return [list(e) for e in entries]
+
+
+# ---------------------------------------------------------------- Runtime: our server as a subprocess
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _flags(server_args: dict) -> list[str]:
+    out = []
+    for key, value in server_args.items():
+        if value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + key.replace("_", "-"))
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+class Runtime:
+    """Start `python -m sglpy.runtime.server` on a free port; `.endpoint` is its RuntimeEndpoint."""
+
+    def __init__(self, model_path: Optional[str] = None, *, launch_timeout: float = 300.0,
+                 api_key: Optional[str] = None, **server_args):
+        port = server_args.pop("port", None)
+        self.port = int(port) if port else _free_port()
+        host = server_args.pop("host", "127.0.0.1")
+        model = server_args.pop("model", None) or model_path
+        if model is not None:
+            server_args["model"] = model
+        if api_key:
+            server_args["api_key"] = api_key
+        self.url = f"http://{host}:{self.port}"
+        cmd = [sys.executable, "-m", "sglpy.runtime.server", "--host", host, "--port", str(self.port),
+               *_flags(server_args)]
+        self.log_file = tempfile.NamedTemporaryFile(prefix="sglpy-runtime-", suffix=".log", delete=False)
+        self.process = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        atexit.register(self.shutdown)
+        self._wait_ready(launch_timeout)
+        self.endpoint = RuntimeEndpoint(self.url, api_key=api_key)
+
+    def _log_tail(self) -> str:
+        try:
+            with open(self.log_file.name, errors="replace") as f:
+                return f.read()[-3000:]
+        except OSError:
+            return ""
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the sglpy server exited with code {self.process.returncode} during startup:\n"
+                                   f"{self._log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, socket.timeout):
+                pass
+            time.sleep(0.5)
+        self.shutdown()
+        raise TimeoutError(f"the sglpy server at {self.url} was not ready after {timeout}s:\n{self._log_tail()}")
+
+    def shutdown(self) -> None:
+        """Stop the server process (terminate, then kill)."""
+        proc = getattr(self, "process", None)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+    def generate(self, prompt: str, sampling_params: Optional[dict] = None, return_logprob: bool = False,
+                 logprob_start_len: Optional[int] = None, top_logprobs_num: Optional[int] = None) -> str:
+        """POST /generate and return the JSON answer as a string (SGLang's Runtime.generate)."""
+        body = {"text": prompt, "sampling_params": sampling_params or {}, "return_logprob": return_logprob}
+        if logprob_start_len is not None:
+            body["logprob_start_len"] = logprob_start_len
+        if top_logprobs_num is not None:
+            body["top_logprobs_num"] = top_logprobs_num
+        return json.dumps(self.endpoint.client.post("/generate", body))
+
+    def cache_prefix(self, prefix: str) -> None:
+        self.endpoint.cache_prefix(prefix)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    def __del__(self):
+        try:
+            self.shutdown()
+        except Exception:
+            pass
