@@ -194,6 +194,7 @@ class EngineClient:
         self._ready: asyncio.Future | None = None
         self._proc = None
         self._send_lock = threading.Lock()
+        self._stopping = False  # shutdown() was asked: the process exiting is expected
 
     @property
     def num_inflight(self) -> int:
@@ -233,6 +234,8 @@ class EngineClient:
             except (EOFError, OSError):
                 break
             loop.call_soon_threadsafe(self._dispatch, msg)
+        if self._proc is not None:
+            self._proc.join(2.0)  # reap it so the exit code is known
         code = self._proc.exitcode if self._proc else None
         loop.call_soon_threadsafe(self._on_dead, f"engine process exited (exit code {code})")
 
@@ -260,7 +263,7 @@ class EngineClient:
                 self._ready.set_exception(RuntimeError(f"engine failed to start: {msg.message}"))
 
     def _on_dead(self, reason: str) -> None:
-        was_alive = self.alive
+        was_alive = self.alive and not self._stopping
         self.alive = False
         self.dead_reason = self.dead_reason or reason
         if was_alive:
@@ -339,6 +342,7 @@ class EngineClient:
         """Ask the engine process to exit; kill it if it does not within `timeout`."""
         if self._proc is None:
             return
+        self._stopping = True
         if self.alive:
             try:
                 self._send(ShutdownCmd())

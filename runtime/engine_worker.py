@@ -9,6 +9,12 @@ from typing import Iterator
 logger = logging.getLogger("sglpy.server.engine")
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default
+CONSTRAINTS = ("regex", "json_schema", "ebnf", "choices")
+
+
+def supports_constraints(engine) -> bool:
+    """False when the engine has no constrained-decoding hook (it would silently ignore the constraint)."""
+    return getattr(engine, "constrained", True) is not None
 
 
 def _jsonable(v):
@@ -17,7 +23,7 @@ def _jsonable(v):
 
 def _context_len(engine) -> int | None:
     """The model's context length as the engine reports it (several spellings tolerated)."""
-    for name in ("context_len", "max_context_len"):
+    for name in ("max_context", "context_len", "max_context_len"):
         v = getattr(engine, name, None)
         if isinstance(v, int):
             return v
@@ -37,7 +43,7 @@ def engine_info(engine, engine_kwargs: dict) -> dict:
     special = {n: _jsonable(getattr(tok, n, None)) for n in ("bos_token", "eos_token", "pad_token", "unk_token")}
     special.update({n: _jsonable(getattr(tok, n, None)) for n in ("bos_token_id", "eos_token_id", "pad_token_id")})
     special["all_special_tokens"] = [str(t) for t in (getattr(tok, "all_special_tokens", None) or [])]
-    cfg = getattr(engine, "model_config", None) or getattr(getattr(engine, "model", None), "config", None)
+    cfg = getattr(getattr(engine, "runner", None), "hf_config", None)
     template = getattr(tok, "chat_template", None)
     return {
         "model_path": str(getattr(engine, "model_path", None) or engine_kwargs.get("model") or "default"),
@@ -47,6 +53,7 @@ def engine_info(engine, engine_kwargs: dict) -> dict:
         "vocab_size": len(tok) if hasattr(tok, "__len__") else None,
         "model_type": _jsonable(getattr(cfg, "model_type", None)),
         "architectures": list(getattr(cfg, "architectures", None) or []),
+        "supports_constraints": supports_constraints(engine),
     }
 
 
@@ -118,6 +125,10 @@ class EngineWorker:
                     "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "e2e_latency": 0.0}}
                 return
             kwargs = self.check_lengths(kwargs)
+            sp = kwargs["sampling_params"]
+            if not supports_constraints(self.engine) and any(sp.get(k) is not None for k in CONSTRAINTS):
+                raise ValueError("constrained decoding (regex / json_schema / ebnf / choices) is not available "
+                                 "in this engine build")
             reaborted = False
             for chunk in self.engine.generate(**kwargs, rid=rid, stream=True):
                 if not reaborted and self._was_aborted(rid):

@@ -77,24 +77,18 @@ class ServerMetrics:
 
 
 class PoolStats:
-    """Pool/scheduler numbers read from Engine.get_server_info(), tolerant of missing keys."""
+    """KV pool and scheduler numbers from Engine.get_server_info() (missing keys read as 0)."""
 
     def __init__(self, info: dict):
-        def num(*names, default=0):
-            for src in (info, info.get("internal_states") or {}, info.get("kv_pool") or {}):
-                if isinstance(src, list):
-                    src = src[0] if src else {}
-                for n in names:
-                    v = src.get(n) if isinstance(src, dict) else None
-                    if isinstance(v, (int, float)) and not isinstance(v, bool):
-                        return v
-            return default
+        def num(name, default=0):
+            v = info.get(name, default)
+            return v if isinstance(v, (int, float)) and not isinstance(v, bool) else default
 
-        self.total_tokens = int(num("max_total_num_tokens", "max_total_tokens", "total_slots", "total"))
-        self.used_tokens = int(num("num_used_tokens", "used_tokens", "locked_slots", "used"))
-        self.cached_tokens = int(num("num_cached_tokens", "cached_tokens", "evictable_slots", "evictable"))
-        self.free_tokens = int(num("num_free_tokens", "free_tokens", "free_slots", "free",
-                                   default=self.total_tokens - self.used_tokens - self.cached_tokens))
-        self.num_running = int(num("num_running_reqs", "num_running", "running"))
-        self.num_waiting = int(num("num_queue_reqs", "num_waiting_reqs", "num_waiting", "waiting"))
-        self.cache_hit_rate = float(num("cache_hit_rate", default=0.0))
+        self.total_tokens = int(num("max_total_num_tokens"))
+        self.used_tokens = int(num("kv_used"))  # held by running requests (not reclaimable)
+        self.cached_tokens = int(num("kv_evictable"))  # prefix cache, reclaimable
+        self.free_tokens = int(num("kv_free", self.total_tokens - self.used_tokens - self.cached_tokens))
+        self.num_running = int(num("num_running_reqs"))
+        self.num_waiting = int(num("num_waiting_reqs"))
+        prompt, cached = num("prompt_tokens"), num("cached_tokens")  # cumulative engine counters
+        self.cache_hit_rate = float(cached) / prompt if prompt else 0.0

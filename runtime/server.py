@@ -62,7 +62,7 @@ async def model_info(request: web.Request) -> web.Response:
         "has_audio_understanding": False, "model_type": info.get("model_type"),
         "architectures": info.get("architectures"), "context_len": info.get("context_len"),
         "vocab_size": info.get("vocab_size"), "chat_template": info.get("chat_template"),
-        "special_tokens": info.get("special_tokens")})
+        "special_tokens": info.get("special_tokens"), "supports_constraints": info.get("supports_constraints")})
 
 
 async def server_info(request: web.Request) -> web.Response:

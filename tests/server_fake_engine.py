@@ -52,7 +52,7 @@ class FakeEngine:
     def __init__(self, model=None, **fields):
         self.config = EngineConfig(model=model, **fields)
         self.model_path = "fake-model"
-        self.context_len = self.config.max_context_len or 256
+        self.context_len = self.config.max_context_len or 4096
         self.token_delay = float(os.environ.get("SGLPY_FAKE_TOKEN_DELAY", "0.005"))
         self.tokenizer = FakeTokenizer()
         self._lock = threading.Lock()
@@ -149,9 +149,11 @@ class FakeEngine:
 
     def get_server_info(self) -> dict:
         with self._lock:
-            return {"max_total_num_tokens": self.config.max_total_tokens, "num_used_tokens": self._used,
-                    "num_running_reqs": len(self._active), "num_queue_reqs": 0, "context_len": self.context_len,
-                    "cache_hit_rate": 0.0}
+            total = self.config.max_total_tokens
+            return {"model_path": self.model_path, "max_total_num_tokens": total, "max_context_len": self.context_len,
+                    "kv_free": total - self._used, "kv_evictable": 0, "kv_used": self._used,
+                    "num_running_reqs": len(self._active), "num_waiting_reqs": 0, "prompt_tokens": 0,
+                    "cached_tokens": 0}
 
     def shutdown(self):
         pass
