@@ -1,0 +1,149 @@
+"""Each Triton kernel against its torch reference under TRITON_INTERPRET=1 (set in conftest), small ragged shapes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+pytest.importorskip("numpy")
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("needs TRITON_INTERPRET=1 (tests/conftest.py sets it)", allow_module_level=True)
+
+from _kernel_cases import make_paged_batch, patch_interpreter_bf16_dot  # noqa: E402
+from sglpy.kernels import (  # noqa: E402
+    apply_rotary_reference,
+    apply_token_bitmask_reference,
+    build_rope_cache,
+    decode_attention_reference,
+    extend_attention_reference,
+    rmsnorm_reference,
+    store_kv_reference,
+)
+from sglpy.kernels.bitmask_triton import apply_token_bitmask_triton  # noqa: E402
+from sglpy.kernels.decode_attention_triton import decode_attention_triton  # noqa: E402
+from sglpy.kernels.extend_attention_triton import extend_attention_triton  # noqa: E402
+from sglpy.kernels.kv_store_triton import store_kv_triton  # noqa: E402
+from sglpy.kernels.rmsnorm_triton import rmsnorm_triton  # noqa: E402
+from sglpy.kernels.rotary_triton import apply_rotary_triton  # noqa: E402
+
+patch_interpreter_bf16_dot()
+
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+TOL = {F32: 1e-5, BF16: 2e-2, F16: 2e-3}
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(got.float(), want.float(), atol=TOL[want.dtype], rtol=TOL[want.dtype])
+
+
+@pytest.mark.parametrize(
+    "dtype,heads,kv_heads,kv_lens,num_splits",
+    [
+        (F32, 4, 4, [1, 5, 40, 3], 1),  # MHA, single split, length-1 request
+        (F32, 6, 2, [1, 5, 40, 3], 3),  # GQA 3, splits (some empty for short requests)
+        (BF16, 9, 3, [33, 1, 17], 4),  # SmolLM2 head layout
+        (F16, 8, 1, [50, 2], 2),  # MQA
+        (BF16, 32, 2, [20], 2),  # group 16 fills the whole 16-row dot tile
+    ],
+)
+def test_decode_attention_matches_reference(dtype, heads, kv_heads, kv_lens, num_splits):
+    pb = make_paged_batch(kv_lens, kv_heads, 16, dtype, seed=heads)
+    q = torch.randn(len(kv_lens), heads, 16).to(dtype)
+    sl = torch.tensor(kv_lens)
+    args = (q, pb.k_cache, pb.v_cache, pb.req_to_token, pb.req_pool_indices, sl, 0.25)
+    got = decode_attention_triton(*args, num_splits=num_splits, block_n=16)
+    close(got, decode_attention_reference(*args))
+
+
+def test_decode_attention_default_splits_and_odd_head_dim():
+    # head_dim 24 pads to a 32-wide tile; int32 lengths and pool indices are accepted too.
+    pb = make_paged_batch([70, 3], 2, 24, F32, seed=1)
+    q = torch.randn(2, 4, 24)
+    args = (q, pb.k_cache, pb.v_cache, pb.req_to_token, pb.req_pool_indices.int(), torch.tensor([70, 3]).int(), 0.2)
+    close(decode_attention_triton(*args), decode_attention_reference(*args))
+
+
+@pytest.mark.parametrize(
+    "dtype,heads,kv_heads,prefix,ext",
+    [
+        (F32, 4, 4, [0, 4, 0, 20, 3], [5, 1, 1, 19, 0]),  # empty prefix, single tokens, zero-length extend
+        (BF16, 6, 2, [0, 7], [33, 2]),  # several query blocks for one request
+        (F16, 4, 1, [17], [16]),
+    ],
+)
+def test_extend_attention_matches_reference(dtype, heads, kv_heads, prefix, ext):
+    pb = make_paged_batch([p + e for p, e in zip(prefix, ext)], kv_heads, 16, dtype, seed=len(prefix))
+    q = torch.randn(sum(ext), heads, 16).to(dtype)
+    args = (q, pb.k_cache, pb.v_cache, pb.req_to_token, pb.req_pool_indices, torch.tensor(prefix),
+            torch.tensor(ext), 0.3)
+    close(extend_attention_triton(*args, block_m=16, block_n=16), extend_attention_reference(*args))
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("loc_dtype", [torch.int32, torch.int64])
+def test_store_kv_matches_reference(dtype, loc_dtype):
+    k_cache = torch.randn(20, 3, 8).to(dtype)
+    v_cache = torch.randn(20, 3, 8).to(dtype)
+    big = torch.randn(5, 3, 16).to(dtype)
+    k, v = big[..., :8], big[..., 8:]  # strided views, as from a fused projection
+    loc = torch.tensor([19, 0, 7, 3, 11], dtype=loc_dtype)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    store_kv_reference(want_k, want_v, loc, k, v)
+    store_kv_triton(k_cache, v_cache, loc, k, v)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16, F16])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rmsnorm_matches_reference(dtype, with_residual):
+    x = torch.randn(3, 40).to(dtype)  # hidden 40 pads to a 64-wide block
+    w = torch.randn(40).to(dtype)
+    res = torch.randn(3, 40).to(dtype) if with_residual else None
+    want = rmsnorm_reference(x, w, 1e-6, res)
+    out, res_out = rmsnorm_triton(x, w, 1e-6, res)
+    close(out, want.out)
+    if dtype == F32:
+        assert torch.equal(res_out, want.residual)
+    else:  # the interpreter's float32 -> bf16/f16 cast may round differently from torch's by one ulp
+        close(res_out, want.residual)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_rotary_matches_reference_on_strided_views(dtype):
+    n, heads, kv_heads, d = 5, 4, 2, 16
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * d).to(dtype)
+    q = qkv[:, : heads * d].view(n, heads, d)
+    k = qkv[:, heads * d : (heads + kv_heads) * d].view(n, kv_heads, d)
+    v_before = qkv[:, (heads + kv_heads) * d :].clone()
+    cache = build_rope_cache(d, 64, 10000.0)
+    pos = torch.tensor([0, 63, 5, 5, 17])
+    want_q, want_k = q.clone(), k.clone()
+    apply_rotary_reference(want_q, want_k, pos, cache)
+    apply_rotary_triton(q, k, pos, cache)
+    close(q, want_q)
+    close(k, want_k)
+    assert torch.equal(qkv[:, (heads + kv_heads) * d :], v_before)
+
+
+@pytest.mark.parametrize("use_indices", [False, True])
+@pytest.mark.parametrize("words_extra", [0, -1])
+def test_bitmask_matches_reference(use_indices, words_extra):
+    vocab = 2100  # crosses a 1024-token block and ends mid-word
+    words = (vocab + 31) // 32 + words_extra  # -1: short bitmask, the tail is disallowed
+    logits = torch.randn(4, vocab)
+    indices = torch.tensor([2, 0]) if use_indices else None
+    rows = 2 if use_indices else 4
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (rows, words), dtype=torch.int64).to(torch.int32)
+    want = logits.clone()
+    apply_token_bitmask_reference(want, bitmask, indices)
+    apply_token_bitmask_triton(logits, bitmask, indices)
+    assert torch.equal(logits, want)
+
+
+def test_cpu_tensors_dispatch_to_the_reference(monkeypatch):
+    from sglpy.kernels import _dispatch
+
+    assert _dispatch.triton_module("rmsnorm_triton", torch.zeros(1)) is None
