@@ -51,8 +51,18 @@ class Walk(NamedTuple):
     finished: bool
 
 
-def random_walk(guide: Guide, rng: random.Random, max_steps: int = 200, eos_bias: float = 0.0) -> Walk:
-    """Sample uniformly among allowed tokens (EOS counts as one choice) until EOS or max_steps."""
+def random_walk(
+    guide: Guide,
+    rng: random.Random,
+    max_steps: int = 200,
+    eos_bias: float = 0.0,
+    prefer: frozenset = frozenset(),
+    prefer_bias: float = 0.0,
+) -> Walk:
+    """Sample uniformly among allowed tokens (EOS counts as one choice) until EOS or max_steps.
+
+    eos_bias / prefer_bias: probability of taking EOS / one of the `prefer` ids when allowed (shorter walks).
+    """
     info = guide.info
     eos = set(info.eos_token_ids)
     state = guide.initial_state
@@ -62,8 +72,11 @@ def random_walk(guide: Guide, rng: random.Random, max_steps: int = 200, eos_bias
         if len(ids) == 0:
             raise AssertionError(f"empty mask in state {state!r}")
         finals = [t for t in ids if t in eos]
+        preferred = [t for t in ids if t in prefer] if prefer_bias else []
         if finals and rng.random() < eos_bias:
             tok = finals[0]
+        elif preferred and rng.random() < prefer_bias:
+            tok = int(preferred[rng.randrange(len(preferred))])
         else:
             tok = int(ids[rng.randrange(len(ids))])
         state = guide.advance(state, tok)

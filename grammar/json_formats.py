@@ -1,0 +1,139 @@
+"""Regexes for JSON scalar types, string formats and integer ranges (used by the JSON-schema converter)."""
+
+from __future__ import annotations
+
+import math
+
+from .errors import GrammarError
+
+STRING_CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt])'
+STRING = r'"' + STRING_CHAR + r'*"'
+INTEGER = r"(?:0|-?[1-9][0-9]*)"
+NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+BOOLEAN = r"(?:true|false)"
+NULL = r"null"
+
+_LEAP_YEAR = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_DATE = (
+    r"(?:(?:[0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+    r"|02-(?:0[1-9]|1[0-9]|2[0-8]))|" + _LEAP_YEAR + r"-02-29)"
+)
+_TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_URI_CHARS = r"[A-Za-z0-9._~%!$&'()*+,;=:@-]"
+
+# Content of the JSON string (between the quotes), all plain ASCII without characters JSON must escape.
+FORMATS = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": _DATE + "T" + _TIME,
+    "email": r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.[A-Za-z]{2,24}",
+    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "uri": r"(?:https?|ftp)://[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*(?::[0-9]{1,5})?(?:/" + _URI_CHARS + r"*)*"
+    r"(?:\?(?:" + _URI_CHARS + r"|[/?])*)?(?:#(?:" + _URI_CHARS + r"|[/?])*)?",
+    "ipv4": r"(?:" + _OCTET + r"\.){3}" + _OCTET,
+}
+
+
+def _same_length(x: str, y: str) -> list[str]:
+    """Alternatives matching digit strings of len(x) between x and y (leading zeros allowed)."""
+    n = len(x)
+    if n == 0:
+        return [""]
+    if x == y:
+        return [x]
+    if n == 1:
+        return [f"[{x}-{y}]"]
+    if x[1:] == "0" * (n - 1) and y[1:] == "9" * (n - 1):
+        return [f"[{x[0]}-{y[0]}][0-9]{{{n - 1}}}"]
+    if x[0] == y[0]:
+        return [x[0] + r for r in _group(_same_length(x[1:], y[1:]))]
+    out = [x[0] + r for r in _group(_same_length(x[1:], "9" * (n - 1)))]
+    lo, hi = int(x[0]) + 1, int(y[0]) - 1
+    if lo <= hi:
+        out.append(f"[{lo}-{hi}][0-9]{{{n - 1}}}")
+    out += [y[0] + r for r in _group(_same_length("0" * (n - 1), y[1:]))]
+    return out
+
+
+def _group(alts: list[str]) -> list[str]:
+    return [alts[0]] if len(alts) == 1 else ["(?:" + "|".join(alts) + ")"]
+
+
+def _naturals(a: int, b: int | None) -> list[str]:
+    """Alternatives for the integers a..b (b None = unbounded), a >= 0, canonical decimal form."""
+    out: list[str] = []
+    if b is not None and a > b:
+        return out
+    da = len(str(a))
+    top = 10**da - 1
+    if b is not None and b <= top:
+        return _same_length(str(a), str(b))
+    out += _same_length(str(a), str(top))
+    if b is None:
+        out.append(f"[1-9][0-9]{{{da},}}")
+        return out
+    for d in range(da + 1, len(str(b))):
+        out.append(f"[1-9][0-9]{{{d - 1}}}")
+    out += _same_length(str(10 ** (len(str(b)) - 1)), str(b))
+    return out
+
+
+def integer_range(lo: int | None, hi: int | None) -> str:
+    """Regex for the canonical decimal integers in [lo, hi] (None = unbounded); GrammarError if empty."""
+    if lo is None and hi is None:
+        return INTEGER
+    if lo is not None and hi is not None and lo > hi:
+        raise GrammarError(f"integer range is empty: minimum {lo} > maximum {hi}")
+    alts: list[str] = []
+    if lo is None or lo < 0:  # negative part: -(max(1,-hi) .. -lo)
+        neg_lo = 1 if hi is None or hi >= 0 else -hi
+        neg_hi = None if lo is None else -lo
+        alts += ["-" + r for r in _group(_naturals(neg_lo, neg_hi))]
+    if hi is None or hi >= 0:
+        alts += _naturals(max(lo or 0, 0), hi)
+    return "(?:" + "|".join(alts) + ")"
+
+
+_FRAC = r"(?:\.[0-9]+)?"
+_FRAC_NONZERO = r"\.[0-9]*[1-9][0-9]*"
+_FRAC_ZERO = r"(?:\.0+)?"
+
+
+def _magnitude(lo: int, lo_excl: bool, hi: int | None, hi_excl: bool) -> list[str]:
+    """Alternatives for unsigned decimals m (no exponent) with lo <(=) m <(=) hi, lo >= 0 integral."""
+    if hi is not None and (hi < lo or (hi == lo and (lo_excl or hi_excl))):
+        return []
+    if hi is not None and hi == lo:
+        return [str(lo) + _FRAC_ZERO]
+    alts = [str(lo) + (_FRAC_NONZERO if lo_excl else _FRAC)]
+    mid_hi = None if hi is None else hi - 1
+    if mid_hi is None or mid_hi >= lo + 1:
+        alts += [f"(?:{r}){_FRAC}" for r in _group(_naturals(lo + 1, mid_hi))]
+    if hi is not None and not hi_excl:
+        alts.append(str(hi) + _FRAC_ZERO)
+    return alts
+
+
+def number_range(lo: float | None, lo_excl: bool, hi: float | None, hi_excl: bool) -> str:
+    """Regex for JSON numbers within the bounds, written without exponent (a sound subset)."""
+    if lo is not None:
+        lo_excl = lo_excl and float(lo).is_integer()
+        lo = math.ceil(lo)
+    if hi is not None:
+        hi_excl = hi_excl and float(hi).is_integer()
+        hi = math.floor(hi)
+    alts: list[str] = []
+    if hi is None or hi >= 0:  # non-negative side
+        if lo is None or lo < 0:
+            alts += _magnitude(0, False, hi, hi_excl)
+        else:
+            alts += _magnitude(lo, lo_excl, hi, hi_excl)
+    if lo is None or lo < 0:  # negative side, as magnitudes
+        m_lo, m_lo_excl = (-hi, hi_excl) if hi is not None and hi < 0 else (0, True)
+        m_hi = None if lo is None else -lo
+        alts += ["-" + r for r in _group(_magnitude(m_lo, m_lo_excl, m_hi, lo_excl))] if _magnitude(
+            m_lo, m_lo_excl, m_hi, lo_excl) else []
+    if not alts:
+        raise GrammarError(f"number range is empty: minimum {lo} / maximum {hi}")
+    return "(?:" + "|".join(alts) + ")"
