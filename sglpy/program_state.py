@@ -97,7 +97,9 @@ class ProgramState:
     set_var = __setitem__
 
     def __contains__(self, name: str) -> bool:
-        return name in self.stream_executor.variables
+        """Whether `name` is set or pending (submitted but not generated yet); never waits."""
+        ex = self.stream_executor
+        return name in ex.variables or name in ex.variable_event
 
     def sync(self) -> None:
         """Wait until the program body has returned and every submitted expression has run."""
