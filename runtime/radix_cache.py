@@ -79,6 +79,15 @@ class InsertResult:
 
 
 @dataclass(frozen=True)
+class RecacheResult:
+    """Outcome of ``cache_unfinished``: the request's new slot list, what to free, its new lock."""
+
+    slots: list[int]
+    duplicate_slots: list[int]
+    node: TreeNode
+
+
+@dataclass(frozen=True)
 class EvictResult:
     """Number of tokens whose slots were handed to ``free_fn``."""
 
@@ -214,6 +223,27 @@ class RadixCache:
             self.evictable_size += len(leaf.key)
             node = leaf
         return InsertResult(already, duplicates, node)
+
+    def cache_unfinished(
+        self,
+        tokens: Sequence[int],
+        slots: Sequence[int],
+        locked_node: TreeNode,
+        extra_key: Hashable = None,
+    ) -> RecacheResult:
+        """Publish a running request's computed KV (e.g. right after prefill) and move its lock.
+
+        Inserts ``tokens -> slots``, locks the new end node and unlocks ``locked_node`` (the node
+        the request locked before). The caller frees ``duplicate_slots`` and switches to
+        ``slots`` (its prefix now points at the tree's slots). Disabled cache: a no-op.
+        """
+        if self.disable:
+            return RecacheResult(list(slots), [], locked_node)
+        res = self.insert(tokens, slots, extra_key)
+        canonical = self._path_slots(res.node)
+        self.lock(res.node)
+        self.unlock(locked_node)
+        return RecacheResult(canonical, res.duplicate_slots, res.node)
 
     # ------------------------------------------------------------------ locks
     def lock(self, node: TreeNode) -> None:
@@ -355,6 +385,15 @@ class RadixCache:
         new.children[child.key[0]] = child
         parent.children[new.key[0]] = new
         return new
+
+    @staticmethod
+    def _path_slots(node: TreeNode) -> list[int]:
+        """Slots of every token from the root down to ``node``."""
+        parts = []
+        while node is not None:
+            parts.append(node.value)
+            node = node.parent
+        return [slot for value in reversed(parts) for slot in value]
 
     def _check_attached(self, node: TreeNode) -> None:
         if node.detached:

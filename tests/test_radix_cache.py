@@ -136,6 +136,24 @@ def test_unlocked_child_of_locked_node_is_evictable():
     c.check_invariants()
 
 
+def test_cache_unfinished_publishes_kv_and_moves_the_lock():
+    c = RadixCache()
+    c.insert([1, 2, 3], [10, 11, 12])
+    m = c.match_prefix([1, 2])
+    c.lock(m.node)
+    # The request computed tokens 3 and 4 itself; another request had cached token 3 meanwhile.
+    r = c.cache_unfinished([1, 2, 3, 4], m.slots + [20, 21], m.node)
+    assert r.slots == [10, 11, 12, 21] and r.duplicate_slots == [20]
+    assert path_of(r.node) == [1, 2, 3, 4] and r.node.lock_ref == 1
+    assert (c.protected_size, c.evictable_size) == (4, 0)
+    c.unlock(r.node)
+    assert (c.protected_size, c.evictable_size) == (0, 4)
+    c.check_invariants()
+    off = RadixCache(disable=True)
+    r = off.cache_unfinished([1, 2], [5, 6], off.root)
+    assert r.slots == [5, 6] and r.duplicate_slots == [] and r.node is off.root
+
+
 def test_bad_calls_raise_clear_errors():
     c = RadixCache()
     node = c.insert([1], [0]).node
@@ -252,6 +270,20 @@ class RadixModelMachine(RuleBasedStateMachine):
         assert r.duplicate_slots == slots[len(m.slots) : r.already_cached_len]
         self.freed.extend(r.duplicate_slots)
 
+    @rule(tokens=TOKENS, extra=EXTRA, cut=st.integers(0, 7))
+    def cache_unfinished(self, tokens, extra, cut):
+        # A request locks its matched prefix, computes the rest, then publishes it mid-flight.
+        m = self.cache.match_prefix(tokens[:cut], extra)
+        self.cache.lock(m.node)
+        slots = m.slots + self._alloc(len(tokens) - len(m.slots))
+        expected_dups = self._model_insert(tokens, slots, extra)
+        r = self.cache.cache_unfinished(tokens, slots, m.node, extra)
+        assert r.duplicate_slots == expected_dups
+        assert r.slots == self._model_match(tokens, extra)
+        assert path_of(r.node) == tokens
+        self.freed.extend(r.duplicate_slots)
+        self.locks.append((r.node, extra, tuple(tokens)))
+
     @rule(tokens=TOKENS, extra=EXTRA)
     def lock(self, tokens, extra):
         m = self.cache.match_prefix(tokens, extra)
@@ -308,8 +340,8 @@ class RadixModelMachine(RuleBasedStateMachine):
 
 
 RadixModelMachine.TestCase.settings = settings(
-    max_examples=150,
-    stateful_step_count=40,
+    max_examples=300,
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
