@@ -71,3 +71,35 @@ def test_program_on_engine(engine_backend, program):
 @pytest.mark.parametrize("program", programs.ALL_PROGRAMS, ids=IDS)
 def test_program_over_http(http_runtime, program):
     _run(http_runtime.endpoint, program)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_http_and_engine_agree_on_templates_and_select_windows(engine_backend, http_runtime):
+    """The server's jinja template and /tokenize give the same role strings and scored windows as in-process."""
+    ep = http_runtime.endpoint
+    assert ep.get_chat_template().role_prefix_and_suffix == engine_backend.get_chat_template().role_prefix_and_suffix
+    assert ep.get_chat_template().default_system_prompt == engine_backend.get_chat_template().default_system_prompt
+    assert ep.get_chat_template().stop_str == engine_backend.get_chat_template().stop_str
+
+    @sgl.function
+    def pick(s):
+        s += "Is the sky blue? Answer: " + sgl.select("a", ["yes", "no", "maybe not"])
+
+    a = pick.run(backend=engine_backend)
+    b = pick.run(backend=ep)
+    assert a["a"] == b["a"]
+    wa = a.get_meta_info("a")["input_token_logprobs"]
+    wb = b.get_meta_info("a")["input_token_logprobs"]
+    assert [[e[1] for e in w] for w in wa] == [[e[1] for e in w] for w in wb]
+    for x, y in zip(wa, wb):
+        assert [e[0] for e in x] == pytest.approx([e[0] for e in y], abs=1e-3)
+    # The prefix ends with a space that the tokenizer merges into the choice: the merged token is scored.
+    assert wa[0][0][2] == " yes"
+    assert http_runtime.process.poll() is None
+
+
+@pytest.mark.slow
+def test_runtime_rejects_a_bad_model_path_clearly(tmp_path):
+    with pytest.raises(RuntimeError, match="exited with code"):
+        sgl.Runtime(model_path=str(tmp_path / "no-such-model"), launch_timeout=120)
