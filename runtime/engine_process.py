@@ -8,6 +8,7 @@ non-streaming responses. A closed pipe means the engine process died: pending re
 from __future__ import annotations
 
 import asyncio
+import collections
 import importlib
 import itertools
 import logging
@@ -170,10 +171,27 @@ def engine_main(factory: str, engine_kwargs: dict, cmd_conn, out_conn, log_level
     calls.shutdown(wait=False, cancel_futures=True)
 
 
-@dataclass
 class _Pending:
-    queue: asyncio.Queue
-    abandoned: bool = False  # the HTTP side left; drop its chunks until the engine reports the end
+    """Messages of one in-flight generation, read by its HTTP handler."""
+
+    def __init__(self):
+        self.items: collections.deque = collections.deque()
+        self.ready = asyncio.Event()
+        self.abandoned = False  # the HTTP side left; drop its chunks until the engine reports the end
+
+    def put(self, msg) -> None:
+        self.items.append(msg)
+        self.ready.set()
+
+    async def get(self):
+        """The next message; consecutive chunks collapse to the newest (they are cumulative)."""
+        while not self.items:
+            self.ready.clear()
+            await self.ready.wait()
+        msg = self.items.popleft()
+        while isinstance(msg, Chunk) and self.items and isinstance(self.items[0], Chunk):
+            msg = self.items.popleft()
+        return msg
 
 
 @dataclass
@@ -230,14 +248,20 @@ class EngineClient:
     def _read_loop(self, loop) -> None:
         while True:
             try:
-                msg = self._out_r.recv()
+                batch = [self._out_r.recv()]
+                while len(batch) < 512 and self._out_r.poll():  # one loop wake-up per burst, not per message
+                    batch.append(self._out_r.recv())
             except (EOFError, OSError):
                 break
-            loop.call_soon_threadsafe(self._dispatch, msg)
+            loop.call_soon_threadsafe(self._dispatch_many, batch)
         if self._proc is not None:
             self._proc.join(2.0)  # reap it so the exit code is known
         code = self._proc.exitcode if self._proc else None
         loop.call_soon_threadsafe(self._on_dead, f"engine process exited (exit code {code})")
+
+    def _dispatch_many(self, batch: list) -> None:
+        for msg in batch:
+            self._dispatch(msg)
 
     def _dispatch(self, msg) -> None:
         if isinstance(msg, (Chunk, Done, Failed)):
@@ -247,7 +271,7 @@ class EngineClient:
             if not isinstance(msg, Chunk):
                 del self._pending[msg.rid]
             if not pend.abandoned:
-                pend.queue.put_nowait(msg)
+                pend.put(msg)
         elif isinstance(msg, CallResult):
             fut = self._calls.pop(msg.call_id, None)
             if fut is not None and not fut.done():
@@ -271,7 +295,7 @@ class EngineClient:
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(RuntimeError(f"engine failed to start: {reason}"))
         for rid, pend in list(self._pending.items()):
-            pend.queue.put_nowait(Failed(rid, f"the engine is unavailable: {reason}", 503))
+            pend.put(Failed(rid, f"the engine is unavailable: {reason}", 503))
         self._pending.clear()
         for fut in self._calls.values():
             if not fut.done():
@@ -292,13 +316,13 @@ class EngineClient:
         """Stream cumulative chunks of one generation; EngineError on rejection or engine death."""
         if rid in self._pending:
             raise EngineError(400, f"request id {rid!r} is already in flight")
-        pend = _Pending(asyncio.Queue())
+        pend = _Pending()
         self._send(GenerateCmd(rid, kwargs))
         self._pending[rid] = pend
         finished = False
         try:
             while True:
-                msg = await pend.queue.get()
+                msg = await pend.get()  # a lagging consumer skips to the newest cumulative chunk
                 if isinstance(msg, Chunk):
                     yield msg.data
                 elif isinstance(msg, Done):
