@@ -251,6 +251,9 @@ class Engine:
                         finished.append(entry.req)
             self.stats["num_steps"] += 1
         self._emit_finished(finished)
+        for e in batch.entries[batch.num_decode:]:
+            if not e.req.finished:
+                self.scheduler.cache_unfinished(e.req)
         for e in batch.entries:
             r = e.req
             if not r.finished and r.on_output is not None and e.prefix_len + e.extend_len >= len(r.input_ids):

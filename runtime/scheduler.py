@@ -10,7 +10,7 @@ from .model_runner import BatchEntry
 from .kv_pool import KVPool, ReqToTokenPool
 from .radix_cache import RadixCache
 from .request import FinishReason, Req, ReqStatus
-from .schedule_policy import order_waiting
+from .schedule_policy import order_waiting, split_in_batch_sharing
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,21 @@ class Scheduler:
         if req.num_preemptions == 0:
             req.cached_tokens = len(m.slots)
 
+    def cache_unfinished(self, req: Req) -> None:
+        """After a prefill chunk: publish the request's KV in the cache so waiting requests can share it."""
+        if self.cache.disable or not req.slots or req.locked_len == req.kv_len:
+            return
+        tokens = req.all_ids[: req.kv_len]
+        res = self.cache.insert(tokens, req.slots, req.extra_key)
+        if res.duplicate_slots:
+            self.pool.free(res.duplicate_slots)  # identical KV computed twice: keep the tree's copy
+        m = self.cache.match_prefix(tokens, req.extra_key)
+        self.cache.lock(m.node)
+        if req.cache_node is not None:
+            self.cache.unlock(req.cache_node)
+        req.cache_node, req.slots, req.locked_len = m.node, list(m.slots), len(m.slots)
+        self.rows.write(req.row, 0, req.slots)
+
     def preempt(self, req: Req) -> None:
         """Return a running request to the front of the queue; its KV stays reusable in the cache."""
         self.running.remove(req)
@@ -159,7 +174,9 @@ class Scheduler:
             return entries
         reserve = sum(min(max(r.sampling.max_new_tokens - len(r.output_ids), 0), RESERVE_CAP)
                       for r in self.running) * NEW_TOKEN_RATIO
-        for req in order_waiting(self.cfg.schedule_policy, self.waiting, self.cache):
+        ordered = order_waiting(self.cfg.schedule_policy, self.waiting, self.cache)
+        # requests sharing an uncached prefix with one ahead of them wait a round and then hit the cache
+        for req in split_in_batch_sharing(ordered, self.cache).first:
             if budget <= 0 or self.rows.available() == 0:
                 break
             if req.seq_len >= self.pool.num_slots:
