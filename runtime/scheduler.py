@@ -99,15 +99,11 @@ class Scheduler:
         """After a prefill chunk: publish the request's KV in the cache so waiting requests can share it."""
         if self.cache.disable or not req.slots or req.locked_len == req.kv_len:
             return
-        tokens = req.all_ids[: req.kv_len]
-        res = self.cache.insert(tokens, req.slots, req.extra_key)
+        res = self.cache.cache_unfinished(req.all_ids[: req.kv_len], req.slots, req.cache_node, req.extra_key)
         if res.duplicate_slots:
             self.pool.free(res.duplicate_slots)  # identical KV computed twice: keep the tree's copy
-        m = self.cache.match_prefix(tokens, req.extra_key)
-        self.cache.lock(m.node)
-        if req.cache_node is not None:
-            self.cache.unlock(req.cache_node)
-        req.cache_node, req.slots, req.locked_len = m.node, list(m.slots), len(m.slots)
+        req.cache_node, req.slots = res.node, list(res.slots)
+        req.locked_len = len(req.slots)
         self.rows.write(req.row, 0, req.slots)
 
     def preempt(self, req: Req) -> None:
