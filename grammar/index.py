@@ -37,8 +37,11 @@ def _csr_expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return owner, np.arange(int(counts.sum())) - starts[owner]
 
 
-def build_index(dfa: ByteDFA, info: TokenizerInfo) -> TokenIndex:
-    """Walk the token trie through every DFA state at once (numpy over (state, node) pairs per depth)."""
+def build_index(dfa: ByteDFA, info: TokenizerInfo, with_eos: bool = True) -> TokenIndex:
+    """Walk the token trie through every DFA state at once (numpy over (state, node) pairs per depth).
+
+    with_eos=False: masks without EOS bits and no vocabulary check (used for EBNF terminals).
+    """
     trie = info.trie
     n_states = dfa.num_states
     full = dfa.trans
@@ -82,10 +85,11 @@ def build_index(dfa: ByteDFA, info: TokenizerInfo) -> TokenIndex:
     np.bitwise_or.at(eos_bits, eos >> 5, (np.uint32(1) << (eos & 31).astype(np.uint32)))
     accepting = np.append(dfa.accepting, True)
     accepting[DEAD] = False
-    masks[accepting] |= eos_bits
-    masks[n_states] = eos_bits  # terminated
+    if with_eos:
+        masks[accepting] |= eos_bits
+        masks[n_states] = eos_bits  # terminated
     reachable = _reachable(dfa.initial, n_states, np.concatenate(edges) if edges else np.zeros(0, np.int64))
-    stuck = reachable & ~accepting[:n_states] & ~has_token[:n_states]
+    stuck = reachable & ~accepting[:n_states] & ~has_token[:n_states] & with_eos
     if stuck.any():
         s = int(np.flatnonzero(stuck)[0])
         need = sorted({b for b in range(256) if full[s, b] != DEAD})

@@ -82,6 +82,15 @@ class TokenizerInfo:
         return TokenTrie.build(self.token_bytes)
 
     @functools.cached_property
+    def first_byte_masks(self) -> np.ndarray:
+        """[256, words] uint32: packed mask of the usable tokens starting with each byte."""
+        out = np.zeros((256, self.mask_words * 32), dtype=bool)
+        for i, b in enumerate(self.token_bytes):
+            if b:
+                out[b[0], i] = True
+        return np.packbits(out, axis=1, bitorder="little").view("<u4")
+
+    @functools.cached_property
     def sorted_tokens(self) -> tuple[list[bytes], np.ndarray]:
         """Usable token byte strings sorted, with their ids (prefix queries for the jump helper)."""
         pairs = sorted((b, i) for i, b in enumerate(self.token_bytes) if b)
@@ -182,6 +191,7 @@ class TokenTrie:
     tok_start: list  # [depth] -> np.int64[nodes]: CSR into tok_ids
     tok_count: list  # [depth] -> np.int64[nodes]
     tok_ids: list  # [depth] -> np.int64[tokens ending at this depth], grouped by node
+    nodes: list  # [depth] -> sorted list of the prefixes (bytes) at this depth
 
     @property
     def depth(self) -> int:
@@ -216,4 +226,4 @@ class TokenTrie:
             else:
                 ccount.append(np.zeros(len(nodes), np.int64))
                 cstart.append(np.zeros(len(nodes), np.int64))
-        return cls(byte, cstart, ccount, tstart, tcount, tids)
+        return cls(byte, cstart, ccount, tstart, tcount, tids, levels)
