@@ -367,11 +367,13 @@ class EngineClient:
         if self._proc is None:
             return
         self._stopping = True
-        if self.alive:
-            try:
-                self._send(ShutdownCmd())
-            except EngineError:
-                pass
+        if not self.alive:  # still loading (or already dead): nothing to finish
+            self.kill()
+            return
+        try:
+            self._send(ShutdownCmd())
+        except EngineError:
+            pass
         await asyncio.to_thread(self._proc.join, timeout)
         if self._proc.is_alive():
             logger.warning("engine process did not exit in %.0f s; killing it", timeout)

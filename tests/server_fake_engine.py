@@ -51,6 +51,9 @@ class FakeEngine:
 
     def __init__(self, model=None, **fields):
         self.config = EngineConfig(model=model, **fields)
+        time.sleep(float(os.environ.get("SGLPY_FAKE_STARTUP_DELAY", "0")))
+        if os.environ.get("SGLPY_FAKE_STARTUP_FAIL"):
+            raise OSError("the fake weights are missing")
         self.model_path = "fake-model"
         self.context_len = self.config.max_context_len or 4096
         self.token_delay = float(os.environ.get("SGLPY_FAKE_TOKEN_DELAY", "0.005"))

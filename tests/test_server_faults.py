@@ -13,7 +13,12 @@ import openai
 import pytest
 import requests
 
-from server_harness import FAKE, run_server, sse_events
+import os
+import signal
+import subprocess
+import sys
+
+from server_harness import FAKE, TESTS_DIR, free_port, run_server, sse_events
 
 KEY = "test-key-123"
 ENV = {"SGLPY_FAKE_TOKEN_DELAY": "0.01"}
@@ -268,3 +273,35 @@ def test_port_in_use_fails_fast():
         with pytest.raises(RuntimeError, match="exited"):
             with run_server("--engine-factory", FAKE, "--port", str(port), startup_timeout=30):
                 pass
+
+
+def test_engine_startup_failure_exits_with_the_reason():
+    with pytest.raises(RuntimeError, match="exited with 1") as e:
+        with run_server("--engine-factory", FAKE, env={"SGLPY_FAKE_STARTUP_FAIL": "1"}, startup_timeout=60):
+            pass
+    assert "the fake weights are missing" in str(e.value)
+
+
+def test_sigterm_while_the_engine_loads_exits_promptly():
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR), "SGLPY_FAKE_STARTUP_DELAY": "60"}
+    proc = subprocess.Popen([sys.executable, "-m", "sglpy.runtime.server", "--port", str(port), "--engine-factory",
+                             FAKE], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # bound before the engine is ready: /health says 503
+            try:
+                r = requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                assert r.status_code == 503 and "starting" in r.json()["error"]["message"]
+                break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        assert time.monotonic() - t0 < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
