@@ -1,0 +1,275 @@
+"""Grammar engine benchmark: compile time (cold / cached), per-token cost, forced-token share.
+
+    .venv/bin/python benchmarks/grammar.py [--steps 150] [--walks 3] [--no-peers] [--out results.json]
+
+Runs on the default model's tokenizer (SmolLM2, 49,152 tokens). Per-token cost = allowed(state)
+(mask lookup) + advance(state, token), timed around those calls only, over uniform random walks
+(a stress case: walks spend most steps inside JSON strings). outlines-core and xgrammar run in the
+same process when installed (optional; never required).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+import numpy as np
+
+from sglpy.grammar import GrammarCompiler, TokenizerInfo
+from sglpy.grammar.testing import mask_to_ids
+
+EMAIL = r"[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,}"
+IPV4 = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
+SIMPLE = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+MEDIUM = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"}, "title": {"type": "string", "maxLength": 40},
+        "status": {"enum": ["draft", "published", "archived"]},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
+        "author": {"type": "object", "properties": {"name": {"type": "string"},
+                                                     "email": {"type": "string", "format": "email"}},
+                   "required": ["name"]},
+        "created": {"type": "string", "format": "date-time"}, "score": {"type": "number"},
+        "published": {"type": "boolean"},
+    },
+    "required": ["id", "title", "status", "tags"],
+}
+GLAIVE = {"type": "object", "properties": {"data": {"type": "array", "items": {"type": "object", "properties": {
+    "patient_id": {"type": "string"}, "heart_rate": {"type": "number"}, "timestamp": {"type": "string",
+                                                                                      "format": "date-time"}},
+    "required": ["patient_id", "heart_rate", "timestamp"]}}}, "required": ["data"]}
+JSON_EBNF = r"""
+start: object
+?value: object | array | STRING | NUMBER | "true" | "false" | "null"
+array: "[" [value (", " value)*] "]"
+object: "{" [pair (", " pair)*] "}"
+pair: STRING ": " value
+STRING: /"([^"\\\x00-\x1f]|\\["\\\/bfnrt])*"/
+NUMBER: /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/
+"""
+CONSTRAINTS = [
+    ("re_email", "regex", EMAIL), ("re_ipv4", "regex", IPV4),
+    ("json_simple", "json_schema", SIMPLE), ("json_medium", "json_schema", MEDIUM),
+    ("json_glaive", "json_schema", GLAIVE), ("ebnf_json", "ebnf", JSON_EBNF),
+]
+DOCS = {
+    "json_simple": [{"name": "Alice", "age": 31}, {"name": "Bob Stone", "age": 7}],
+    "json_medium": [
+        {"id": 12, "title": "Hello world", "status": "published", "tags": ["news", "tech"],
+         "author": {"name": "Ann Lee", "email": "ann@example.org"}, "created": "2024-02-29T10:00:00Z",
+         "score": 4.5, "published": True},
+        {"id": 7, "title": "Draft notes", "status": "draft", "tags": [], "published": False},
+    ],
+    "json_glaive": [{"data": [{"patient_id": "p-001", "heart_rate": 72.5, "timestamp": "2024-01-01T08:00:00Z"},
+                              {"patient_id": "p-002", "heart_rate": 64, "timestamp": "2024-01-01T09:30:00Z"}]}],
+}
+
+
+def pct(xs, q):
+    return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+def walk_costs(allowed_fn, advance_fn, pick, init, finished, steps, walks, seed=0):
+    """Per-step microseconds of allowed+advance over uniform random walks."""
+    rng = random.Random(seed)
+    costs = []
+    for _ in range(walks):
+        s = init()
+        for _ in range(steps):
+            t0 = time.perf_counter_ns()
+            m = allowed_fn(s)
+            t1 = time.perf_counter_ns()
+            tok = pick(m, rng)
+            if tok is None:
+                break
+            t2 = time.perf_counter_ns()
+            s = advance_fn(s, tok)
+            t3 = time.perf_counter_ns()
+            costs.append((t1 - t0 + t3 - t2) / 1000)
+            if finished(s):
+                break
+    return costs
+
+
+def ours(tok, info, name, kind, value, steps, walks):
+    comp = GrammarCompiler(info)
+    t0 = time.perf_counter()
+    g = comp.compile(kind, value)
+    cold = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    comp.compile(kind, value)
+    cached = time.perf_counter() - t0
+    eos = set(info.eos_token_ids)
+
+    def pick(m, rng):
+        ids = mask_to_ids(m, info.vocab_size)
+        ids = [t for t in ids.tolist() if t not in eos]
+        return rng.choice(ids) if ids else None
+
+    costs = walk_costs(g.allowed, g.advance, pick, lambda: g.initial_state, lambda s: not g.can_continue(s),
+                       steps, walks)
+    row = {"engine": "sglpy", "constraint": name, "compile_s": cold, "cached_ms": cached * 1000,
+           "p50_us": pct(costs, 50), "p99_us": pct(costs, 99), "steps": len(costs)}
+    if hasattr(g, "num_states"):
+        row["states"] = g.num_states
+        row["unique_masks"] = len(g.index.masks)
+    return g, row
+
+
+def forced_share(g, tok, docs):
+    """Canonical tokens of each document fed one by one, jumping over forced strings."""
+    total = forced = 0
+    jump_us = []
+    for doc in docs:
+        text = json.dumps(doc, separators=(", ", ": "))
+        prompt = "<|im_start|>assistant\n"
+        full = tok.encode(prompt + text, add_special_tokens=False)
+        canon = full[len(tok.encode(prompt, add_special_tokens=False)):]
+        out, s = [], g.initial_state
+        while len(out) < len(canon):
+            f = g.forced_string(s)
+            if f:
+                t0 = time.perf_counter_ns()
+                r = g.jump_tokens(s, out, f, tok)
+                jump_us.append((time.perf_counter_ns() - t0) / 1000)
+                if r.rollback or r.new_token_ids:
+                    out = out[: len(out) - r.rollback] + r.new_token_ids
+                    assert out == canon[: len(out)], "non-canonical jump"
+                    forced += len(r.new_token_ids) - r.rollback
+                    s = r.new_state
+                    continue
+            s = g.advance(s, canon[len(out)])
+            out.append(canon[len(out)])
+        assert g.is_final(s)
+        total += len(canon)
+    return forced, total, jump_us
+
+
+def outlines_core_row(tok, info, name, kind, value, steps, walks):
+    import outlines_core as oc
+    from outlines_core.json_schema import build_regex_from_schema
+
+    if kind == "ebnf":
+        return None
+    regex = build_regex_from_schema(json.dumps(value)) if kind == "json_schema" else value
+    eos = info.eos_token_ids[0]
+    vocab: dict[bytes, list[int]] = {}
+    for i, b in enumerate(info.token_bytes):
+        if b is not None and i not in info.eos_token_ids:
+            vocab.setdefault(b, []).append(i)
+    voc = oc.Vocabulary(eos, vocab)
+    t0 = time.perf_counter()
+    index = oc.Index(regex, voc)
+    cold = time.perf_counter() - t0
+    mask = np.zeros(info.mask_words, np.int32)
+
+    def allowed(guide):
+        guide.write_mask_into(mask.ctypes.data, mask.size, 4)
+        return mask
+
+    def pick(m, rng):
+        ids = [t for t in mask_to_ids(m, info.vocab_size).tolist() if t != eos]
+        return rng.choice(ids) if ids else None
+
+    def advance(guide, t):
+        guide.advance(t)
+        return guide
+
+    costs = walk_costs(allowed, advance, pick, lambda: oc.Guide(index), lambda gd: gd.is_finished(), steps, walks)
+    return {"engine": "outlines-core", "constraint": name, "compile_s": cold, "cached_ms": float("nan"),
+            "p50_us": pct(costs, 50), "p99_us": pct(costs, 99), "steps": len(costs)}
+
+
+def xgrammar_row(tok, info, name, kind, value, steps, walks, _cache={}):
+    import torch
+    import xgrammar as xgr
+
+    if kind == "ebnf":
+        return None
+    if "info" not in _cache:
+        _cache["info"] = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=info.vocab_size)
+    comp = xgr.GrammarCompiler(_cache["info"], max_threads=1, cache_enabled=False)
+    t0 = time.perf_counter()
+    compiled = comp.compile_json_schema(json.dumps(value), any_whitespace=False) if kind == "json_schema" \
+        else comp.compile_regex(value)
+    cold = time.perf_counter() - t0
+    bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
+    eos = set(info.eos_token_ids)
+
+    def allowed(mt):
+        mt.fill_next_token_bitmask(bitmask)
+        return bitmask
+
+    def pick(m, rng):
+        ids = [t for t in mask_to_ids(m[0].numpy(), info.vocab_size).tolist() if t not in eos]
+        return rng.choice(ids) if ids else None
+
+    def advance(mt, t):
+        assert mt.accept_token(t)
+        return mt
+
+    del torch
+    costs = walk_costs(allowed, advance, pick, lambda: xgr.GrammarMatcher(compiled), lambda mt: mt.is_terminated(),
+                       steps, walks)
+    return {"engine": "xgrammar", "constraint": name, "compile_s": cold, "cached_ms": float("nan"),
+            "p50_us": pct(costs, 50), "p99_us": pct(costs, 99), "steps": len(costs)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--walks", type=int, default=3)
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--out", default=None, help="write the rows as JSON")
+    args = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    from sglpy.runtime.model_loader import resolve_model_path
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(None))
+    t0 = time.perf_counter()
+    info = TokenizerInfo.from_hf(tok)
+    t_info = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _ = info.trie, info.sorted_tokens
+    t_trie = time.perf_counter() - t0
+    print(f"tokenizer: {info.kind}, vocab {info.vocab_size}; TokenizerInfo.from_hf {t_info:.2f} s, "
+          f"token trie (once per tokenizer) {t_trie:.2f} s")
+    rows, shares = [], []
+    for name, kind, value in CONSTRAINTS:
+        g, row = ours(tok, info, name, kind, value, args.steps, args.walks)
+        rows.append(row)
+        if name in DOCS:
+            forced, total, jus = forced_share(g, tok, DOCS[name])
+            shares.append({"constraint": name, "forced": forced, "total": total, "share": forced / total,
+                           "jump_p50_us": pct(jus, 50)})
+        if not args.no_peers:
+            for fn in (outlines_core_row, xgrammar_row):
+                try:
+                    r = fn(tok, info, name, kind, value, args.steps, args.walks)
+                except ImportError:
+                    continue
+                if r:
+                    rows.append(r)
+    print(f"\n{'constraint':<12} {'engine':<14} {'compile s':>10} {'cached ms':>10} {'p50 us':>8} {'p99 us':>8} "
+          f"{'steps':>6} {'states':>7}")
+    for r in rows:
+        print(f"{r['constraint']:<12} {r['engine']:<14} {r['compile_s']:>10.3f} {r['cached_ms']:>10.3f} "
+              f"{r['p50_us']:>8.1f} {r['p99_us']:>8.1f} {r['steps']:>6} {r.get('states', ''):>7}")
+    print(f"\n{'JSON workload':<12} {'forced':>7} {'total':>6} {'share':>6} {'jump p50 us':>12}")
+    for s in shares:
+        print(f"{s['constraint']:<12} {s['forced']:>7} {s['total']:>6} {s['share']:>6.0%} {s['jump_p50_us']:>12.0f}")
+    tot_f, tot_t = sum(s["forced"] for s in shares), sum(s["total"] for s in shares)
+    print(f"{'all':<12} {tot_f:>7} {tot_t:>6} {tot_f / tot_t:>6.0%}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"rows": rows, "forced": shares, "trie_s": t_trie, "info_s": t_info}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
