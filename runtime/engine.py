@@ -13,6 +13,7 @@ from typing import Any, Iterator
 import torch
 
 from .config import EngineConfig, SamplingParams
+from .constrained import GuideState
 from .detokenizer import IncrementalDetokenizer
 from .engine_io import RequestSpec, normalize_request
 from .model_loader import resolve_model_path
@@ -43,7 +44,10 @@ class Engine:
         self.cache = RadixCache(disable=cfg.disable_radix_cache)
         self.scheduler = Scheduler(cfg, self.runner.kv, self.runner.req_pool, self.cache, self.max_context)
         self.eos_ids = self._eos_ids()
-        self.constrained = None  # constrained decoding hook (regex / json_schema / ebnf / choices)
+        from .constrained import ConstrainedDecoding
+
+        self.constrained = ConstrainedDecoding(self.tokenizer, self.runner.vocab_size, self.eos_ids,
+                                               jump_forward=not cfg.disable_jump_forward)
         self.processor = OutputProcessor(Sampler(cfg.seed, self.runner.device), self.eos_ids,
                                          self.max_context, self.constrained)
         self.stats = {"num_requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
@@ -88,13 +92,14 @@ class Engine:
 
     async def async_generate(self, prompt=None, sampling_params=None, stream=False, **kwargs):
         """Asyncio variant of generate(); with stream=True returns an async iterator of chunks."""
-        specs, is_batch = normalize_request(self, prompt, sampling_params, kwargs.pop("input_ids", None),
-                                            kwargs.pop("return_logprob", False), kwargs.pop("logprob_start_len", None),
-                                            kwargs.pop("top_logprobs_num", None),
-                                            kwargs.pop("return_text_in_logprobs", False), kwargs.pop("rid", None),
-                                            kwargs.pop("extra_key", None))
+        args = [kwargs.pop(k, d) for k, d in (("input_ids", None), ("return_logprob", False),
+                                                ("logprob_start_len", None), ("top_logprobs_num", None),
+                                                ("return_text_in_logprobs", False), ("rid", None), ("extra_key", None))]
         if kwargs:
             raise ValueError(f"unknown argument(s) {sorted(kwargs)}")
+        # tokenizing and grammar compilation run off the event loop
+        specs, is_batch = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: normalize_request(self, prompt, sampling_params, *args))
         if stream:
             if is_batch:
                 raise ValueError("stream=True takes a single prompt, not a list")
@@ -135,6 +140,8 @@ class Engine:
         req.detok = IncrementalDetokenizer(self.tokenizer, spec.input_ids, s.skip_special_tokens,
                                            s.spaces_between_special_tokens)
         req.__dict__["_text_in_lp"] = spec.return_text_in_logprobs
+        if spec.guide is not None:
+            req.grammar = GuideState(spec.guide, spec.guide.initial_state)
         return req
 
     def _submit(self, spec: RequestSpec, stream: bool) -> Future:
@@ -211,11 +218,6 @@ class Engine:
             req = payload
             self._reqs[req.rid] = req
             self.stats["num_requests"] += 1
-            if self.constrained is not None and req.sampling.constraint is not None:
-                self.constrained.prepare(req)  # may finish the request with an abort (bad grammar)
-                if req.finished:
-                    self._emit_finished([req])
-                    return
             self.scheduler.add(req)
         elif kind == "abort":
             req = self._reqs.get(payload)
@@ -233,16 +235,13 @@ class Engine:
         """One scheduling round: schedule -> forward -> postprocess -> emit."""
         batch = self.scheduler.schedule()
         if batch is None:
-            if self.constrained is not None:
-                self.constrained.wait_for_compiles()
             return
         finished = list(batch.aborted)
         if batch.entries:
             try:
                 out = self.runner.forward(batch.entries, batch.num_decode)
                 finished += self.processor.process(batch.entries, out)
-                if self.constrained is not None:
-                    self.constrained.jump_forward([e.req for e in batch.entries if not e.req.finished])
+                finished += self.constrained.jump_forward([e.req for e in batch.entries], self.scheduler)
             except Exception as e:  # noqa: BLE001 - one bad batch must not kill the engine
                 logger.exception("step failed; aborting its requests")
                 for entry in batch.entries:
@@ -285,8 +284,6 @@ class Engine:
             return False
         self.cache.reset()
         self.runner.kv.reset()
-        if self.constrained is not None:
-            self.constrained.flush()
         return True
 
     def _info(self) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from .config import SamplingParams
 
@@ -20,6 +21,7 @@ class RequestSpec:
     top_logprobs_num: int
     return_text_in_logprobs: bool
     extra_key: str | None
+    guide: Any = None  # compiled grammar guide when the request has a constraint
 
 
 def _per_item(value, n: int, name: str, is_batch: bool) -> list:
@@ -81,8 +83,13 @@ def normalize_request(engine, prompt, sampling_params, input_ids, return_logprob
             raise ValueError(f"logprob_start_len must be -1 or in [0, {len(ids)}], got {start!r}")
         if not isinstance(top, int) or top < 0:
             raise ValueError(f"top_logprobs_num must be a non-negative int, got {top!r}")
+        guide = None
+        if sp.constraint is not None:
+            # compiled in the caller's thread (cached): the step loop never waits on a compile, and a
+            # bad constraint raises here as a ValueError naming the problem
+            guide = engine.constrained.compile(*sp.constraint)
         specs.append(RequestSpec(rid=str(rids[i]) if rids[i] is not None else uuid.uuid4().hex, input_ids=list(ids),
                                  sampling=sp, return_logprob=bool(lps[i]), logprob_start_len=start,
                                  top_logprobs_num=top, return_text_in_logprobs=bool(return_text_in_logprobs),
-                                 extra_key=keys[i]))
+                                 extra_key=keys[i], guide=guide))
     return specs, is_batch

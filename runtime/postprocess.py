@@ -90,6 +90,7 @@ def build_output(req: Req, tokenizer, return_text_in_logprobs: bool = False) -> 
         "total_retractions": req.num_preemptions,
         "jump_forward_tokens": req.num_jumped_tokens,
         "e2e_latency": time.perf_counter() - req.created,
+        "ttft": None if req.first_token_time is None else req.first_token_time - req.created,
     }
     if req.return_logprob:
         inp = list(req.input_logprobs)

@@ -88,7 +88,7 @@ class Sampler:
                 for tok, bias in s.logit_bias.items():
                     if 0 <= tok < vocab:
                         logits[i, tok] += bias
-            if len(r.output_ids) < s.min_new_tokens:
+            if len(r.output_ids) < s.min_new_tokens and r.grammar is None:  # the constraint wins
                 # below min_new_tokens nothing may end the request
                 stop_ids = [t for t in (eos_ids | set(s.stop_token_ids)) if 0 <= t < vocab]
                 if stop_ids and not s.ignore_eos:
