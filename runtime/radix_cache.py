@@ -228,13 +228,13 @@ class RadixCache:
         self,
         tokens: Sequence[int],
         slots: Sequence[int],
-        locked_node: TreeNode,
+        locked_node: TreeNode | None,
         extra_key: Hashable = None,
     ) -> RecacheResult:
         """Publish a running request's computed KV (e.g. right after prefill) and move its lock.
 
         Inserts ``tokens -> slots``, locks the new end node and unlocks ``locked_node`` (the node
-        the request locked before). The caller frees ``duplicate_slots`` and switches to
+        the request locked before, or None). The caller frees ``duplicate_slots`` and switches to
         ``slots`` (its prefix now points at the tree's slots). Disabled cache: a no-op.
         """
         if self.disable:
@@ -242,7 +242,8 @@ class RadixCache:
         res = self.insert(tokens, slots, extra_key)
         canonical = self._path_slots(res.node)
         self.lock(res.node)
-        self.unlock(locked_node)
+        if locked_node is not None:
+            self.unlock(locked_node)
         return RecacheResult(canonical, res.duplicate_slots, res.node)
 
     # ------------------------------------------------------------------ locks
