@@ -236,7 +236,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    ap.add_argument("--hf-subset", type=int, default=None, help="HF requests per round (default 8, quick 2)")
+    ap.add_argument("--hf-subset", type=int, default=None, help="HF requests per round (default 4, quick 2)")
     ap.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
     ap.add_argument("--policy", default="lpm", help="schedule policy of the cache-on engine")
     ap.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool size of each engine")
@@ -255,7 +255,7 @@ def main(argv=None) -> int:
         works = [few_shot(tok, 8, 200), multi_turn(tok, 4, 2, 48), fork(tok, 4, 128, 16)]
     else:
         works = [few_shot(tok, 64, 1000), multi_turn(tok, 16, 4, 128), fork(tok, 8, 512, 64)]
-    keep = args.hf_subset or (2 if args.quick else 8)
+    keep = args.hf_subset or (2 if args.quick else 4)
     print(f"torch threads={args.threads}, policy={args.policy}, pool={args.max_total_tokens} tokens, "
           f"HF subset={'off' if args.no_hf else f'{keep} requests per round, sequential'}", flush=True)
 
