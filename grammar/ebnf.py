@@ -57,8 +57,12 @@ class _Terminal:
         self.breaks = _break_candidates(self.dfa, info)
 
 
-def _break_candidates(dfa: ByteDFA, info: TokenizerInfo) -> list[np.ndarray]:
-    """Per DFA state: ids of tokens that complete the terminal strictly inside themselves (then continue)."""
+def _break_candidates(dfa: ByteDFA, info: TokenizerInfo) -> list[list[tuple[bytes, np.ndarray]]]:
+    """Per DFA state: tokens that complete the terminal strictly inside themselves and then continue.
+
+    Grouped by the prefix up to and including the first byte after the break, so that one walk of the
+    prefix can reject a whole group (e.g. every " word" token after the terminal ", ").
+    """
     trie = info.trie
     toks, ids = info.sorted_tokens
     n = dfa.num_states
@@ -66,7 +70,7 @@ def _break_candidates(dfa: ByteDFA, info: TokenizerInfo) -> list[np.ndarray]:
     found: list[list] = [[] for _ in range(n)]
     st = np.arange(1, n, dtype=np.int64)
     if len(st) == 0:
-        return [np.zeros(0, np.int64) for _ in range(n)]
+        return [[] for _ in range(n)]
     nxt = full[st][:, trie.byte[1]]
     k_idx, node = np.nonzero(nxt != DEAD)
     cur = nxt[k_idx, node]
@@ -84,11 +88,11 @@ def _break_candidates(dfa: ByteDFA, info: TokenizerInfo) -> list[np.ndarray]:
             hi = lo
             while hi < len(toks) and toks[hi].startswith(prefix):
                 hi += 1
-            found[int(st[k])].append(ids[lo:hi])
+            found[int(st[k])].append((prefix, ids[lo:hi]))
         alive = ns != DEAD
         k_idx, node, cur = k_idx[owner][alive], child[alive], ns[alive]
         d += 1
-    return [np.unique(np.concatenate(f)) if f else np.zeros(0, np.int64) for f in found]
+    return found
 
 
 class EBNFGuide(Guide):
@@ -255,9 +259,14 @@ class EBNFGuide(Guide):
                     m |= self._mask((stack2, ())).view(np.uint32) & np.bitwise_or.reduce(self._fb[dead], axis=0)
         tb = self.info.token_bytes
         for i, d in lex0:
-            for t in self._terms[i].breaks[d].tolist():
-                if not (m[t >> 5] >> (t & 31)) & 1 and self._walk(state, tb[t]) is not None:
-                    m[t >> 5] |= np.uint32(1 << (t & 31))
+            for prefix, group in self._terms[i].breaks[d]:
+                sp = self._walk(state, prefix)
+                if sp is None:
+                    continue
+                n = len(prefix)
+                for t in group.tolist():
+                    if not (m[t >> 5] >> (t & 31)) & 1 and self._walk(sp, tb[t][n:]) is not None:
+                        m[t >> 5] |= np.uint32(1 << (t & 31))
         if self._accepts_end(state):
             m |= self._eos_bits
         m = m.view(np.int32)
