@@ -10,7 +10,7 @@ end-to-end percentiles. The server runs twice: radix cache on, then off (`--disa
     .venv/bin/python benchmarks/serving.py --quick                # short smoke run
     .venv/bin/python benchmarks/serving.py --url http://127.0.0.1:30000 --rates 1,2   # an existing server
 
-Writes benchmarks/results/serving.json and benchmarks/results/serving.svg (TTFT p50 and throughput vs rate).
+Writes bench_results/serving.json and bench_results/serving.svg (TTFT p50 and throughput vs rate).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import requests
 
 WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point "
          "number group problem fact river garden window music letter market island engine bridge forest").split()
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+RESULTS = pathlib.Path(__file__).resolve().parents[1] / "bench_results"  # git-ignored
 
 
 @dataclass

@@ -84,6 +84,9 @@ _DIRECT = {"temperature": "temperature", "top_p": "top_p", "stop": "stop", "seed
            "skip_special_tokens", "spaces_between_special_tokens": "spaces_between_special_tokens",
            "no_stop_trim": "no_stop_trim", "regex": "regex", "ebnf": "ebnf", "json_schema": "json_schema"}
 MAX_TOP_LOGPROBS = 20
+_TEMPLATE_RESERVED = {"chat_template", "conversation", "tools", "documents", "tokenize", "add_generation_prompt",
+                      "continue_final_message", "padding", "truncation", "max_length", "return_tensors",
+                      "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "messages"}
 
 
 def check_request(body: dict, chat: bool) -> None:
@@ -103,6 +106,11 @@ def check_request(body: dict, chat: bool) -> None:
         raise ApiError(400, "tools / function calling is not supported by this server", param="tools")
     if chat and body.get("tool_choice") not in (None, "none", "auto"):
         raise ApiError(400, "tool_choice needs tools, which are not supported", param="tool_choice")
+    for key, value in (body.get("chat_template_kwargs") or {}).items():
+        # template variables only (e.g. enable_thinking): never a template, tokenizer option or tool list
+        if key in _TEMPLATE_RESERVED or not key.isidentifier() or not isinstance(value, (str, int, float, bool)):
+            raise ApiError(400, f"chat_template_kwargs.{key} is not allowed (scalar template variables only)",
+                           param="chat_template_kwargs")
     lp = body.get("logprobs") if not chat else body.get("top_logprobs")
     if lp is not None and not 0 <= lp <= MAX_TOP_LOGPROBS:
         raise ApiError(400, f"{'logprobs' if not chat else 'top_logprobs'} must be in [0, {MAX_TOP_LOGPROBS}]",

@@ -92,6 +92,8 @@ def test_generate_rejects_bad_bodies_with_400(srv, body, words):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, ["schema"]),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, ["text"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "chat_template_kwargs": {"chat_template": "{{ 7 * 7 }}"}}, ["chat_template"]),
 ])
 def test_openai_routes_reject_bad_bodies_with_400(srv, route, body, words):
     assert_error(srv.post(route, {"model": "m", **body}), 400, *words)
