@@ -103,3 +103,23 @@ def test_http_and_engine_agree_on_templates_and_select_windows(engine_backend, h
 def test_runtime_rejects_a_bad_model_path_clearly(tmp_path):
     with pytest.raises(RuntimeError, match="exited with code"):
         sgl.Runtime(model_path=str(tmp_path / "no-such-model"), launch_timeout=120)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_fork_branches_hit_the_cached_prefix(engine_backend):
+    """fork(n>1) prefills the shared prefix once; every branch's request then reports it as cached."""
+    shared = "A shared instruction that every branch starts with. " * 8
+
+    @sgl.function
+    def prog(s):
+        s += shared
+        forks = s.fork(3)
+        forks += lambda i: f"Branch {i}:" + sgl.gen("x", max_tokens=2)
+        forks.join()
+
+    st = prog.run(backend=engine_backend, temperature=0)
+    prefix_tokens = len(engine_backend.tokenize(shared))
+    metas = st.get_meta_info("x")
+    assert len(metas) == 3
+    assert all(m["cached_tokens"] >= prefix_tokens - 1 for m in metas), [m["cached_tokens"] for m in metas]
