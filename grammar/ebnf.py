@@ -301,8 +301,8 @@ class EBNFGuide(Guide):
         tb = self.info.token_bytes
         if not 0 <= token_id < len(tb):
             raise ValueError(f"token id {token_id} outside the vocabulary (size {len(tb)})")
-        if tb[token_id] is None:
-            raise ValueError(f"token {token_id} is a special/added/padding token: never allowed in a constraint")
+        if not tb[token_id]:
+            raise ValueError(f"token {token_id} is special/added/padding/empty: never allowed in a constraint")
         nxt = self._walk(state, tb[token_id])
         if nxt is None:
             raise ValueError(f"token {token_id} ({tb[token_id]!r}) not allowed by the grammar here")

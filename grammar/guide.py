@@ -133,8 +133,8 @@ class RegexGuide(Guide):
         if not 0 <= token_id < len(self._token_bytes):
             raise ValueError(f"token id {token_id} outside the vocabulary (size {len(self._token_bytes)})")
         data = self._token_bytes[token_id]
-        if data is None:
-            raise ValueError(f"token {token_id} is a special/added/padding token: never allowed in a constraint")
+        if not data:
+            raise ValueError(f"token {token_id} is special/added/padding/empty: never allowed in a constraint")
         rows = self._rows
         for b in data:
             s = rows[s][b]

@@ -104,7 +104,8 @@ class _Converter:
         if isinstance(value, dict):
             if not value:
                 return self.open_obj + self.close_obj
-            items = [re.escape(json.dumps(k, ensure_ascii=False)) + self.colon + self.const(v) for k, v in value.items()]
+            items = [re.escape(json.dumps(k, ensure_ascii=False)) + self.colon + self.const(v)
+                     for k, v in value.items()]
             return self.open_obj + self.comma.join(items) + self.close_obj
         if isinstance(value, list):
             if not value:

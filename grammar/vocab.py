@@ -103,7 +103,7 @@ class TokenizerInfo:
         vocab_size: int | None = None,
         eos_token_ids: Iterable[int] | None = None,
     ) -> "TokenizerInfo":
-        """Normalise a transformers tokenizer (fast) or a `tokenizers.Tokenizer`; `vocab_size` pads to the logits width."""
+        """Normalise a fast transformers tokenizer or a `tokenizers.Tokenizer`; `vocab_size` pads to the logits."""
         backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
         if not hasattr(backend, "to_str"):
             raise GrammarError(

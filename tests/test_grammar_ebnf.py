@@ -94,7 +94,6 @@ def test_forced_strings_and_api():
     with pytest.raises(ValueError, match="special"):
         g.advance(s, 1)
     assert hash(s) == hash(g.advance_bytes(g.initial_state, b"SELECT * FROM t"))  # states are values
-    a = g.compile_check = None  # noqa: F841
     assert g.token_allowed(s, ids[b" "]) and not g.token_allowed(s, ids[b"!"])
 
 

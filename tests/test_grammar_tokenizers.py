@@ -42,7 +42,9 @@ def build_spm_tokenizer() -> Tokenizer:
                 merges.append((pre[:-1], pre[-1]))
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace(replacement="▁", prepend_scheme="first")])
+    tok.decoder = decoders.Sequence(
+        [decoders.ByteFallback(), decoders.Metaspace(replacement="▁", prepend_scheme="first")]
+    )
     tok.add_special_tokens(["<unk>", "<s>", "</s>"])
     return tok
 
