@@ -17,7 +17,10 @@ def main(backend=None):
                       ("Batch with a progress bar", lambda b: batch_progress.main(b, n=4))]:
         print(f"\n=== {title} ===")
         t = time.perf_counter()
-        fn(backend)
+        try:
+            fn(backend)
+        except Exception as e:  # one failing example should not hide the others' results
+            print(f"FAILED: {type(e).__name__}: {e}")
         print(f"({time.perf_counter() - t:.1f}s)")
 
 
