@@ -31,8 +31,11 @@ def extend_attention_reference(
             continue
         total = prefix + ext
         slots = req_to_token[row, :total].long()
-        k = k_cache[slots].to(torch.float32).transpose(0, 1)  # [kv_heads, total, head_dim]
-        v = v_cache[slots].to(torch.float32).transpose(0, 1)
+        # index_select of 2-D rows is much faster on CPU than advanced indexing of 3-D slabs.
+        k = k_cache.flatten(1).index_select(0, slots).view(total, kv_heads, head_dim)
+        v = v_cache.flatten(1).index_select(0, slots).view(total, kv_heads, head_dim)
+        k = k.to(torch.float32).transpose(0, 1)  # [kv_heads, total, head_dim]
+        v = v.to(torch.float32).transpose(0, 1)
         # Rows ordered (group, token) under each kv head, so K/V are never repeated per query head.
         qi = q[start : start + ext].to(torch.float32).reshape(ext, kv_heads, group, head_dim)
         qi = qi.permute(1, 2, 0, 3).reshape(kv_heads, group * ext, head_dim)
