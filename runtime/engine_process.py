@@ -1,6 +1,6 @@
 """The engine in its own process (so the HTTP event loop never waits on the model) and its asyncio client.
 
-Protocol: two one-way pipes carrying the small dataclasses below. Every generation is streamed from
+Protocol: two one-way pipes carrying the dataclasses of engine_messages.py. Every generation is streamed from
 the engine as cumulative chunks tagged with its request id; the server keeps the last chunk for
 non-streaming responses. A closed pipe means the engine process died: pending requests fail at once.
 """
@@ -9,166 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import importlib
 import itertools
 import logging
 import multiprocessing
-import signal
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
-from .engine_worker import EngineWorker, engine_info
+from .engine_messages import (AbortCmd, CallCmd, CallResult, Chunk, Done, EngineError, Failed, GenerateCmd, Ready,
+                              ShutdownCmd, StartupFailed)
+from .engine_worker import engine_main
 
 logger = logging.getLogger("sglpy.server.engine")
-
-
-# ---- messages (server -> engine) ----
-@dataclass(frozen=True)
-class GenerateCmd:
-    rid: str
-    kwargs: dict  # Engine.generate keyword arguments for one prompt (no `stream`)
-
-
-@dataclass(frozen=True)
-class AbortCmd:
-    rid: str
-
-
-@dataclass(frozen=True)
-class CallCmd:
-    call_id: int
-    method: str  # one of EngineWorker.CALLS
-    args: tuple = ()
-
-
-@dataclass(frozen=True)
-class ShutdownCmd:
-    pass
-
-
-# ---- messages (engine -> server) ----
-@dataclass(frozen=True)
-class Ready:
-    info: dict
-
-
-@dataclass(frozen=True)
-class StartupFailed:
-    message: str
-
-
-@dataclass(frozen=True)
-class Chunk:
-    rid: str
-    data: dict  # cumulative SGLang /generate object
-
-
-@dataclass(frozen=True)
-class Done:
-    rid: str
-
-
-@dataclass(frozen=True)
-class Failed:
-    rid: str
-    message: str
-    status: int  # 400: the request was bad; 500: the engine failed on it; 503: engine gone
-
-
-@dataclass(frozen=True)
-class CallResult:
-    call_id: int
-    value: Any = None
-    error: str | None = None
-    status: int = 200
-
-
-class EngineError(Exception):
-    """A request the engine rejected or could not finish; `status` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class _Sender:
-    """Thread-safe writer for the engine -> server pipe."""
-
-    def __init__(self, conn):
-        self.conn = conn
-        self.lock = threading.Lock()
-
-    def send(self, msg) -> None:
-        with self.lock:
-            try:
-                self.conn.send(msg)
-            except (BrokenPipeError, OSError):
-                pass  # the server is gone; the command loop notices EOF and exits
-
-
-def load_factory(path: str):
-    """Resolve 'module:callable' (an operator-given setting, never a request field)."""
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def engine_main(factory: str, engine_kwargs: dict, cmd_conn, out_conn, log_level: str) -> None:
-    """Entry point of the engine process: build the engine, then serve commands until told to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process coordinates shutdown
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s engine %(levelname)s %(message)s")
-    sender = _Sender(out_conn)
-    try:
-        engine = load_factory(factory)(**engine_kwargs)
-        info = engine_info(engine, engine_kwargs)
-    except BaseException as e:  # noqa: BLE001 - report any startup failure to the server
-        sender.send(StartupFailed(f"{type(e).__name__}: {e}"))
-        return
-    sender.send(Ready(info))
-    worker = EngineWorker(engine, info)
-    calls = ThreadPoolExecutor(max_workers=4, thread_name_prefix="engine-call")
-
-    def run_call(cmd: CallCmd):
-        try:
-            sender.send(CallResult(cmd.call_id, worker.call(cmd.method, cmd.args)))
-        except ValueError as e:
-            sender.send(CallResult(cmd.call_id, error=str(e), status=400))
-        except Exception as e:  # noqa: BLE001
-            logger.exception("engine call %s failed", cmd.method)
-            sender.send(CallResult(cmd.call_id, error=f"{type(e).__name__}: {e}", status=500))
-
-    def run_generate(cmd: GenerateCmd):
-        try:
-            for chunk in worker.generate(cmd.rid, cmd.kwargs):
-                sender.send(Chunk(cmd.rid, chunk))
-            sender.send(Done(cmd.rid))
-        except ValueError as e:
-            sender.send(Failed(cmd.rid, str(e), 400))
-        except Exception as e:  # noqa: BLE001
-            logger.exception("request %s failed in the engine", cmd.rid)
-            sender.send(Failed(cmd.rid, f"engine error: {type(e).__name__}: {e}", 500))
-
-    while True:
-        try:
-            msg = cmd_conn.recv()
-        except (EOFError, OSError):
-            break  # the server process is gone
-        if isinstance(msg, GenerateCmd):
-            worker.register(msg.rid)
-            threading.Thread(target=run_generate, args=(msg,), daemon=True, name=f"gen-{msg.rid[:8]}").start()
-        elif isinstance(msg, AbortCmd):
-            worker.abort(msg.rid)
-        elif isinstance(msg, CallCmd):
-            calls.submit(run_call, msg)
-        elif isinstance(msg, ShutdownCmd):
-            break
-    try:
-        engine.shutdown()
-    except Exception:  # noqa: BLE001
-        logger.exception("engine shutdown failed")
-    calls.shutdown(wait=False, cancel_futures=True)
 
 
 class _Pending:

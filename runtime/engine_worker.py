@@ -1,10 +1,16 @@
-"""Engine-process side of the server: length checks, abort bookkeeping and the whitelisted engine calls."""
+"""Engine-process side of the server: the command loop, length checks, aborts and the whitelisted calls."""
 
 from __future__ import annotations
 
+import importlib
 import logging
+import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
+
+from .engine_messages import (AbortCmd, CallCmd, CallResult, Chunk, Done, Failed, GenerateCmd, Ready, ShutdownCmd,
+                              StartupFailed)
 
 logger = logging.getLogger("sglpy.server.engine")
 
@@ -175,3 +181,80 @@ class EngineWorker:
             raise ValueError(f"chat template failed on these messages: {e}") from None
         except Exception as e:  # jinja2 TemplateError (raise_exception in templates)
             raise ValueError(f"chat template failed on these messages: {type(e).__name__}: {e}") from None
+
+
+class _Sender:
+    """Thread-safe writer for the engine -> server pipe."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def send(self, msg) -> None:
+        with self.lock:
+            try:
+                self.conn.send(msg)
+            except (BrokenPipeError, OSError):
+                pass  # the server is gone; the command loop notices EOF and exits
+
+
+def load_factory(path: str):
+    """Resolve 'module:callable' (an operator-given setting, never a request field)."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def engine_main(factory: str, engine_kwargs: dict, cmd_conn, out_conn, log_level: str) -> None:
+    """Entry point of the engine process: build the engine, then serve commands until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process coordinates shutdown
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s engine %(levelname)s %(message)s")
+    sender = _Sender(out_conn)
+    try:
+        engine = load_factory(factory)(**engine_kwargs)
+        info = engine_info(engine, engine_kwargs)
+    except BaseException as e:  # noqa: BLE001 - report any startup failure to the server
+        sender.send(StartupFailed(f"{type(e).__name__}: {e}"))
+        return
+    sender.send(Ready(info))
+    worker = EngineWorker(engine, info)
+    calls = ThreadPoolExecutor(max_workers=4, thread_name_prefix="engine-call")
+
+    def run_call(cmd: CallCmd):
+        try:
+            sender.send(CallResult(cmd.call_id, worker.call(cmd.method, cmd.args)))
+        except ValueError as e:
+            sender.send(CallResult(cmd.call_id, error=str(e), status=400))
+        except Exception as e:  # noqa: BLE001
+            logger.exception("engine call %s failed", cmd.method)
+            sender.send(CallResult(cmd.call_id, error=f"{type(e).__name__}: {e}", status=500))
+
+    def run_generate(cmd: GenerateCmd):
+        try:
+            for chunk in worker.generate(cmd.rid, cmd.kwargs):
+                sender.send(Chunk(cmd.rid, chunk))
+            sender.send(Done(cmd.rid))
+        except ValueError as e:
+            sender.send(Failed(cmd.rid, str(e), 400))
+        except Exception as e:  # noqa: BLE001
+            logger.exception("request %s failed in the engine", cmd.rid)
+            sender.send(Failed(cmd.rid, f"engine error: {type(e).__name__}: {e}", 500))
+
+    while True:
+        try:
+            msg = cmd_conn.recv()
+        except (EOFError, OSError):
+            break  # the server process is gone
+        if isinstance(msg, GenerateCmd):
+            worker.register(msg.rid)
+            threading.Thread(target=run_generate, args=(msg,), daemon=True, name=f"gen-{msg.rid[:8]}").start()
+        elif isinstance(msg, AbortCmd):
+            worker.abort(msg.rid)
+        elif isinstance(msg, CallCmd):
+            calls.submit(run_call, msg)
+        elif isinstance(msg, ShutdownCmd):
+            break
+    try:
+        engine.shutdown()
+    except Exception:  # noqa: BLE001
+        logger.exception("engine shutdown failed")
+    calls.shutdown(wait=False, cancel_futures=True)

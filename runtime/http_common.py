@@ -9,7 +9,7 @@ from typing import Callable
 
 from aiohttp import web
 
-from .engine_process import EngineError
+from .engine_messages import EngineError
 
 logger = logging.getLogger("sglpy.server")
 

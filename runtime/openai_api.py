@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from .engine_process import EngineError
+from .engine_messages import EngineError
 from .http_common import ApiError, error_body, read_json_object, send_sse, start_sse
 from .native_api import first_item, validate_sampling_params
 from .openai_protocol import (chat_logprobs, chat_messages, check_request, completion_logprobs, finish_reason,

@@ -15,7 +15,8 @@ import time
 from aiohttp import web
 
 from . import native_api, openai_api
-from .engine_process import EngineClient, EngineError
+from .engine_messages import EngineError
+from .engine_process import EngineClient
 from .http_common import (ApiError, auth_middleware, check_fields, error_middleware, error_response, is_bool, is_int_list,
                           is_str, is_str_list, one_of, read_json_object)
 from .metrics import CONTENT_TYPE_LATEST, PoolStats

@@ -9,7 +9,8 @@ import time
 import uuid
 from typing import AsyncIterator
 
-from .engine_process import EngineClient, EngineError
+from .engine_messages import EngineError
+from .engine_process import EngineClient
 from .http_common import ApiError
 from .metrics import PoolStats, ServerMetrics
 from .server_config import ServerConfig
