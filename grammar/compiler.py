@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -44,7 +46,9 @@ class GrammarCompiler:
         cache_size: int = 128,
         whitespace_pattern: str | None = None,
         max_recursion_depth: int = 3,
+        cache_dir: str | None = None,
     ):
+        """cache_dir: optional folder for compiled regex/JSON guides keyed by constraint + tokenizer hash."""
         if not isinstance(tokenizer_info, TokenizerInfo):
             raise ValueError("GrammarCompiler needs a TokenizerInfo (use TokenizerInfo.from_hf(tokenizer))")
         if max_states < 2:
@@ -56,6 +60,7 @@ class GrammarCompiler:
         self.cache_size = cache_size
         self.whitespace_pattern = whitespace_pattern
         self.max_recursion_depth = max_recursion_depth
+        self.cache_dir = cache_dir
         self._cache: OrderedDict[tuple, Guide] = OrderedDict()
         self._lock = threading.Lock()
         self._inflight: dict[tuple, threading.Event] = {}
@@ -106,7 +111,22 @@ class GrammarCompiler:
         return self._cached(("regex", pattern, self.max_states), lambda: self._regex_guide(pattern))
 
     def _regex_guide(self, pattern: str) -> RegexGuide:
-        return RegexGuide(regex_to_dfa(pattern, self.max_states), self.info, pattern)
+        path = None
+        if self.cache_dir:
+            key = hashlib.sha256(f"{self.info.key}|{self.max_states}|{pattern}".encode()).hexdigest()[:40]
+            path = os.path.join(self.cache_dir, f"regex-{key}.npz")
+            if os.path.exists(path):
+                try:
+                    return RegexGuide.load(path, self.info)
+                except (OSError, ValueError, KeyError):
+                    pass  # unreadable or stale entry: rebuild and overwrite
+        guide = RegexGuide(regex_to_dfa(pattern, self.max_states), self.info, pattern)
+        if path:
+            os.makedirs(self.cache_dir, exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp.npz"
+            guide.save(tmp)
+            os.replace(tmp, path)  # atomic: readers never see a half-written file
+        return guide
 
     def compile_choices(self, choices: list[str]) -> Guide:
         """Guide for exactly one of the strings."""
@@ -119,23 +139,25 @@ class GrammarCompiler:
             raise GrammarError(f"unsupported dtype {dtype!r} (expected int, float, bool or str)")
         return self.compile_regex(DTYPE_REGEX[name])
 
-    def json_schema_to_regex(self, schema: Any, strict: bool = True) -> str:
+    def json_schema_to_regex(self, schema: Any, strict: bool = True, whitespace_pattern: Any = ...) -> str:
         """The regex this compiler uses for a JSON schema (dict, JSON string, or pydantic model class)."""
         from .json_schema import schema_to_regex
 
-        return schema_to_regex(
-            schema, whitespace_pattern=self.whitespace_pattern, strict=strict,
-            max_recursion_depth=self.max_recursion_depth,
-        )
+        ws = self.whitespace_pattern if whitespace_pattern is ... else whitespace_pattern
+        return schema_to_regex(schema, whitespace_pattern=ws, strict=strict,
+                               max_recursion_depth=self.max_recursion_depth)
 
-    def compile_json_schema(self, schema: Any, strict: bool = True) -> Guide:
-        """Guide for JSON documents valid under `schema` (see docs/grammar.md for the supported subset)."""
+    def compile_json_schema(self, schema: Any, strict: bool = True, whitespace_pattern: Any = ...) -> Guide:
+        """Guide for JSON documents valid under `schema` (see docs/grammar.md for the supported subset).
+
+        whitespace_pattern overrides the compiler's default for this schema (None = compact layout).
+        """
         from .json_schema import normalize_schema
 
         norm = normalize_schema(schema)
-        key = ("json_schema", json.dumps(norm), strict, self.whitespace_pattern, self.max_recursion_depth,
-               self.max_states)
-        return self._cached(key, lambda: self._regex_guide(self.json_schema_to_regex(norm, strict)))
+        ws = self.whitespace_pattern if whitespace_pattern is ... else whitespace_pattern
+        key = ("json_schema", json.dumps(norm), strict, ws, self.max_recursion_depth, self.max_states)
+        return self._cached(key, lambda: self._regex_guide(self.json_schema_to_regex(norm, strict, ws)))
 
     def compile_ebnf(self, grammar: str, start: str = "start") -> Guide:
         """Guide for a context-free grammar in lark EBNF syntax."""

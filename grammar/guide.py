@@ -88,9 +88,9 @@ class Guide:
 class RegexGuide(Guide):
     """A regular constraint: integer states of a minimal byte DFA, masks precomputed per state."""
 
-    def __init__(self, dfa: ByteDFA, info: TokenizerInfo, source: str = ""):
+    def __init__(self, dfa: ByteDFA, info: TokenizerInfo, source: str = "", index: TokenIndex | None = None):
         self.dfa, self.info, self.source = dfa, info, source
-        self.index: TokenIndex = build_index(dfa, info)
+        self.index: TokenIndex = build_index(dfa, info) if index is None else index
         self.initial_state: int = dfa.initial
         self.num_states = dfa.num_states
         self._term = self.index.terminated
@@ -107,6 +107,25 @@ class RegexGuide(Guide):
         single[DEAD] = -1
         self._single = single.tolist() + [-1]
         self._forced: dict[int, bytes] = {}
+
+    def save(self, path: str) -> None:
+        """Write the automaton and token index to an .npz file (see `load`)."""
+        ix = self.index
+        np.savez(path, trans=self.dfa.trans, accepting=self.dfa.accepting, initial=self.dfa.initial,
+                 masks=ix.masks, mask_of=ix.mask_of, has_token=ix.has_token, reachable=ix.reachable,
+                 source=np.array(self.source), info_key=np.array(self.info.key))
+
+    @classmethod
+    def load(cls, path: str, info: TokenizerInfo) -> "RegexGuide":
+        """Read a guide written by `save` for the same tokenizer (ValueError if the tokenizer differs)."""
+        with np.load(path) as z:
+            if str(z["info_key"]) != info.key:
+                raise ValueError(f"{path}: compiled for another tokenizer")
+            dfa = ByteDFA(z["trans"], z["accepting"], int(z["initial"]))
+            masks = z["masks"]
+            masks.setflags(write=False)
+            index = TokenIndex(masks, z["mask_of"], z["has_token"], z["reachable"])
+            return cls(dfa, info, str(z["source"]), index)
 
     def __repr__(self) -> str:
         return f"RegexGuide(states={self.num_states}, masks={len(self._masks)}, source={self.source[:40]!r})"

@@ -226,17 +226,16 @@ class _Builder:
         nfa = self.nfa
         s, e = nfa.new(), nfa.new()
         trie: dict[tuple, int] = {}
-        for lo, hi in intervals:
-            for seq in utf8.byte_sequences(lo, hi):
-                cur = s
-                for k, (blo, bhi) in enumerate(seq):
-                    if k == len(seq) - 1:
-                        nfa.edges[cur].append((blo, bhi, e))
-                        break
-                    key = seq[: k + 1]
-                    nxt = trie.get(key)
-                    if nxt is None:
-                        nxt = trie[key] = nfa.new()
-                        nfa.edges[cur].append((blo, bhi, nxt))
-                    cur = nxt
+        for seq in utf8.set_sequences(intervals):
+            cur = s
+            for k, (blo, bhi) in enumerate(seq):
+                if k == len(seq) - 1:
+                    nfa.edges[cur].append((blo, bhi, e))
+                    break
+                key = seq[: k + 1]
+                nxt = trie.get(key)
+                if nxt is None:
+                    nxt = trie[key] = nfa.new()
+                    nfa.edges[cur].append((blo, bhi, nxt))
+                cur = nxt
         return s, e

@@ -68,6 +68,12 @@ def _idx_to_cp(i: int) -> int:
     return i if i < SURROGATES[0] else i + (SURROGATES[1] - SURROGATES[0] + 1)
 
 
+@functools.lru_cache(maxsize=4096)
+def set_sequences(intervals: Intervals) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """All byte-range sequences of a code-point set (memoised: JSON regexes repeat the same classes)."""
+    return tuple(seq for lo, hi in intervals for seq in byte_sequences(lo, hi))
+
+
 _LEN_BOUNDS = ((0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, MAX_CP))
 
 

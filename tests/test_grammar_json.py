@@ -217,3 +217,45 @@ def test_number_range_sound(lo, hi, le, he, probe):
             assert inside, (text, lo, le, hi, he)
         elif inside and text.lstrip("-") != "0.00" and not text.startswith("-0.00"):
             assert False, ("missed", text, lo, le, hi, he)
+
+
+class Color(str, __import__("enum").Enum):
+    red = "red"
+    blue = "blue"
+
+
+class Item(pydantic.BaseModel):
+    sku: str = pydantic.Field(pattern=r"^[A-Z]{2}-[0-9]{3}$")
+    qty: int = pydantic.Field(ge=1, le=99)
+    color: Optional[Color] = None
+
+
+class Order(pydantic.BaseModel):
+    order_id: int
+    items: list[Item] = pydantic.Field(min_length=1, max_length=3)
+    notes: dict[str, int] = pydantic.Field(default_factory=dict, max_length=2)
+    shipped: bool = False
+    when: Optional[__import__("datetime").date] = None
+
+
+def test_nested_pydantic_model_walks_validate():
+    schema = Order.model_json_schema()
+    guide = COMPILER.compile_json_schema(Order)
+    rng = random.Random(3)
+    done = 0
+    for _ in range(25):
+        walk = random_walk(guide, rng, max_steps=400, eos_bias=0.7, prefer=CLOSERS, prefer_bias=0.35)
+        if walk.finished:
+            done += 1
+            Order.model_validate_json(walk.data)  # pydantic accepts it
+            jsonschema.validate(json.loads(walk.data), schema)
+    assert done >= 5
+
+
+def test_per_call_whitespace_override():
+    loose = COMPILER.compile_json_schema(SCHEMAS["simple"], whitespace_pattern=r"[ ]?")
+    compact = COMPILER.compile_json_schema(SCHEMAS["simple"])
+    assert loose is not compact
+    assert loose.is_final(loose.advance_bytes(loose.initial_state, b'{"name":"a","age":1}'))
+    with pytest.raises(ValueError):
+        compact.advance_bytes(compact.initial_state, b'{"name":"a"')

@@ -246,3 +246,27 @@ def test_dfa_is_minimal_for_simple_cases():
     assert regex_to_dfa("abc|abd").num_states == 5
     d = regex_to_dfa(r"^x+$")
     assert d.fullmatch(b"xxx") and not d.fullmatch(b"")
+
+
+def test_disk_cache_round_trip(tmp_path):
+    pat = r"(cat|dog)s?[0-9]{1,3}"
+    first = GrammarCompiler(INFO, cache_dir=str(tmp_path)).compile_regex(pat)
+    files = list(tmp_path.glob("regex-*.npz"))
+    assert len(files) == 1
+    again = GrammarCompiler(INFO, cache_dir=str(tmp_path)).compile_regex(pat)
+    assert again is not first and again.num_states == first.num_states
+    for s in range(1, first.num_states):
+        assert (again.allowed(s) == first.allowed(s)).all()
+    assert again.forced_string(again.initial_state) == first.forced_string(first.initial_state)
+    files[0].write_bytes(b"garbage")  # a corrupt entry is rebuilt, not an error
+    rebuilt = GrammarCompiler(INFO, cache_dir=str(tmp_path)).compile_regex(pat)
+    assert (rebuilt.allowed(rebuilt.initial_state) == first.allowed(first.initial_state)).all()
+    other = small_vocab_info(extra=[b"zzz"])
+    with pytest.raises(ValueError, match="another tokenizer"):
+        type(first).load(_resave(first, tmp_path), other)
+
+
+def _resave(guide, tmp_path):
+    path = str(tmp_path / "g.npz")
+    guide.save(path)
+    return path
