@@ -88,6 +88,8 @@ async def read_json_object(request: web.Request) -> dict:
         obj = json.loads(body, parse_constant=_no_constants)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"malformed JSON body: {e}") from None
+    except RecursionError:
+        raise ApiError(400, "malformed JSON body: nested too deeply") from None
     if not isinstance(obj, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(obj).__name__}")
     return obj

@@ -54,6 +54,8 @@ class ServerState:
             raise ApiError(503, f"the engine is unavailable: {self.engine.dead_reason or 'starting'}",
                            headers=headers)
         limit = self.config.max_inflight_requests
+        if n > limit:
+            raise ApiError(400, f"this request needs {n} generations; the server admits at most {limit} at once")
         if self.engine.num_inflight + n > limit:
             self.metrics.num_rejected.inc()
             raise ApiError(503, f"server busy: {self.engine.num_inflight} requests in flight (limit {limit}); "

@@ -72,6 +72,8 @@ def wait_idle(srv, timeout=10.0):
     (b'{"text": "a", "image_data": "x.png"}', ["image_data", "not supported"]),
     (b'{"text": "a", "sampling_params": {"max_new_tokens": 100000}}', ["context"]),
     (b'{"text": "a", "max_new_tokens": NaN}', ["JSON"]),
+    (b'{"text": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", ["JSON"]),
+    (b'{"text": "a", "sampling_params": {"n": 7}}', ["at most 6"]),
 ])
 def test_generate_rejects_bad_bodies_with_400(srv, body, words):
     r = requests.post(srv.url + "/generate", data=body, headers={**srv.headers, "Content-Type": "application/json"},
