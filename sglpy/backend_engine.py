@@ -48,7 +48,15 @@ class Engine(BaseBackend):
         """Token ids exactly as the engine tokenizes a text prompt."""
         return list(self.tokenizer.encode(text)) if text else []
 
-    def generate(self, text: str, sampling: SamplingParams) -> GenResult:
+    def generate(self, text=None, sampling=None, **kwargs):
+        """Frontend call `generate(text, SamplingParams) -> GenResult`; any other call (SGLang's offline
+        `Engine.generate(prompt, sampling_params, ...)`) goes straight to the runtime engine."""
+        if not (isinstance(text, str) and isinstance(sampling, SamplingParams) and not kwargs):
+            if text is not None:
+                kwargs["prompt"] = text
+            if sampling is not None:
+                kwargs["sampling_params"] = sampling
+            return self.engine.generate(**kwargs)
         sp, fields = engine_sampling(sampling)
         if sampling.n == 1:
             out = check_output(self.engine.generate(prompt=text, sampling_params=sp, **fields))
@@ -94,3 +102,15 @@ class Engine(BaseBackend):
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+    def __getattr__(self, name: str):
+        # The rest of the runtime engine's API (async_generate, abort, ...) stays reachable, as in SGLang.
+        if name == "engine":
+            raise AttributeError(name)
+        return getattr(self.engine, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()

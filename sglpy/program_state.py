@@ -189,6 +189,11 @@ class ProgramStateGroup:
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
 
+    def __setitem__(self, i: int, state: ProgramState) -> None:
+        # `forks[i] += expr` rebinds the item to the same state after __iadd__.
+        if state is not self.states[i]:
+            raise TypeError("fork branches cannot be replaced; use forks[i] += expr")
+
     def __len__(self) -> int:
         return len(self.states)
 

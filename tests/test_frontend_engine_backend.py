@@ -1,0 +1,109 @@
+"""sgl.Engine's request plumbing against a stub runtime engine (no model): the exact generate() calls."""
+
+import pytest
+
+import sglpy as sgl
+from sglpy.backend_engine import Engine
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class StubTokenizer:
+    name_or_path = "stub/SmolLM2-135M-Instruct"  # no chat_template attribute: ChatML by name
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+
+class StubRuntime:
+    """Mimics sglpy.runtime.engine.Engine.generate's contract with char tokens."""
+
+    def __init__(self, answer="ok", abort=None):
+        self.tokenizer, self.answer, self.abort_msg, self.calls = StubTokenizer(), answer, abort, []
+
+    def _one(self, ids, sp, return_logprob=False, logprob_start_len=None, **_):
+        reason = {"type": "abort", "message": self.abort_msg} if self.abort_msg else {"type": "length", "length": 1}
+        meta = {"prompt_tokens": len(ids), "completion_tokens": 1, "cached_tokens": 0, "finish_reason": reason}
+        if return_logprob:
+            meta["input_token_logprobs"] = [[None if i == 0 else -float(t % 7), t, chr(t)]
+                                            for i, t in enumerate(ids) if i >= (logprob_start_len or 0)]
+        return {"text": "" if sp.get("max_new_tokens") == 0 else self.answer, "output_ids": [], "meta_info": meta}
+
+    def generate(self, prompt=None, sampling_params=None, input_ids=None, stream=False, **kw):
+        self.calls.append(dict(prompt=prompt, sampling_params=sampling_params, input_ids=input_ids, stream=stream, **kw))
+        if stream:
+            return iter([{"text": self.answer[:k], "meta_info": {}} for k in range(1, len(self.answer) + 1)])
+        items = input_ids if input_ids is not None else prompt
+        if isinstance(items, list) and items and isinstance(items[0], (list, str)):
+            return [self._one(x if isinstance(x, list) else self.tokenizer.encode(x), sampling_params, **kw)
+                    for x in items]
+        ids = items if isinstance(items, list) else self.tokenizer.encode(items)
+        return self._one(ids, sampling_params, **kw)
+
+    def shutdown(self):
+        self.calls.append("shutdown")
+
+
+def test_gen_calls_engine_generate_with_sglang_sampling_params():
+    rt = StubRuntime()
+    eng = Engine(engine=rt)
+    assert eng.get_chat_template().name == "chatml"
+
+    @sgl.function
+    def prog(s):
+        s += "Hi" + sgl.gen("a", max_tokens=3, return_logprob=True) + sgl.gen("b", n=2)
+
+    st = prog.run(backend=eng, temperature=0)
+    assert st["b"] == ["ok", "ok"]
+    first, second = rt.calls
+    assert first["prompt"] == "Hi" and first["return_logprob"] is True
+    assert first["sampling_params"]["max_new_tokens"] == 3 and "n" not in first["sampling_params"]
+    assert second["prompt"] == ["Hiok", "Hiok"]  # n samples as a list prompt
+
+
+def test_select_prefills_prefix_then_scores_choice_windows():
+    rt = StubRuntime()
+    eng = Engine(engine=rt)
+
+    @sgl.function
+    def prog(s):
+        s += "Q? " + sgl.select("x", ["ab", "c"], choices_method=sgl.unconditional_likelihood_normalized)
+
+    st = prog.run(backend=eng)
+    assert st["x"] in ("ab", "c")
+    prefill, batch, uncond = rt.calls
+    assert prefill["input_ids"] == [ord(c) for c in "Q? "] and prefill["sampling_params"] == {"max_new_tokens": 0}
+    assert batch["input_ids"] == [[ord(c) for c in "Q? ab"], [ord(c) for c in "Q? c"]]
+    assert batch["logprob_start_len"] == 3 and batch["return_text_in_logprobs"] is True
+    assert uncond["input_ids"] == [[ord("a"), ord("b")], [ord("c")]] and uncond["logprob_start_len"] == 0
+    windows = st.get_meta_info("x")["input_token_logprobs"]
+    assert [[e[2] for e in w] for w in windows] == [["a", "b"], ["c"]]
+
+
+def test_stream_deltas_and_abort_errors():
+    eng = Engine(engine=StubRuntime(answer="hello"))
+
+    @sgl.function
+    def prog(s):
+        s += "Say:" + sgl.gen("a")
+
+    st = prog.run(backend=eng, stream=True)
+    assert list(st.text_iter("a")) and st["a"] == "hello"
+    aborting = Engine(engine=StubRuntime(abort="out of memory"))
+    with pytest.warns(RuntimeWarning):
+        st = prog.run(backend=aborting)
+        with pytest.raises(sgl.ProgramError, match="aborted the request: out of memory"):
+            st["a"]
+
+
+def test_offline_engine_calls_pass_through():
+    rt = StubRuntime()
+    with Engine(engine=rt) as eng:
+        out = eng.generate(prompt="Hi", sampling_params={"max_new_tokens": 2})
+        assert out["text"] == "ok"
+        outs = eng.generate(["a", "b"], {"max_new_tokens": 1})
+        assert [o["text"] for o in outs] == ["ok", "ok"]
+        assert eng.tokenizer is rt.tokenizer
+    assert rt.calls[-1] == "shutdown"
+    with pytest.raises(ValueError, match="together with an engine"):
+        Engine(engine=rt, max_running_requests=4)
