@@ -216,9 +216,10 @@ def test_fork_group_append_forms():
         forks = s.fork(3)
         forks += "x"
         forks += ["0", "1", "2"]
+        forks[1] += "!"
         forks.join(mode="concate_and_append")
 
-    assert prog.run(backend=fb).text() == "x0x1x2"
+    assert prog.run(backend=fb).text() == "x0x1!x2"
     with pytest.raises(ValueError, match="join mode"):
         @sgl.function
         def bad(s):
