@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import re
@@ -12,19 +11,10 @@ from typing import Any
 
 from . import json_formats as F
 from .errors import GrammarError
+from .json_schema_util import (
+    ANNOTATIONS, SUPPORTED, TYPES, check_count, infer_types, intersects, is_type, json_eq, merge, tightest,
+)
 
-# Keywords that only annotate: they never change which documents are valid.
-ANNOTATIONS = {
-    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
-    "writeOnly", "contentMediaType", "contentEncoding", "contentSchema", "$defs", "definitions", "discriminator",
-    "$anchor", "example", "nullable_annotation",
-}
-SUPPORTED = {
-    "type", "properties", "required", "additionalProperties", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
-    "items", "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum",
-    "maximum", "exclusiveMinimum", "exclusiveMaximum", "minProperties", "maxProperties",
-}
-TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 ANY_DEPTH = 2  # nesting budget of unconstrained values ({} / true / missing items)
 
 
@@ -144,7 +134,7 @@ class _Converter:
                 return None
             target = self.resolve(ref)
             rest = {k: v for k, v in schema.items() if k != "$ref" and k not in ANNOTATIONS}
-            merged = _merge([target, rest], self) if rest else target
+            merged = merge([target, rest], self) if rest else target
             return self.convert(merged, refs + (ref,))
         if "allOf" in schema:
             parts = schema["allOf"]
@@ -154,7 +144,7 @@ class _Converter:
             resolved = [self._deref(p, refs) for p in parts]
             if any(p is None for p in resolved):
                 return None
-            merged = _merge([rest] + [p for p, _ in resolved], self)
+            merged = merge([rest] + [p for p, _ in resolved], self)
             new_refs = refs + tuple(r for _, r in resolved if r)
             return self.convert(merged, new_refs)
         for key in ("anyOf", "oneOf"):
@@ -164,7 +154,7 @@ class _Converter:
             return self.enum(schema)
         types = schema.get("type")
         if types is None:
-            types = _infer_types(schema)
+            types = infer_types(schema)
         if isinstance(types, str):
             types = [types]
         if not isinstance(types, list) or not types or any(t not in TYPES for t in types):
@@ -182,7 +172,7 @@ class _Converter:
                 return None
             rest = {k: v for k, v in schema.items() if k != "$ref"}
             target = self.resolve(ref)
-            return (_merge([target, rest], self) if rest else target), ref
+            return (merge([target, rest], self) if rest else target), ref
         return schema, None
 
     def alternatives(self, schema: dict, key: str, refs: tuple) -> str | None:
@@ -192,7 +182,7 @@ class _Converter:
         rest = {k: v for k, v in schema.items() if k != key and k not in ANNOTATIONS}
         parts = []
         for b in branches:
-            sub = _merge([rest, b], self) if rest and b is not True else (b if not rest else rest)
+            sub = merge([rest, b], self) if rest and b is not True else (b if not rest else rest)
             r = self.convert(sub, refs)
             if r is not None:
                 parts.append(r)
@@ -204,20 +194,20 @@ class _Converter:
             dfas = [regex_to_dfa(p) for p in parts]
             for i in range(len(dfas)):
                 for j in range(i + 1, len(dfas)):
-                    if _intersects(dfas[i], dfas[j]):
+                    if intersects(dfas[i], dfas[j]):
                         self.unsupported("oneOf", f"branches {i} and {j} overlap, so exclusivity cannot be enforced")
         return "(?:" + "|".join(parts) + ")"
 
     def enum(self, schema: dict) -> str:
         values = [schema["const"]] if "const" in schema else schema["enum"]
         if "const" in schema and "enum" in schema:
-            values = [v for v in schema["enum"] if _json_eq(v, schema["const"])]
+            values = [v for v in schema["enum"] if json_eq(v, schema["const"])]
         if not isinstance(values, list) or not values:
             raise GrammarError("enum must be a non-empty array")
         types = schema.get("type")
         if types is not None:
             types = [types] if isinstance(types, str) else types
-            values = [v for v in values if any(_is_type(v, t) for t in types)]
+            values = [v for v in values if any(is_type(v, t) for t in types)]
         extra = set(schema) - {"enum", "const", "type"} - ANNOTATIONS
         if extra:
             self.unsupported(sorted(extra)[0], "next to enum/const")
@@ -242,10 +232,10 @@ class _Converter:
         return self.object(s, refs)
 
     def string(self, s: dict) -> str:
-        lo = _check_count("minLength", s.get("minLength", 0))
+        lo = check_count("minLength", s.get("minLength", 0))
         hi = s.get("maxLength")
         if hi is not None:
-            hi = _check_count("maxLength", hi)
+            hi = check_count("maxLength", hi)
             if hi < lo:
                 raise GrammarError(f"maxLength {hi} < minLength {lo}")
         has_len = "minLength" in s or "maxLength" in s
@@ -297,8 +287,8 @@ class _Converter:
         for k, v in bounds.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise GrammarError(f"{k} must be a finite number, got {v!r}")
-        lo, lo_excl = _tightest(bounds, "minimum", "exclusiveMinimum", max)
-        hi, hi_excl = _tightest(bounds, "maximum", "exclusiveMaximum", min)
+        lo, lo_excl = tightest(bounds, "minimum", "exclusiveMinimum", max)
+        hi, hi_excl = tightest(bounds, "maximum", "exclusiveMaximum", min)
         return F.number_range(lo, lo_excl, hi, hi_excl)
 
     def integer(self, s: dict) -> str:
@@ -319,10 +309,10 @@ class _Converter:
         return F.integer_range(lo, hi)
 
     def array(self, s: dict, refs: tuple) -> str | None:
-        lo = _check_count("minItems", s.get("minItems", 0))
+        lo = check_count("minItems", s.get("minItems", 0))
         hi = s.get("maxItems")
         if hi is not None:
-            hi = _check_count("maxItems", hi)
+            hi = check_count("maxItems", hi)
         prefix = s.get("prefixItems", [])
         if not isinstance(prefix, list):
             raise GrammarError("prefixItems must be an array")
@@ -434,10 +424,10 @@ class _Converter:
         return "(?:" + "|".join(alts) + ")?"
 
     def free_object(self, s: dict, addl: Any, refs: tuple) -> str:
-        lo = _check_count("minProperties", s.get("minProperties", 0))
+        lo = check_count("minProperties", s.get("minProperties", 0))
         hi = s.get("maxProperties")
         if hi is not None:
-            hi = _check_count("maxProperties", hi)
+            hi = check_count("maxProperties", hi)
         if addl is False:
             if lo > 0:
                 raise GrammarError("minProperties > 0 with no allowed properties")
@@ -450,170 +440,3 @@ class _Converter:
             return self.open_obj + self.close_obj
         body = pair + self._repeat(self.comma + pair, max(lo - 1, 0), None if hi is None else hi - 1)
         return self.open_obj + (body if lo > 0 else f"(?:{body})?") + self.close_obj
-
-
-# ---- schema utilities -----------------------------------------------------------------------------------
-def _check_count(name: str, v: Any) -> int:
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise GrammarError(f"{name} must be a non-negative integer, got {v!r}")
-    return v
-
-
-def _tightest(bounds: dict, incl: str, excl: str, pick) -> tuple[float | None, bool]:
-    """Combine an inclusive and an exclusive bound into (value, exclusive)."""
-    a, b = bounds.get(incl), bounds.get(excl)
-    if a is None and b is None:
-        return None, False
-    if a is None:
-        return b, True
-    if b is None:
-        return a, False
-    # on a tie the exclusive bound is the tighter one
-    return (b, True) if pick(a, b) == b else (a, False)
-
-
-def _infer_types(s: dict) -> list[str]:
-    if any(k in s for k in ("properties", "required", "additionalProperties", "minProperties", "maxProperties")):
-        return ["object"]
-    if any(k in s for k in ("items", "prefixItems", "minItems", "maxItems")):
-        return ["array"]
-    if any(k in s for k in ("minLength", "maxLength", "pattern", "format")):
-        return ["string"]
-    if any(k in s for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")):
-        return ["number"]
-    return list(TYPES)
-
-
-def _is_type(v: Any, t: str) -> bool:
-    if t == "null":
-        return v is None
-    if t == "boolean":
-        return isinstance(v, bool)
-    if t == "integer":
-        return isinstance(v, int) and not isinstance(v, bool) or (isinstance(v, float) and v.is_integer())
-    if t == "number":
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
-    if t == "string":
-        return isinstance(v, str)
-    if t == "array":
-        return isinstance(v, list)
-    return isinstance(v, dict)
-
-
-def _json_eq(a: Any, b: Any) -> bool:
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True) and type(a) is type(b) or (
-        not isinstance(a, bool) and not isinstance(b, bool) and isinstance(a, (int, float))
-        and isinstance(b, (int, float)) and a == b
-    )
-
-
-def _intersects(a, b) -> bool:
-    """Whether two byte DFAs accept a common string (product BFS)."""
-    seen = {(a.initial, b.initial)}
-    stack = [(a.initial, b.initial)]
-    while stack:
-        x, y = stack.pop()
-        if a.accepting[x] and b.accepting[y]:
-            return True
-        nx, ny = a.trans[x], b.trans[y]
-        for byte in range(256):
-            p, q = int(nx[byte]), int(ny[byte])
-            if p and q and (p, q) not in seen:
-                seen.add((p, q))
-                stack.append((p, q))
-    return False
-
-
-def _merge(parts: list, conv: _Converter) -> dict:
-    """Sound intersection of schemas for allOf/$ref siblings; a conflict that cannot be merged is an error."""
-    out: dict = {}
-    processed: list[dict] = []
-    for p in parts:
-        if p is True or p == {}:
-            continue
-        if p is False:
-            raise GrammarError("allOf contains false: no document is valid")
-        if not isinstance(p, dict):
-            raise GrammarError("allOf entries must be schemas")
-        p = {k: v for k, v in p.items() if k not in ANNOTATIONS}
-        if "$ref" in p:
-            p = dict(p)
-            target = conv.resolve(p.pop("$ref"))
-            p = _merge([target, p], conv)
-        if "allOf" in p:
-            p = dict(p)
-            p = _merge([{k: v for k, v in p.items() if k != "allOf"}] + list(p["allOf"]), conv)
-        processed.append(p)
-        for k, v in p.items():
-            if k in ("items", "prefixItems"):
-                continue
-            if k not in out:
-                out[k] = copy.deepcopy(v)
-                continue
-            cur = out[k]
-            if k == "type":
-                a = {cur} if isinstance(cur, str) else set(cur)
-                b = {v} if isinstance(v, str) else set(v)
-                if "number" in a and "integer" in b:
-                    a.add("integer")
-                if "number" in b and "integer" in a:
-                    b.add("integer")
-                both = [t for t in TYPES if t in a and t in b]
-                if not both:
-                    raise GrammarError(f"allOf: types {sorted(a)} and {sorted(b)} do not intersect")
-                out[k] = both
-            elif k == "properties":
-                for name, sub in v.items():
-                    cur[name] = _merge([cur[name], sub], conv) if name in cur else copy.deepcopy(sub)
-            elif k == "required":
-                out[k] = list(dict.fromkeys(cur + v))
-            elif k in ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"):
-                out[k] = max(cur, v)
-            elif k in ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"):
-                out[k] = min(cur, v)
-            elif k == "enum":
-                out[k] = [x for x in cur if any(_json_eq(x, y) for y in v)]
-                if not out[k]:
-                    raise GrammarError("allOf: enum values do not intersect")
-            elif k in ("items", "additionalProperties") and isinstance(cur, dict) and isinstance(v, dict):
-                out[k] = _merge([cur, v], conv)
-            elif k == "additionalProperties" and (cur is False or v is False):
-                out[k] = False
-            elif k in ("anyOf", "oneOf"):
-                out[k] = [_merge([x, y], conv) for x in cur for y in v]
-            elif json.dumps(cur, sort_keys=True) != json.dumps(v, sort_keys=True):
-                raise GrammarError(f"allOf: cannot merge two different values of {k!r}")
-    # items apply only after the same schema's prefixItems: intersect position by position
-    arr = [p for p in processed if "items" in p or "prefixItems" in p]
-    if len(arr) == 1:
-        out.update({k: copy.deepcopy(arr[0][k]) for k in ("items", "prefixItems") if k in arr[0]})
-    elif arr:
-        n = max(len(p.get("prefixItems", [])) for p in arr)
-
-        def at(p, i):
-            pre = p.get("prefixItems", [])
-            return pre[i] if i < len(pre) else p.get("items", True)
-
-        if n:
-            out["prefixItems"] = [_merge([at(p, i) for p in arr], conv) for i in range(n)]
-        items = [p.get("items", True) for p in arr]
-        if any(x is False for x in items):
-            out["items"] = False
-        elif any(x is not True for x in items):
-            out["items"] = _merge(items, conv)
-    # additionalProperties: false in one part forbids the other parts' extra properties
-    if out.get("additionalProperties") is False:
-        allowed = None
-        for p in parts:
-            if isinstance(p, dict) and p.get("additionalProperties") is False:
-                names = set(p.get("properties", {}))
-                allowed = names if allowed is None else allowed & names
-        if allowed is not None and "properties" in out:
-            for name in list(out["properties"]):
-                if name not in allowed:
-                    if name in out.get("required", []):
-                        raise GrammarError(f"allOf: required property {name!r} is forbidden by additionalProperties")
-                    del out["properties"][name]
-    return out
