@@ -132,6 +132,7 @@ class EBNFGuide(Guide):
         self._feed_cache: dict = {}
         self._lex_cache: dict = {}
         self._mask_cache: dict = {}
+        self._forced_cache: dict = {}
         self._lock = threading.Lock()
         self.initial_state: State = ((table.start_states[start],), ())
         if not self._next_bytes(self.initial_state).any() and not self._accepts_end(self.initial_state):
@@ -336,6 +337,10 @@ class EBNFGuide(Guide):
         state = self._check(state)
         if state == TERMINATED:
             return b""
+        got = self._forced_cache.get(state)
+        if got is not None:
+            return got
+        start = state
         out = bytearray()
         while len(out) < _MAX_FORCED and not self._accepts_end(state):
             live = np.flatnonzero(self._next_bytes(state))
@@ -347,4 +352,9 @@ class EBNFGuide(Guide):
                 break
             out.append(b)
             state = nxt
-        return bytes(out)
+        got = bytes(out)
+        with self._lock:
+            if len(self._forced_cache) > _CACHE_LIMIT:
+                self._forced_cache.clear()
+            self._forced_cache[start] = got
+        return got
