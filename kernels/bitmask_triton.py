@@ -30,6 +30,7 @@ def _bitmask_kernel(
 def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None) -> None:
     """Launch the mask kernel; bitmask row i masks logits row indices[i] (or row i)."""
     # logits: [b, vocab]; bitmask: [rows, words] int32; indices: [rows] or None
+    indices = indices.contiguous() if indices is not None else None  # the kernel reads Indices + i
     rows, words = bitmask.shape
     vocab = logits.shape[1]
     block = 1024

@@ -53,7 +53,7 @@ def check_decode_attention_args(
     check_tensor("q", q, 3, FLOAT_DTYPES, last_dim_contiguous=True)
     check_tensor("k_cache", k_cache, 3, FLOAT_DTYPES, last_dim_contiguous=True)
     check_tensor("v_cache", v_cache, 3, FLOAT_DTYPES, last_dim_contiguous=True)
-    check_tensor("req_to_token", req_to_token, 2, INDEX_DTYPES)
+    check_tensor("req_to_token", req_to_token, 2, INDEX_DTYPES, last_dim_contiguous=True)
     check_tensor("req_pool_indices", req_pool_indices, 1, INDEX_DTYPES)
     check_tensor("seq_lens", seq_lens, 1, INDEX_DTYPES)
     check_same_device(

@@ -122,6 +122,8 @@ def decode_attention_triton(
 ) -> torch.Tensor:
     """Launch split + merge; arguments already checked by decode_attention.decode_attention."""
     # q: [b, heads, head_dim]; caches: [slots, kv_heads, head_dim]; returns o: [b, heads, head_dim]
+    # The kernels read 1-D metadata as Ptr + i; these are no-ops for the runtime's own tensors.
+    req_pool_indices, seq_lens = req_pool_indices.contiguous(), seq_lens.contiguous()
     b, heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads

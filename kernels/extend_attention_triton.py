@@ -84,6 +84,9 @@ def extend_attention_triton(
 ) -> torch.Tensor:
     """Launch the extend kernel; arguments already checked by extend_attention.extend_attention."""
     # q: [sum(extend_lens), heads, head_dim] packed by request; returns o of the same shape
+    # The kernel reads 1-D metadata as Ptr + i; these are no-ops for the runtime's own tensors.
+    req_pool_indices = req_pool_indices.contiguous()
+    prefix_lens, extend_lens = prefix_lens.contiguous(), extend_lens.contiguous()
     n, heads, head_dim = q.shape
     b = extend_lens.shape[0]
     group = heads // k_cache.shape[1]

@@ -34,6 +34,7 @@ def store_kv_triton(
     # k, v: [n, kv_heads, head_dim] (last dim contiguous); caches: [slots, kv_heads, head_dim]
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v if v.stride(-1) == 1 else v.contiguous()
+    loc = loc.contiguous()  # the kernel reads Loc + i
     n, kv_heads, head_dim = k.shape
     block_d = triton.next_power_of_2(head_dim)
     block_h = min(triton.next_power_of_2(kv_heads), max(1, 4096 // block_d))

@@ -40,6 +40,7 @@ def _rotary_kernel(
 def apply_rotary_triton(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
     """Launch the in-place rotary kernel over q and k (strided views allowed, last dim contiguous)."""
     # q: [n, heads, head_dim]; k: [n, kv_heads, head_dim]; positions: [n]; cos_sin_cache: [max_pos, head_dim]
+    positions = positions.contiguous()  # the kernel reads Positions + i
     n, heads, head_dim = q.shape
     half = head_dim // 2
     _rotary_kernel[(n,)](

@@ -147,3 +147,100 @@ def test_cpu_tensors_dispatch_to_the_reference(monkeypatch):
     from sglpy.kernels import _dispatch
 
     assert _dispatch.triton_module("rmsnorm_triton", torch.zeros(1)) is None
+
+
+@pytest.fixture
+def force_triton(monkeypatch):
+    """Route the public wrappers to the Triton modules for CPU tensors (the interpreter runs them)."""
+    import importlib
+
+    taken = []
+
+    def forced(module, t):
+        taken.append(module)
+        return importlib.import_module(f"sglpy.kernels.{module}")
+
+    for name in ("kv_store", "decode_attention", "extend_attention", "rmsnorm", "rotary", "bitmask"):
+        monkeypatch.setattr(importlib.import_module(f"sglpy.kernels.{name}"), "triton_module", forced)
+    return taken
+
+
+def test_public_wrappers_through_triton(force_triton):
+    # The CUDA path end to end (wrapper -> launcher -> kernel), minus the device.
+    from sglpy.kernels import (
+        apply_rotary,
+        apply_token_bitmask,
+        decode_attention,
+        extend_attention,
+        rmsnorm,
+        store_kv,
+    )
+
+    kv_lens = [3, 9]
+    pb = make_paged_batch(kv_lens, 2, 16, F32, seed=7)
+    k_new, v_new = torch.randn(2, 2, 16), torch.randn(2, 2, 16)
+    loc = torch.tensor([pb.req_to_token[r, n - 1].item() for r, n in zip(pb.req_pool_indices.tolist(), kv_lens)])
+    kc, vc = pb.k_cache.clone(), pb.v_cache.clone()
+    store_kv(kc, vc, loc, k_new, v_new)
+    want_kc, want_vc = pb.k_cache.clone(), pb.v_cache.clone()
+    store_kv_reference(want_kc, want_vc, loc, k_new, v_new)
+    assert torch.equal(kc, want_kc) and torch.equal(vc, want_vc)
+
+    q = torch.randn(2, 4, 16)
+    meta = (kc, vc, pb.req_to_token, pb.req_pool_indices)
+    close(decode_attention(q, *meta, torch.tensor(kv_lens), 0.25),
+          decode_attention_reference(q, *meta, torch.tensor(kv_lens), 0.25))
+    qe = torch.randn(sum(kv_lens) - 2, 4, 16)
+    ext_args = (torch.tensor([1, 1]), torch.tensor([2, 8]), 0.25)
+    close(extend_attention(qe, *meta, *ext_args), extend_attention_reference(qe, *meta, *ext_args))
+
+    x, r, w = torch.randn(3, 32), torch.randn(3, 32), torch.randn(32)
+    got, want = rmsnorm(x, w, 1e-6, r), rmsnorm_reference(x, w, 1e-6, r)
+    close(got.out, want.out)
+    close(got.residual, want.residual)
+    assert rmsnorm(x, w, 1e-6).residual is x
+
+    cache = build_rope_cache(16, 32)
+    qr, kr, pos = torch.randn(3, 4, 16), torch.randn(3, 2, 16), torch.tensor([0, 31, 4])
+    qr2, kr2 = qr.clone(), kr.clone()
+    apply_rotary(qr, kr, pos, cache)
+    apply_rotary_reference(qr2, kr2, pos, cache)
+    close(qr, qr2)
+    close(kr, kr2)
+
+    logits = torch.randn(3, 50)
+    bitmask = torch.tensor([[5, 1]], dtype=torch.int32)
+    want_logits = logits.clone()
+    apply_token_bitmask(logits, bitmask, torch.tensor([1]))
+    apply_token_bitmask_reference(want_logits, bitmask, torch.tensor([1]))
+    assert torch.equal(logits, want_logits)
+    assert set(force_triton) == {"kv_store_triton", "decode_attention_triton", "extend_attention_triton",
+                                 "rmsnorm_triton", "rotary_triton", "bitmask_triton"}
+
+
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+
+
+@hypothesis.settings(max_examples=8, deadline=None, derandomize=True)
+@hypothesis.given(
+    lens=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 20)), min_size=1, max_size=4),
+    kv_heads=st.sampled_from([1, 2]),
+    group=st.sampled_from([1, 3]),
+    splits=st.integers(1, 4),
+)
+def test_attention_property_random_ragged_batches(lens, kv_heads, group, splits):
+    """Triton decode and extend equal the references on random ragged batches (prefix, extend) per request."""
+    prefix = [p for p, _ in lens]
+    ext = [e for _, e in lens]
+    heads = kv_heads * group
+    pb = make_paged_batch([max(p + e, 1) for p, e in lens], kv_heads, 16, F32, seed=sum(prefix) + 3 * sum(ext))
+    meta = (pb.k_cache, pb.v_cache, pb.req_to_token, pb.req_pool_indices)
+    if sum(ext) > 0:
+        q = torch.randn(sum(ext), heads, 16)
+        args = (q, *meta, torch.tensor(prefix), torch.tensor(ext), 0.25)
+        close(extend_attention_triton(*args, block_m=16, block_n=16), extend_attention_reference(*args))
+    seq_lens = torch.tensor([max(p + e, 1) for p, e in lens])
+    qd = torch.randn(len(lens), heads, 16)
+    args = (qd, *meta, seq_lens, 0.25)
+    close(decode_attention_triton(*args, num_splits=splits, block_n=16), decode_attention_reference(*args))
