@@ -70,6 +70,23 @@ def _can_extend(guide: Guide, state, suffix: bytes) -> bool:
     return bool(((mask[cand >> 5] >> (cand & 31).astype(np.uint32)) & 1).any())
 
 
+def _earliest_extendable(guide: Guide, state, text: bytes, tail_len: int, forced_b: bytes, first: int):
+    """Earliest byte position >= first from which a longer, allowed vocabulary token covers the end of `text`."""
+    longest = guide.info.longest_token
+    start = max(first, len(text) - longest + 1)
+    s_at: dict[int, object] = {}
+    if start >= tail_len:
+        s_at[start] = guide.advance_bytes(state, forced_b[: start - tail_len])
+    for pos in range(start, len(text)):
+        if pos >= tail_len and pos not in s_at:
+            prev = s_at.get(pos - 1)
+            s_at[pos] = (guide.advance_bytes(prev, text[pos - 1 : pos]) if prev is not None
+                         else guide.advance_bytes(state, forced_b[: pos - tail_len]))
+        if _can_extend(guide, s_at.get(pos), text[pos:]):
+            return pos
+    return None
+
+
 def jump_tokens(
     guide: Guide,
     state,
@@ -87,10 +104,11 @@ def jump_tokens(
     <= `max_lookback_tokens` generated tokens plus `forced` is re-tokenized with the real tokenizer
     (`tokenizer.encode`, or `encode`). Tokens shared with the old tail are kept; from the first
     differing one on, old tokens are dropped (`rollback`) and new ones appended (`new_token_ids`).
-    Boundary rule (llguidance): the appended run stops before the earliest new token t such that
-    some vocabulary token starts with the bytes from t's start to the end of `forced`, is longer than
-    them, and is allowed by the guide there -- the model may legitimately merge across the end of the
-    forced text, so those bytes are left for sampling. If the cut would fall inside the already
+    Boundary rule (llguidance): find the earliest byte position (in the re-tokenized part) from which
+    some vocabulary token starts with the rest of the text up to the end of `forced`, is longer than
+    it, and is allowed by the guide there; the appended run stops before the token containing that
+    position -- the model may legitimately merge across the end of the forced text (`"` vs `",`,
+    `order` vs `orderId`, `▁"` vs `▁` + `":`), so those bytes are left for sampling. If the cut would fall inside the already
     generated text, no jump is made (rollback 0, no tokens). `new_state` is the guide state after
     the kept text (generated text + the consumed prefix of `forced`); continue decoding from it.
     """
@@ -138,12 +156,9 @@ def jump_tokens(
         offs.append(offs[-1] + len(tb[t]))
     text = tail_b + forced_b
     cut = len(ids)
-    for i in range(p, len(ids)):
-        pos = offs[i]
-        s_i = guide.advance_bytes(state, forced_b[: pos - len(tail_b)]) if pos >= len(tail_b) else None
-        if _can_extend(guide, s_i, text[pos:]):
-            cut = i
-            break
+    cut_pos = _earliest_extendable(guide, state, text, len(tail_b), forced_b, offs[p])
+    if cut_pos is not None:
+        cut = max(i for i in range(len(ids)) if offs[i] <= cut_pos)  # the token containing cut_pos
     if offs[cut] < len(tail_b) or (cut == p and p == len(tail)):
         return JumpResult(0, [], state)
     new_state = guide.advance_bytes(state, forced_b[: offs[cut] - len(tail_b)])

@@ -82,6 +82,11 @@ class TokenizerInfo:
         return TokenTrie.build(self.token_bytes)
 
     @functools.cached_property
+    def longest_token(self) -> int:
+        """Length in bytes of the longest usable token."""
+        return max((len(b) for b in self.token_bytes if b), default=0)
+
+    @functools.cached_property
     def first_byte_masks(self) -> np.ndarray:
         """[256, words] uint32: packed mask of the usable tokens starting with each byte."""
         out = np.zeros((256, self.mask_words * 32), dtype=bool)

@@ -196,3 +196,22 @@ def test_default_tokenizer_compile_walk_and_jump(default_tok):
     for d in docs:
         forced, n = simulate_jumps(g, default_tok, json.dumps(d, separators=(", ", ": ")), "<|im_start|>assistant\n")
         assert forced >= n // 4
+    for _ in range(15):  # documents drawn from the guide: odd strings next to forced text
+        w = random_walk(g, rng, max_steps=300, eos_bias=0.8, prefer=closers, prefer_bias=0.4)
+        if w.finished:
+            simulate_jumps(g, default_tok, w.data.decode(), "<|im_start|>assistant\n")
+
+
+def test_spm_jumps_canonical_on_random_documents(spm):
+    """Documents drawn from the guide itself (odd strings included) keep canonical tokens across jumps."""
+    tok, info = spm
+    g = GrammarCompiler(info).compile_json_schema(SCHEMA)
+    closers = frozenset(i for i, b in enumerate(info.token_bytes) if b in (b'"', b"}", b'",', b'"}', b"1"))
+    rng = random.Random(5)
+    checked = 0
+    for _ in range(40):
+        w = random_walk(g, rng, max_steps=300, eos_bias=0.8, prefer=closers, prefer_bias=0.4)
+        if w.finished:
+            simulate_jumps(g, tok, w.data.decode(), "Answer:\n")
+            checked += 1
+    assert checked >= 20
