@@ -215,3 +215,19 @@ def test_spm_jumps_canonical_on_random_documents(spm):
             simulate_jumps(g, tok, w.data.decode(), "Answer:\n")
             checked += 1
     assert checked >= 20
+
+
+def test_spm_ebnf_jumps_canonical(spm):
+    tok, info = spm
+    grammar = r"""
+start: object
+?value: object | STRING | INT | "true" | "null"
+object: "{" [pair (", " pair)*] "}"
+pair: STRING ": " value
+STRING: /"[a-z ]*"/
+INT: /[0-9]+/
+"""
+    g = GrammarCompiler(info).compile_ebnf(grammar)
+    assert g.forced_string(g.advance_bytes(g.initial_state, b'{"name"')) == ": "
+    for doc in ('{"name": "the admin", "age": 12}', '{"a": {"b": null, "c": true}}', "{}"):
+        simulate_jumps(g, tok, doc, "JSON:\n")  # jumps happen; tokens stay canonical
