@@ -71,6 +71,23 @@ class ConstrainedDecoding:
         return None
 
     # ------------------------------------------------------------------ jump-forward
+    def initial_jump(self, req: Req) -> None:
+        """Before the first forward: a forced opening (e.g. '{"') becomes output tokens prefilled with the prompt."""
+        g = req.grammar
+        if not self.jump_forward_enabled or g is None or req.sampling.max_new_tokens == 0:
+            return
+        forced = g.guide.forced_string(g.state)
+        if not forced:
+            return
+        res = g.guide.jump_tokens(g.state, [], forced, tokenizer=self.tokenizer)
+        if res.new_token_ids and len(res.new_token_ids) < req.sampling.max_new_tokens:
+            req.output_ids.extend(res.new_token_ids)
+            if req.return_logprob:
+                req.output_logprobs.extend(TokenLogprob(None, t) for t in res.new_token_ids)
+            req.num_jumped_tokens += len(res.new_token_ids)
+            g.state = res.new_state
+            self._retext(req)
+
     def jump_forward(self, reqs: list[Req], scheduler) -> list[Req]:
         """Append forced strings to running constrained requests; returns those that finished by it."""
         finished = []

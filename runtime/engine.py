@@ -142,6 +142,7 @@ class Engine:
         req.__dict__["_text_in_lp"] = spec.return_text_in_logprobs
         if spec.guide is not None:
             req.grammar = GuideState(spec.guide, spec.guide.initial_state)
+            self.constrained.initial_jump(req)
         return req
 
     def _submit(self, spec: RequestSpec, stream: bool) -> Future:
