@@ -78,7 +78,10 @@ class GrammarCompiler:
                     break
             waiting.wait()  # another thread compiles the same constraint: reuse its result
         try:
-            guide = build()
+            try:
+                guide = build()
+            except RecursionError:
+                raise GrammarError(f"{key[0]} constraint is nested too deeply to compile") from None
             with self._lock:
                 if self.cache_size:
                     self._cache[key] = guide
@@ -156,7 +159,11 @@ class GrammarCompiler:
 
         norm = normalize_schema(schema)
         ws = self.whitespace_pattern if whitespace_pattern is ... else whitespace_pattern
-        key = ("json_schema", json.dumps(norm), strict, ws, self.max_recursion_depth, self.max_states)
+        try:
+            text = json.dumps(norm)
+        except RecursionError:
+            raise GrammarError("json_schema is nested too deeply to compile") from None
+        key = ("json_schema", text, strict, ws, self.max_recursion_depth, self.max_states)
         return self._cached(key, lambda: self._regex_guide(self.json_schema_to_regex(norm, strict, ws)))
 
     def compile_ebnf(self, grammar: str, start: str = "start") -> Guide:

@@ -173,6 +173,14 @@ def test_bad_schemas(schema, match):
     assert time.perf_counter() - t0 < 1.0
 
 
+def test_deep_nesting_is_a_clear_error():
+    schema: dict = {"type": "integer"}
+    for _ in range(3000):
+        schema = {"type": "array", "items": schema}
+    with pytest.raises(GrammarError, match="nested too deeply|too large"):
+        COMPILER.compile_json_schema(schema)
+
+
 def test_non_strict_warns_and_ignores():
     with pytest.warns(UserWarning, match="uniqueItems"):
         g = COMPILER.compile_json_schema({"type": "array", "items": {"type": "integer"}, "uniqueItems": True},

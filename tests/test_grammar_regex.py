@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from sglpy.grammar import DTYPE_REGEX, GrammarCompiler, GrammarError, TokenizerInfo
 from sglpy.grammar.dfa import regex_to_dfa
+from sglpy.grammar.json_schema import schema_to_regex
 from sglpy.grammar.testing import mask_to_ids, random_walk, small_vocab_info
 
 INFO = small_vocab_info()
@@ -32,6 +33,8 @@ CORPUS = [
     r"(?s:.){0,3}z",
     DTYPE_REGEX["float"],
     DTYPE_REGEX["str"],
+    schema_to_regex({"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99},
+                                                      "tag": {"enum": ["a", "b c"]}}, "required": ["id"]}),
 ]
 
 
@@ -270,3 +273,27 @@ def _resave(guide, tmp_path):
     path = str(tmp_path / "g.npz")
     guide.save(path)
     return path
+
+
+_ATOMS = st.sampled_from(["a", "b", "c", "[ab]", "[^a]", ".", "é", "\\d", "(?:)"])
+
+
+def _regexes():
+    def extend(inner):
+        return st.one_of(
+            st.tuples(inner, inner).map(lambda t: t[0] + t[1]),
+            st.tuples(inner, inner).map(lambda t: f"(?:{t[0]}|{t[1]})"),
+            st.tuples(inner, st.sampled_from(["*", "+", "?", "{2}", "{0,2}", "{1,3}", "*?"])).map(
+                lambda t: f"(?:{t[0]}){t[1]}"),
+        )
+
+    return st.recursive(_ATOMS, extend, max_leaves=8)
+
+
+@settings(max_examples=120, deadline=None)
+@given(pattern=_regexes(), texts=st.lists(st.text(alphabet="abcé1٣\n", max_size=7), min_size=10, max_size=30))
+def test_dfa_agrees_with_python_re(pattern, texts):
+    """Random regexes: the byte DFA accepts exactly what re.fullmatch accepts."""
+    dfa = regex_to_dfa(pattern)
+    for t in texts:
+        assert dfa.fullmatch(t.encode()) == bool(re.fullmatch(pattern, t)), (pattern, t)
