@@ -6,7 +6,9 @@ Run: `sglpy serve --port 30000` or `python -m sglpy.runtime.server --port 30000`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import json
 import logging
 import signal
 import sys
@@ -44,13 +46,16 @@ async def health_generate(request: web.Request) -> web.Response:
     kwargs = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
 
     async def one():
-        async for _ in state.engine.generate(rid, kwargs):
-            return True  # any output proves the step loop runs; leaving aborts the rest
+        async with contextlib.aclosing(state.engine.generate(rid, kwargs)) as gen:
+            async for _ in gen:
+                return  # any output proves the step loop runs; closing aborts the rest
 
     try:
         await asyncio.wait_for(one(), state.config.health_generate_timeout)
-    except (asyncio.TimeoutError, EngineError) as e:
-        return error_response(503, f"health generation failed: {e or 'timeout'}")
+    except asyncio.TimeoutError:
+        return error_response(503, f"health generation timed out after {state.config.health_generate_timeout} s")
+    except EngineError as e:
+        return error_response(503, f"health generation failed: {e.message}")
     return web.Response(status=200)
 
 
@@ -83,9 +88,7 @@ async def server_info(request: web.Request) -> web.Response:
 
 
 def _dumps(obj) -> str:
-    import json
-
-    return json.dumps(obj, default=str)
+    return json.dumps(obj, default=str)  # engine info may hold paths or enums
 
 
 async def flush_cache(request: web.Request) -> web.Response:

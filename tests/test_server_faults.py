@@ -309,3 +309,12 @@ def test_sigterm_while_the_engine_loads_exits_promptly():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_health_generate_reports_a_stalled_engine():
+    with run_server("--engine-factory", FAKE, "--health-generate-timeout", "0.5",
+                    env={"SGLPY_FAKE_TOKEN_DELAY": "5"}) as s:
+        t0 = time.monotonic()
+        assert_error(s.get("/health_generate"), 503, "timed out")
+        assert time.monotonic() - t0 < 3
+        assert s.get("/health").status_code == 200  # the process is alive; only generation is stuck
