@@ -313,7 +313,7 @@ def test_sigterm_while_the_engine_loads_exits_promptly():
 
 def test_health_generate_reports_a_stalled_engine():
     with run_server("--engine-factory", FAKE, "--health-generate-timeout", "0.5",
-                    env={"SGLPY_FAKE_TOKEN_DELAY": "5"}) as s:
+                    env={"SGLPY_FAKE_TOKEN_DELAY": "2"}) as s:
         t0 = time.monotonic()
         assert_error(s.get("/health_generate"), 503, "timed out")
         assert time.monotonic() - t0 < 3
