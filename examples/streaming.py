@@ -10,7 +10,7 @@ from example_backend import default_backend
 def story(s, topic):
     s += sgl.system("You are a concise storyteller.")
     s += sgl.user(f"Tell a two-sentence story about {topic}.")
-    s += sgl.assistant(sgl.gen("story", max_tokens=48))
+    s += sgl.assistant(sgl.gen("story", max_tokens=32))
 
 
 def main(backend=None):
