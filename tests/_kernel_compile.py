@@ -7,6 +7,7 @@ Under TRITON_INTERPRET=1 @triton.jit yields interpreter objects that cannot be c
 from __future__ import annotations
 
 import json
+import re
 import sys
 import traceback
 
@@ -25,6 +26,8 @@ from sglpy.kernels import (
 
 TY = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
 ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+# Size arguments that are multiples of 16 for real models (head_dim 64/128, hidden 576..8192, vocab 49152...).
+SIZE_ARGS = ("head_dim", "hidden", "HALF", "vocab")
 
 
 def _sig(names: list[str], types: dict[str, str], constexprs: dict[str, object]) -> dict[str, str]:
@@ -84,11 +87,17 @@ def cases() -> dict[str, tuple]:
 def compile_case(kernel, types: dict[str, str], constexprs: dict[str, object], arch: int) -> dict:
     """Compile to the last stage the toolchain reaches (cubin with the bundled ptxas); stages + shared memory."""
     sig = _sig(kernel.arg_names, types, constexprs)
-    # Launches pass 16-byte aligned pointers, so compile the same specialisation (vectorised loads).
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names) if sig[n].startswith("*")}
+    # A launch specialises pointers (16-byte aligned) and ints that are multiples of 16 (strides and sizes of
+    # real models); compile that same variant, the one whose loads can be vectorised and pipelined.
+    aligned = [n for n in kernel.arg_names
+               if sig[n].startswith("*") or (sig[n] == "i32" and (n.startswith("stride") or n in SIZE_ARGS))]
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     compiled = triton.compile(ASTSource(kernel, sig, constexprs, attrs), target=GPUTarget("cuda", arch, 32))
     stages = [stage for stage in ("ttir", "ttgir", "llir", "ptx", "cubin") if compiled.asm.get(stage)]
-    return {"stages": stages, "shared_bytes": int(compiled.metadata.shared)}
+    ptx = compiled.asm.get("ptx", "")
+    return {"stages": stages, "shared_bytes": int(compiled.metadata.shared),
+            "cp_async": len(re.findall(r"\bcp\.async\.c[ag]\.shared\.global", ptx)),
+            "scalar_b16_loads": len(re.findall(r"\bld\.global(?:\.\w+)*\.b16\b", ptx))}
 
 
 def main(archs: list[int]) -> dict:

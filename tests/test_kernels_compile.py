@@ -38,3 +38,14 @@ def test_kernel_compiles_to_cubin(compiled, case, arch):
     assert isinstance(got, dict), f"{case} failed for sm_{arch}:\n{got}"
     assert got["stages"][-1] == "cubin", got["stages"]
     assert got["shared_bytes"] <= SHARED_LIMIT, f"{case} needs {got['shared_bytes']} B of shared memory"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", sorted(c for c in cases() if c.startswith(("decode_split", "extend"))))
+def test_attention_kv_loads_are_pipelined(compiled, case, arch):
+    # Decode attention is bandwidth-bound: its K/V tile loads must become 16-byte cp.async copies, not
+    # per-element loads (a runtime-masked head_dim without divisibility once compiled to 144 ld.global.b16).
+    got = compiled[case][arch]
+    assert isinstance(got, dict), got
+    assert got["cp_async"] > 0, got
+    assert got["scalar_b16_loads"] == 0, got
