@@ -179,9 +179,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _handle(request, chat=True)
 
 
+def _model_card(state: ServerState) -> dict:
+    return {"id": state.model_name, "object": "model", "created": int(state.started_at), "owned_by": "sglpy",
+            "root": state.info.get("model_path"), "max_model_len": state.info.get("context_len")}
+
+
 async def models(request: web.Request) -> web.Response:
     """GET /v1/models."""
+    return web.json_response({"object": "list", "data": [_model_card(request.app["state"])]})
+
+
+async def model(request: web.Request) -> web.Response:
+    """GET /v1/models/{model}: the served model, else 404."""
     state: ServerState = request.app["state"]
-    return web.json_response({"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": int(state.started_at), "owned_by": "sglpy",
-        "root": state.info.get("model_path"), "max_model_len": state.info.get("context_len")}]})
+    if request.match_info["model"] != state.model_name:
+        raise ApiError(404, f"model {request.match_info['model']!r} is not served here (serving {state.model_name!r})",
+                       param="model")
+    return web.json_response(_model_card(state))

@@ -88,3 +88,5 @@ def test_get_model_info_and_models(srv):
     assert info["model_path"] == "fake-model" and info["chat_template"].startswith("{% for m in messages %}")
     assert info["special_tokens"]["eos_token"] == "</s>"
     assert srv.get("/v1/models").json()["data"][0]["id"] == "fake"
+    assert srv.get("/v1/models/fake").json()["id"] == "fake"
+    assert srv.get("/v1/models/other").status_code == 404
