@@ -168,7 +168,7 @@ def build_app(state: ServerState) -> web.Application:
     r.add_post("/generate", native_api.generate)
     r.add_put("/generate", native_api.generate)
     r.add_get("/v1/models", openai_api.models)
-    r.add_get("/v1/models/{model}", openai_api.model)
+    r.add_get("/v1/models/{model:.+}", openai_api.model)  # ids may be paths
     r.add_post("/v1/completions", openai_api.completions)
     r.add_post("/v1/chat/completions", openai_api.chat_completions)
     return app

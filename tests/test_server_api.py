@@ -232,6 +232,7 @@ def test_invalid_constraints_are_400(srv):
 def test_openai_models(client):
     models = client.models.list()
     assert [m.id for m in models.data] == ["tiny"]
+    assert client.models.retrieve("tiny").max_model_len == 1024
 
 
 # ---------------------------------------------------------------- info, cache, metrics, health
