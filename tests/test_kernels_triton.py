@@ -82,8 +82,7 @@ def test_extend_attention_matches_reference(dtype, heads, kv_heads, prefix, ext)
     close(extend_attention_triton(*args, block_m=16, block_n=16), extend_attention_reference(*args))
 
 
-@pytest.mark.parametrize("dtype", [F32, BF16])
-@pytest.mark.parametrize("loc_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype,loc_dtype", [(F32, torch.int64), (BF16, torch.int32), (F16, torch.int64)])
 def test_store_kv_matches_reference(dtype, loc_dtype):
     k_cache = torch.randn(20, 3, 8).to(dtype)
     v_cache = torch.randn(20, 3, 8).to(dtype)
@@ -111,7 +110,7 @@ def test_rmsnorm_matches_reference(dtype, with_residual):
         close(res_out, want.residual)
 
 
-@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("dtype", [F32, BF16, F16])
 def test_rotary_matches_reference_on_strided_views(dtype):
     n, heads, kv_heads, d = 5, 4, 2, 16
     qkv = torch.randn(n, (heads + 2 * kv_heads) * d).to(dtype)
@@ -128,12 +127,13 @@ def test_rotary_matches_reference_on_strided_views(dtype):
     assert torch.equal(qkv[:, (heads + kv_heads) * d :], v_before)
 
 
-@pytest.mark.parametrize("use_indices", [False, True])
-@pytest.mark.parametrize("words_extra", [0, -1])
-def test_bitmask_matches_reference(use_indices, words_extra):
+@pytest.mark.parametrize(
+    "use_indices,words_extra,dtype", [(False, 0, F32), (True, 0, BF16), (False, -1, F16), (True, -1, F32)]
+)
+def test_bitmask_matches_reference(use_indices, words_extra, dtype):
     vocab = 2100  # crosses a 1024-token block and ends mid-word
     words = (vocab + 31) // 32 + words_extra  # -1: short bitmask, the tail is disallowed
-    logits = torch.randn(4, vocab)
+    logits = torch.randn(4, vocab).to(dtype)
     indices = torch.tensor([2, 0]) if use_indices else None
     rows = 2 if use_indices else 4
     bitmask = torch.randint(-(2**31), 2**31 - 1, (rows, words), dtype=torch.int64).to(torch.int32)
