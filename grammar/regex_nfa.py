@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 from . import utf8
@@ -222,20 +223,56 @@ class _Builder:
         return utf8.complement(res) if negate else res
 
     def cpset(self, intervals: utf8.Intervals) -> tuple[int, int]:
-        """A fragment matching one code point of the set, as a trie of UTF-8 byte ranges."""
+        """A fragment matching one code point of the set: a copy of the set's minimal byte automaton."""
         nfa = self.nfa
-        s, e = nfa.new(), nfa.new()
-        trie: dict[tuple, int] = {}
-        for seq in utf8.set_sequences(intervals):
-            cur = s
-            for k, (blo, bhi) in enumerate(seq):
-                if k == len(seq) - 1:
-                    nfa.edges[cur].append((blo, bhi, e))
-                    break
-                key = seq[: k + 1]
-                nxt = trie.get(key)
-                if nxt is None:
-                    nxt = trie[key] = nfa.new()
-                    nfa.edges[cur].append((blo, bhi, nxt))
-                cur = nxt
-        return s, e
+        n, edges, start, accept = _class_automaton(intervals)
+        if n == 0:  # empty set: a fragment with no path through it
+            return nfa.new(), nfa.new()
+        ids = [nfa.new() for _ in range(n)]
+        for src, lo, hi, dst in edges:
+            nfa.edges[ids[src]].append((lo, hi, ids[dst]))
+        return ids[start], ids[accept]
+
+
+@functools.lru_cache(maxsize=2048)
+def _class_automaton(intervals: utf8.Intervals) -> tuple[int, tuple, int, int]:
+    """Minimal byte DFA of a code-point set as (states, (src, lo, hi, dst) edges, start, accept).
+
+    Sharing UTF-8 suffixes here keeps Unicode classes (\\d, \\w, [^"]) small in every regex using them.
+    """
+    from .dfa import DEAD, nfa_to_dfa
+
+    nfa = NFA(1 << 30)
+    s, e = nfa.new(), nfa.new()
+    trie: dict[tuple, int] = {}
+    for seq in utf8.set_sequences(intervals):
+        cur = s
+        for k, (blo, bhi) in enumerate(seq):
+            if k == len(seq) - 1:
+                nfa.edges[cur].append((blo, bhi, e))
+                break
+            key = seq[: k + 1]
+            nxt = trie.get(key)
+            if nxt is None:
+                nxt = trie[key] = nfa.new()
+                nfa.edges[cur].append((blo, bhi, nxt))
+            cur = nxt
+    nfa.start, nfa.accept = s, e
+    dfa = nfa_to_dfa(nfa, 1 << 30)
+    accepts = [int(x) for x in dfa.accepting.nonzero()[0]]
+    if not accepts:
+        return 0, (), -1, -1
+    assert len(accepts) == 1  # every code point ends at the same place: one final state, no exits
+    edges = []
+    for src in range(1, dfa.num_states):
+        row = dfa.trans[src].tolist()
+        b = 0
+        while b < 256:
+            dst = row[b]
+            hi = b
+            while hi + 1 < 256 and row[hi + 1] == dst:
+                hi += 1
+            if dst != DEAD:
+                edges.append((src, b, hi, dst))
+            b = hi + 1
+    return dfa.num_states, tuple(edges), dfa.initial, accepts[0]
