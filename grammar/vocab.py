@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -135,10 +136,13 @@ class TokenizerInfo:
                 bad.append(tok)
             else:
                 out[i] = b
-        if bad:
+        if len(bad) > max(8, len(vocab) // 1000):
             raise GrammarError(
                 f"incompatible vocabulary: {len(bad)} {kind} tokens cannot be mapped to bytes, e.g. {bad[:3]!r}"
             )
+        if bad:  # a handful of odd tokens: never allowed in constraints rather than refusing the tokenizer
+            warnings.warn(f"{len(bad)} tokens cannot be mapped to bytes and are never allowed in constraints: "
+                          f"{bad[:3]!r}", stacklevel=2)
         if eos_token_ids is None:
             eos = getattr(tokenizer, "eos_token_id", None)
             if eos is None:

@@ -231,3 +231,26 @@ INT: /[0-9]+/
     assert g.forced_string(g.advance_bytes(g.initial_state, b'{"name"')) == ": "
     for doc in ('{"name": "the admin", "age": 12}', '{"a": {"b": null, "c": true}}', "{}"):
         simulate_jumps(g, tok, doc, "JSON:\n")  # jumps happen; tokens stay canonical
+
+
+def test_byte_level_vocabulary_with_an_odd_token():
+    """GPT-2 byte-level tokens map through the byte-to-unicode table; a stray unmappable token is dropped."""
+    from sglpy.grammar.vocab import byte_level_decoder
+
+    enc = {b: c for c, b in byte_level_decoder().items()}
+    words = [b" the", b"\n", b"\xe2\x96", b"\x81", b"{", b'"', b"a"] + [bytes([i]) for i in range(256)]
+    vocab = {"".join(enc[x] for x in w): i for i, w in enumerate(dict.fromkeys(words))}
+    vocab["\u2603odd"] = len(vocab)  # not spelled in the byte-level alphabet
+    vocab["<|end|>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|end|>"])
+    with pytest.warns(UserWarning, match="cannot be mapped"):
+        info = TokenizerInfo.from_hf(tok, eos_token_ids=[vocab["<|end|>"]])
+    assert info.kind == "byte_level"
+    assert info.token_bytes[vocab["Ġthe"]] == b" the" and info.token_bytes[vocab["Ċ"]] == b"\n"
+    assert info.token_bytes[vocab["\u2603odd"]] is None and info.token_bytes[vocab["<|end|>"]] is None
+    g = GrammarCompiler(info).compile_regex("▁+")  # U+2581 = e2 96 81, reachable via split tokens
+    s = g.advance(g.advance(g.initial_state, vocab[enc[0xE2] + enc[0x96]]), vocab[enc[0x81]])
+    assert g.is_final(s)
