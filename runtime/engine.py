@@ -51,7 +51,7 @@ class Engine:
         self.processor = OutputProcessor(Sampler(cfg.seed, self.runner.device), self.eos_ids,
                                          self.max_context, self.constrained)
         self.stats = {"num_requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
-                      "num_steps": 0, "num_aborted": 0}
+                      "num_steps": 0, "num_aborted": 0, "step_s": 0.0}
         self._reqs: dict[str, Req] = {}
         self._inbox: queue.Queue = queue.Queue()
         self._stopped = False
@@ -234,6 +234,7 @@ class Engine:
 
     def step(self) -> None:
         """One scheduling round: schedule -> forward -> postprocess -> emit."""
+        t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if batch is None:
             return
@@ -250,6 +251,7 @@ class Engine:
                         entry.req.finish_reason = FinishReason("abort", message=f"internal error: {e}")
                         finished.append(entry.req)
             self.stats["num_steps"] += 1
+            self.stats["step_s"] += time.perf_counter() - t0
         self._emit_finished(finished)
         for e in batch.entries[batch.num_decode:]:
             if not e.req.finished:
@@ -304,4 +306,5 @@ class Engine:
             "time": time.time(),
         })
         info.update(self.stats)
+        info["grammar"] = dict(self.constrained.stats)
         return info
