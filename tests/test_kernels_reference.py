@@ -177,3 +177,26 @@ def test_bitmask_shorter_than_vocab_disallows_the_tail():
     logits = torch.zeros(1, 40)
     apply_token_bitmask(logits, torch.full((1, 1), -1, dtype=torch.int32))
     assert torch.isfinite(logits[0, :32]).all() and torch.isneginf(logits[0, 32:]).all()
+
+
+def test_length_groups_bound_padding_and_cover_every_request():
+    from sglpy.kernels.decode_attention import length_groups
+
+    lens = [8192] + [10] * 63
+    groups = length_groups(lens)
+    assert sorted(i for g in groups for i in g) == list(range(64))
+    for g in groups:
+        assert len(g) * max(lens[i] for i in g) <= 2 * sum(lens[i] for i in g)
+    assert length_groups([100, 90, 80, 120]) == [[3, 0, 1, 2]]
+
+
+def test_decode_attention_mixed_lengths_match_oracle():
+    # One long request among short ones takes the grouped path; results stay in request order.
+    kv_lens = [3, 200, 1, 5, 150, 2]
+    pb = make_paged_batch(kv_lens, 2, 8, torch.float32, seed=11)
+    q = torch.randn(len(kv_lens), 4, 8)
+    o = decode_attention(q, pb.k_cache, pb.v_cache, pb.req_to_token, pb.req_pool_indices, torch.tensor(kv_lens), 0.3)
+    for i, (row, n) in enumerate(zip(pb.req_pool_indices.tolist(), kv_lens)):
+        slots = pb.req_to_token[row, :n].long()
+        want = naive_attention(q[i : i + 1], pb.k_cache[slots], pb.v_cache[slots], [n], 0.3)
+        torch.testing.assert_close(o[i : i + 1].double(), want, atol=2e-5, rtol=2e-5)
