@@ -40,8 +40,10 @@ def extend_attention_reference(
         qi = q[start : start + ext].to(torch.float32).reshape(ext, kv_heads, group, head_dim)
         qi = qi.permute(1, 2, 0, 3).reshape(kv_heads, group * ext, head_dim)
         if prefix == 0:
-            o = F.scaled_dot_product_attention(qi.view(kv_heads, group, ext, head_dim), k[:, None], v[:, None],
-                                               is_causal=True, scale=sm_scale)
+            # expand (stride 0, no copy) rather than rely on SDPA broadcasting, which not every backend does.
+            shape = (kv_heads, group, total, head_dim)
+            o = F.scaled_dot_product_attention(qi.view(kv_heads, group, ext, head_dim), k[:, None].expand(shape),
+                                               v[:, None].expand(shape), is_causal=True, scale=sm_scale)
         else:
             # Query j sits at absolute position prefix + j and sees keys 0..prefix + j.
             pos_q = prefix + torch.arange(ext, device=q.device)
