@@ -91,22 +91,27 @@ def check_extend_attention_args(
 
 def check_extend_len_values(
     n_tokens: int, prefix_lens: torch.Tensor, extend_lens: torch.Tensor, max_context: int
-) -> None:
-    """Raise ValueError when the lengths disagree with q or exceed req_to_token (costs a host sync)."""
+) -> int:
+    """Raise ValueError when the lengths disagree with q or exceed req_to_token; return max(extend_lens).
+
+    One host sync on CUDA (all statistics in one transfer); prefill is not graph-captured.
+    """
     if prefix_lens.numel() == 0:
         if n_tokens != 0:
             raise ValueError(f"q has {n_tokens} tokens but the batch is empty")
-        return
-    if int(prefix_lens.min()) < 0:
-        raise ValueError(f"prefix_lens must be >= 0, got min {int(prefix_lens.min())}")
-    if int(extend_lens.min()) < 0:
-        raise ValueError(f"extend_lens must be >= 0, got min {int(extend_lens.min())}")
-    total = int(extend_lens.sum())
+        return 0
+    stats = torch.stack([prefix_lens.min(), extend_lens.min(), extend_lens.sum(),
+                         (prefix_lens + extend_lens).max(), extend_lens.max()])
+    min_prefix, min_extend, total, longest, max_extend = (int(x) for x in stats.tolist())
+    if min_prefix < 0:
+        raise ValueError(f"prefix_lens must be >= 0, got min {min_prefix}")
+    if min_extend < 0:
+        raise ValueError(f"extend_lens must be >= 0, got min {min_extend}")
     if total != n_tokens:
         raise ValueError(f"sum(extend_lens) ({total}) must equal q.shape[0] ({n_tokens})")
-    longest = int((prefix_lens + extend_lens).max())
     if longest > max_context:
         raise ValueError(f"prefix_lens + extend_lens must be <= req_to_token.shape[1] ({max_context}), got {longest}")
+    return max_extend
 
 
 def extend_attention(
@@ -121,11 +126,11 @@ def extend_attention(
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its prefix and themselves; returns o like q."""
     check_extend_attention_args(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens)
-    check_extend_len_values(q.shape[0], prefix_lens, extend_lens, req_to_token.shape[1])
+    max_extend = check_extend_len_values(q.shape[0], prefix_lens, extend_lens, req_to_token.shape[1])
     if q.shape[0] == 0:
         return torch.empty_like(q)
     impl = triton_module("extend_attention_triton", q)
     args = (q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale)
     if impl is None:
         return extend_attention_reference(*args)
-    return impl.extend_attention_triton(*args)
+    return impl.extend_attention_triton(*args, max_extend=max_extend)

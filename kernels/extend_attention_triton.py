@@ -81,6 +81,7 @@ def extend_attention_triton(
     sm_scale: float,
     block_m: int | None = None,
     block_n: int | None = None,
+    max_extend: int | None = None,
 ) -> torch.Tensor:
     """Launch the extend kernel; arguments already checked by extend_attention.extend_attention."""
     # q: [sum(extend_lens), heads, head_dim] packed by request; returns o of the same shape
@@ -91,7 +92,8 @@ def extend_attention_triton(
     b = extend_lens.shape[0]
     group = heads // k_cache.shape[1]
     q_start = torch.cumsum(extend_lens, 0) - extend_lens  # exclusive prefix sum, on device
-    max_extend = int(extend_lens.max())  # one host sync; prefill is not graph-captured
+    if max_extend is None:  # the wrapper passes it from its own (single) host sync
+        max_extend = int(extend_lens.max())
     block = default_block(head_dim, q.element_size())
     block_m, block_n = block_m or block, block_n or block
     block_d = max(16, triton.next_power_of_2(head_dim))
