@@ -22,7 +22,8 @@ def complete_regex(regex: str, hint: str = "") -> str:
     alphabet = fsm.alphabet
     reps: dict[int, str] = {}
     for ch, idx in alphabet.items():
-        if isinstance(ch, str) and (idx not in reps or (ch.isalnum() and not reps[idx].isalnum())):
+        # Deterministic representative per symbol class: alphanumerics first, then the smallest character.
+        if isinstance(ch, str) and (idx not in reps or (not ch.isalnum(), ch) < (not reps[idx].isalnum(), reps[idx])):
             reps[idx] = ch
     other = alphabet[interegular.fsm.anything_else] if interegular.fsm.anything_else in alphabet else None
     if other is not None and other not in reps:

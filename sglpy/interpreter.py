@@ -180,6 +180,11 @@ class StreamExecutor:
                 self.stream_buffers[var] = self.stream_buffers.get(var, "") + text
             self.cond.notify_all()
 
+    def _reset_buffer(self, name: Optional[str]) -> None:
+        if name is not None:
+            with self.cond:
+                self.stream_buffers[name] = ""
+
     def _finish_var(self, name: Optional[str], value: Any, meta: Any) -> None:
         if name is None:
             return
@@ -196,7 +201,8 @@ class StreamExecutor:
             self._execute_gen(node)
         elif isinstance(node, SglSelect):
             decision = self.backend.select(self.text_, node.choices, node.temperature, node.choices_method)
-            self._append(decision.decision)
+            self._reset_buffer(node.name)
+            self._append(decision.decision, node.name)
             self._finish_var(node.name, decision.decision, decision.meta_info)
         elif isinstance(node, SglRoleBegin):
             if self.cur_role is not None:
@@ -227,11 +233,9 @@ class StreamExecutor:
 
     def _execute_gen(self, node: SglGen) -> None:
         sampling = resolve_sampling(self.default_sampling, node.overrides, self.chat_template.stop_str)
+        self._reset_buffer(node.name)
         if self.stream and sampling.n == 1:
             meta: dict = {}
-            with self.cond:
-                if node.name is not None:
-                    self.stream_buffers[node.name] = ""
             for chunk in self.backend.generate_stream(self.text_, sampling):
                 self._append(chunk.delta, node.name)
                 meta = chunk.meta_info

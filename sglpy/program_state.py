@@ -148,6 +148,8 @@ class ProgramState:
                         ev = ex.variable_event.get(var_name)
                         done = (ev is not None and ev.is_set() and var_name in ex.variables) \
                             or ex.is_finished or ex.error_ is not None
+                        if done and isinstance(ex.variables.get(var_name), str):
+                            source = ex.variables[var_name]  # var_scope values are not streamed piecewise
                     if len(source) > pos or done:
                         break
                     ex.cond.wait(0.5)

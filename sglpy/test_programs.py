@@ -10,8 +10,24 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 
 import sglpy as sgl
+
+_shared: dict = {}
+_shared_lock = threading.Lock()
+
+
+def shared_engine():
+    """One in-process sgl.Engine on the default model per process, so test modules load the model once."""
+    with _shared_lock:
+        if "engine" not in _shared:
+            import torch
+
+            torch.set_num_threads(2)
+            _shared["engine"] = sgl.Engine()
+        return _shared["engine"]
+
 
 IP_REGEX = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
 

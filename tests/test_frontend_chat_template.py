@@ -51,11 +51,9 @@ def test_name_matching_fallback():
 
 @pytest.mark.slow
 def test_role_blocks_render_exactly_like_apply_chat_template():
-    from transformers import AutoTokenizer
+    from sglpy.test_programs import shared_engine
 
-    from sglpy.runtime.model_loader import resolve_model_path
-
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(None))
+    tok = shared_engine().tokenizer  # the engine's own tokenizer (model loaded once per test process)
     tpl = from_hf_tokenizer(tok)
     fb = FakeBackend(chat_template=tpl, default_response="Fine, thanks.")
 

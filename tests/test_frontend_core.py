@@ -387,3 +387,18 @@ def test_flush_cache_and_server_info_helpers():
         assert sgl.flush_cache() is False and sgl.get_server_info() is None
     finally:
         sgl.set_default_backend(old)
+
+
+def test_text_iter_of_select_and_var_scope_variables():
+    fb = FakeBackend(choice_picker=lambda prefix, choices: 1)
+
+    @sgl.function
+    def prog(s):
+        with s.var_scope("obj"):
+            s += "{" + sgl.gen("n", regex=r"[0-9]+") + "}"
+        s += " pick " + sgl.select("p", ["a", "b"])
+
+    st = prog.run(backend=fb, stream=True)
+    assert "".join(st.text_iter("p")) == "b"
+    st = prog.run(backend=fb, stream=True)
+    assert "".join(st.text_iter("obj")) == "{0}"

@@ -15,15 +15,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def backend():
-    import torch
+    from sglpy.test_programs import shared_engine
 
-    import sglpy as sgl
-
-    torch.set_num_threads(2)
     sys.path.insert(0, str(EXAMPLES))
-    b = sgl.Engine()
-    yield b
-    b.shutdown()
+    yield shared_engine()
     sys.path.remove(str(EXAMPLES))
 
 

@@ -27,12 +27,7 @@ def test_program_on_fake_backend(fake_backend, program):
 
 @pytest.fixture(scope="module")
 def engine_backend():
-    import torch
-
-    torch.set_num_threads(2)
-    backend = sgl.Engine()
-    yield backend
-    backend.shutdown()
+    return programs.shared_engine()
 
 
 @pytest.fixture(scope="module")
