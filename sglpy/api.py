@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional, Union
 
 from .choices import ChoicesSamplingMethod, token_length_normalized
-from .function import SglFunction, resolve_backend
+from .function import SglFunction
 from .global_config import global_config
 from .ir import (
     SamplingParams,
     SglExprList,
     SglGen,
-    SglImage,
     SglRoleBegin,
     SglRoleEnd,
     SglSelect,

@@ -7,7 +7,7 @@ import json
 import threading
 import time
 import uuid
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Iterator, Optional
 
 from .backend_base import BaseBackend, ChoiceScore, GenResult, StreamChunk
 from .chat_template import CHATML, ChatTemplate

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import Any, AsyncIterator, Callable, Iterator, Optional
+from typing import Any, AsyncIterator, Iterator, Optional
 
 from .interpreter import ProgramError, StreamExecutor
 from .ir import (

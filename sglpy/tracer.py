@@ -5,13 +5,12 @@ from __future__ import annotations
 import contextlib
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from .chat_template import ChatTemplate
 from .interpreter import role_begin_text
 from .ir import (
     SglArgument,
-    SglCommitLazy,
     SglConstantText,
     SglExpr,
     SglExprList,

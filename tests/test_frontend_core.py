@@ -3,7 +3,6 @@
 import asyncio
 import subprocess
 import sys
-import threading
 import time
 
 import pytest

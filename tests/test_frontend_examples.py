@@ -1,6 +1,5 @@
 """Every example in examples/ runs against the default model (in-process engine); structure is checked."""
 
-import json
 import pathlib
 import subprocess
 import sys
