@@ -146,24 +146,61 @@ def _trim(ctrans: np.ndarray, accepting: np.ndarray, initial: int):
     return remap[ctrans[keep]], accepting[keep], int(remap[initial])
 
 
+def group_rows(sig: np.ndarray) -> tuple[np.ndarray, int]:
+    """Exact id per distinct row of `sig` [n, m] (lexsort + adjacent compare, no Python loop), and the count."""
+    n = sig.shape[0]
+    order = np.lexsort(sig.T[::-1])
+    srt = sig[order]
+    new = np.ones(n, dtype=bool)
+    new[1:] = (srt[1:] != srt[:-1]).any(axis=1)
+    gid = np.cumsum(new) - 1
+    ids = np.empty(n, dtype=np.int64)
+    ids[order] = gid
+    return ids, int(gid[-1]) + 1 if n else 0
+
+
+_MIX = np.random.default_rng(12345).integers(1, 2**63, size=(2, 4096), dtype=np.uint64) | np.uint64(1)
+
+
+def _hash_group(block: np.ndarray, ctrans: np.ndarray) -> tuple[np.ndarray, int]:
+    """Ids for distinct (block, successor blocks) rows via two 64-bit hashes (collisions checked later)."""
+    m = ctrans.shape[1]
+    succ = block[ctrans].astype(np.uint64)
+    own = block.astype(np.uint64)
+    h1 = (succ * _MIX[0, 1 : m + 1]).sum(axis=1) + own * _MIX[0, 0]
+    h2 = (succ * _MIX[1, 1 : m + 1]).sum(axis=1) + own * _MIX[1, 0]
+    return group_rows(np.column_stack([h1, h2]))
+
+
+def _is_congruence(block: np.ndarray, ctrans: np.ndarray, accepting: np.ndarray) -> bool:
+    """Every block's members agree on acceptance and on their successors' blocks."""
+    sig = np.column_stack([accepting.astype(np.int64), block[ctrans]])
+    order = np.argsort(block, kind="stable")
+    b, srt = block[order], sig[order]
+    same_block = b[1:] == b[:-1]
+    return bool(((srt[1:] == srt[:-1]).all(axis=1) | ~same_block).all())
+
+
 def _minimise(ctrans: np.ndarray, accepting: np.ndarray, initial: int):
     """Moore partition refinement, vectorised: split blocks until the signatures stop changing."""
     n = ctrans.shape[0]
-    block = accepting.astype(np.int64) + 1
-    block[DEAD] = 0
-    count = len(np.unique(block))
-    while True:
-        sig = np.ascontiguousarray(np.column_stack([block, block[ctrans]]), dtype=np.int32)
-        width = sig.shape[1] * 4
-        raw = sig.tobytes()
-        ids: dict[bytes, int] = {}
-        block = np.fromiter(
-            (ids.setdefault(raw[i * width : (i + 1) * width], len(ids)) for i in range(n)), np.int64, n
-        )
-        new_count = len(ids)
-        if new_count == count:
+    start = accepting.astype(np.int64) + 1
+    start[DEAD] = 0
+    if ctrans.shape[1] + 1 > _MIX.shape[1]:
+        raise GrammarError("automaton has too many byte classes")
+    for exact in (False, True):
+        block = start.copy()
+        count = len(np.unique(block))
+        while True:
+            if exact:
+                block, new_count = group_rows(np.column_stack([block, block[ctrans]]))
+            else:
+                block, new_count = _hash_group(block, ctrans)
+            if new_count == count:
+                break
+            count = new_count
+        if exact or _is_congruence(block, ctrans, accepting):
             break
-        count = new_count
     # renumber so that the dead state's block is 0
     order = np.full(count, -1, np.int64)
     order[block[DEAD]] = 0

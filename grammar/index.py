@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dfa import DEAD, ByteDFA
+from .dfa import DEAD, ByteDFA, group_rows
 from .errors import GrammarError
 from .vocab import TokenizerInfo
 
@@ -22,7 +22,7 @@ class TokenIndex:
     masks: np.ndarray  # [unique_masks, words] int32, read-only
     mask_of: np.ndarray  # [states + 1] int64: row of `masks` for each DFA state; the extra last state = terminated
     has_token: np.ndarray  # [states + 1] bool: some non-EOS token allowed
-    reachable: np.ndarray  # [states + 1] bool: reachable from the initial state at token boundaries
+    reachable: np.ndarray  # [states + 1] bool: token-boundary reachability (all True unless it had to be checked)
 
     @property
     def terminated(self) -> int:
@@ -38,21 +38,82 @@ def _csr_expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def build_index(dfa: ByteDFA, info: TokenizerInfo, with_eos: bool = True) -> TokenIndex:
-    """Walk the token trie through every DFA state at once (numpy over (state, node) pairs per depth).
+    """Per-state masks: walk the token trie through representative DFA states at once (numpy, per depth).
 
+    States that agree on which byte strings up to the longest token stay alive get identical masks,
+    so only one representative per such class is walked (bounded strings: maxLength 1000 -> ~10x less).
     with_eos=False: masks without EOS bits and no vocabulary check (used for EBNF terminals).
     """
+    n_states = dfa.num_states
+    words = info.mask_words
+    rep_of = _mask_classes(dfa.trans, info.longest_token)
+    reps = np.unique(rep_of[1:]) if n_states > 1 else np.zeros(0, np.int64)
+    rep_masks, _ = _walk_states(dfa, info, reps, want_edges=False)
+    masks = np.zeros((n_states + 1, words), dtype=np.uint32)
+    if len(reps):
+        row = np.zeros(n_states, np.int64)
+        row[reps] = np.arange(len(reps))
+        masks[1:n_states] = rep_masks[row[rep_of[1:]]]
+    has_token = masks.any(axis=1)
+    eos = np.array(info.eos_token_ids, dtype=np.int64)
+    eos_bits = np.zeros(words, dtype=np.uint32)
+    np.bitwise_or.at(eos_bits, eos >> 5, (np.uint32(1) << (eos & 31).astype(np.uint32)))
+    accepting = np.append(dfa.accepting, True)
+    accepting[DEAD] = False
+    if with_eos:
+        masks[accepting] |= eos_bits
+        masks[n_states] = eos_bits  # terminated
+    reachable = np.ones(n_states, dtype=bool)
+    candidates = ~accepting[:n_states] & ~has_token[:n_states]
+    candidates[DEAD] = False
+    if with_eos and candidates.any():  # rare: find out whether such a state is reachable at a token boundary
+        _, edges = _walk_states(dfa, info, np.arange(1, n_states, dtype=np.int64), want_edges=True)
+        reachable = _reachable(dfa.initial, n_states, edges)
+        stuck = reachable & candidates
+        if stuck.any():
+            s = int(np.flatnonzero(stuck)[0])
+            need = sorted({b for b in range(256) if dfa.trans[s, b] != DEAD})
+            raise GrammarError(
+                f"incompatible vocabulary: no token can continue the constraint in state {s} "
+                f"(it needs one of the bytes {bytes(need[:8])!r}, which no usable token provides)"
+            )
+    rows: dict[bytes, int] = {}
+    mask_of = np.array([rows.setdefault(m.tobytes(), len(rows)) for m in masks], dtype=np.int64)
+    unique = np.frombuffer(b"".join(rows), dtype=np.int32).reshape(len(rows), words).copy()
+    unique.setflags(write=False)
+    return TokenIndex(unique, mask_of, has_token, np.append(reachable, True))
+
+
+def _mask_classes(trans: np.ndarray, depth: int) -> np.ndarray:
+    """Representative state per class of states alive on the same byte strings of length <= depth."""
+    n = trans.shape[0]
+    _, cols = np.unique(trans.T, axis=0, return_index=True)
+    tc = np.ascontiguousarray(trans[:, np.sort(cols)])  # one column per byte class
+    block = (np.arange(n) != DEAD).astype(np.int64)
+    count = 2
+    for _ in range(depth):
+        block, new_count = group_rows(np.column_stack([block, block[tc]]))
+        if new_count == count:
+            break
+        count = new_count
+    first = np.full(count, -1, np.int64)
+    for s in range(n - 1, -1, -1):
+        first[block[s]] = s
+    return first[block]
+
+
+def _walk_states(dfa: ByteDFA, info: TokenizerInfo, states: np.ndarray, want_edges: bool):
+    """Masks [len(states), words] of the given states, and (if asked) the token-boundary edges src*n+dst."""
     trie = info.trie
     n_states = dfa.num_states
     full = dfa.trans
     vocab, words = info.vocab_size, info.mask_words
     widest = max((len(b) for b in trie.byte[1:]), default=1)
-    chunk = max(1, min(n_states, _MAX_PAIRS // max(widest, 1), _MAX_SCRATCH // max(vocab, 1)))
-    masks = np.zeros((n_states + 1, words), dtype=np.uint32)
+    chunk = max(1, min(max(len(states), 1), _MAX_PAIRS // max(widest, 1), _MAX_SCRATCH // max(vocab, 1)))
+    masks = np.zeros((len(states), words), dtype=np.uint32)
     edges: list[np.ndarray] = []
-    live_states = np.arange(1, n_states, dtype=np.int64)
-    for c0 in range(0, len(live_states), chunk):
-        st = live_states[c0 : c0 + chunk]
+    for c0 in range(0, len(states), chunk):
+        st = states[c0 : c0 + chunk]
         allowed = np.zeros((len(st), words * 32), dtype=bool)
         nxt = full[st][:, trie.byte[1]]  # [chunk, level-1 nodes]
         k_idx, node = np.nonzero(nxt != DEAD)
@@ -66,8 +127,8 @@ def build_index(dfa: ByteDFA, info: TokenizerInfo, with_eos: bool = True) -> Tok
                 owner, off = _csr_expand(cc)
                 toks = trie.tok_ids[d][trie.tok_start[d][nn][owner] + off]
                 allowed[kk[owner], toks] = True
-                e = np.unique(st[kk] * n_states + ss)
-                edges.append(e)
+                if want_edges:
+                    edges.append(np.unique(st[kk] * n_states + ss))
             if d == trie.depth:
                 break
             cnt = trie.child_count[d][node]
@@ -77,32 +138,8 @@ def build_index(dfa: ByteDFA, info: TokenizerInfo, with_eos: bool = True) -> Tok
             alive = ns != DEAD
             k_idx, node, cur = k_idx[owner][alive], child[alive], ns[alive]
             d += 1
-        packed = np.packbits(allowed, axis=1, bitorder="little")  # [chunk, words*4] uint8
-        masks[st] = packed.view("<u4")
-    has_token = masks.any(axis=1)
-    eos = np.array(info.eos_token_ids, dtype=np.int64)
-    eos_bits = np.zeros(words, dtype=np.uint32)
-    np.bitwise_or.at(eos_bits, eos >> 5, (np.uint32(1) << (eos & 31).astype(np.uint32)))
-    accepting = np.append(dfa.accepting, True)
-    accepting[DEAD] = False
-    if with_eos:
-        masks[accepting] |= eos_bits
-        masks[n_states] = eos_bits  # terminated
-    reachable = _reachable(dfa.initial, n_states, np.concatenate(edges) if edges else np.zeros(0, np.int64))
-    stuck = reachable & ~accepting[:n_states] & ~has_token[:n_states] & with_eos
-    if stuck.any():
-        s = int(np.flatnonzero(stuck)[0])
-        need = sorted({b for b in range(256) if full[s, b] != DEAD})
-        raise GrammarError(
-            f"incompatible vocabulary: no token can continue the constraint in state {s} "
-            f"(it needs one of the bytes {bytes(need[:8])!r}, which no usable token provides)"
-        )
-    rows: dict[bytes, int] = {}
-    mask_of = np.array([rows.setdefault(m.tobytes(), len(rows)) for m in masks], dtype=np.int64)
-    unique = np.frombuffer(b"".join(rows), dtype=np.int32).reshape(len(rows), words).copy()
-    unique.setflags(write=False)
-    reach = np.append(reachable, True)
-    return TokenIndex(unique, mask_of, has_token, reach)
+        masks[c0 : c0 + len(st)] = np.packbits(allowed, axis=1, bitorder="little").view("<u4")
+    return masks, (np.concatenate(edges) if edges else np.zeros(0, np.int64))
 
 
 def _reachable(initial: int, n_states: int, edges: np.ndarray) -> np.ndarray:
