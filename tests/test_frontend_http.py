@@ -284,3 +284,10 @@ def test_backend_down_and_http_errors_are_clear(stub):
         st = prog.run(backend=ep)
         with pytest.raises(sgl.ProgramError, match="cannot reach the server"):
             st["a"]
+
+
+def test_runtime_flag_translation():
+    from sglpy.backend_http import _flags
+
+    assert _flags({"max_running_requests": 4, "disable_radix_cache": True, "log_requests": False, "x": None}) == [
+        "--max-running-requests", "4", "--disable-radix-cache", "--no-log-requests"]

@@ -118,3 +118,26 @@ def test_fork_branches_hit_the_cached_prefix(engine_backend):
     metas = st.get_meta_info("x")
     assert len(metas) == 3
     assert all(m["cached_tokens"] >= prefix_tokens - 1 for m in metas), [m["cached_tokens"] for m in metas]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("which", ["engine", "http"])
+def test_runtime_rejected_regex_fails_the_program_and_the_backend_keeps_serving(which, request):
+    backend = request.getfixturevalue("engine_backend") if which == "engine" \
+        else request.getfixturevalue("http_runtime").endpoint
+
+    @sgl.function
+    def lookahead(s):
+        s += "x: " + sgl.gen("x", regex=r"(?=a)b", max_tokens=4)  # valid for Python's re, not for the grammar
+
+    with pytest.warns(RuntimeWarning):
+        st = lookahead.run(backend=backend)
+        with pytest.raises(sgl.ProgramError, match="(?i)lookahead|unsupported"):
+            st["x"]
+
+    @sgl.function
+    def fine(s):
+        s += "Count: 1, 2," + sgl.gen("x", max_tokens=3)
+
+    assert isinstance(fine.run(backend=backend, temperature=0)["x"], str)
