@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import re
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -14,6 +15,8 @@ import numpy as np
 
 from .errors import GrammarError
 
+_INSTANCES: dict[str, "TokenizerInfo"] = {}
+_INSTANCES_LOCK = threading.Lock()
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 SPM_SPACE = "\u2581"
 
@@ -149,7 +152,13 @@ class TokenizerInfo:
                 raise GrammarError("cannot find the EOS token id: pass eos_token_ids=")
             eos_token_ids = [eos]
         eos_ids = tuple(sorted({int(e) for e in eos_token_ids}))
-        return cls(tuple(out), eos_ids, frozenset(added) | frozenset(eos_ids), kind)
+        info = cls(tuple(out), eos_ids, frozenset(added) | frozenset(eos_ids), kind)
+        # one instance per distinct vocabulary: engines created in the same process share the token trie
+        with _INSTANCES_LOCK:
+            info = _INSTANCES.setdefault(info.key, info)
+            while len(_INSTANCES) > 8:
+                _INSTANCES.pop(next(iter(_INSTANCES)))
+        return info
 
 
 def _detect_kind(spec: dict, vocab: dict[str, int]) -> str:

@@ -63,7 +63,9 @@ def test_spm_normalisation(spm):
     assert info.token_bytes[v["<0x0A>"]] == b"\n" and info.token_bytes[v["<0xF0>"]] == b"\xf0"
     assert all(info.token_bytes[i] is None for i in (0, 1, 2))  # specials never allowed
     assert info.vocab_size == tok.get_vocab_size() + 7 and info.token_bytes[-1] is None  # padding
-    assert hash(info) == hash(TokenizerInfo.from_hf(tok, vocab_size=info.vocab_size, eos_token_ids=[2]))
+    again = TokenizerInfo.from_hf(tok, vocab_size=info.vocab_size, eos_token_ids=[2])
+    assert again is info and hash(again) == hash(info)  # shared instance: the token trie is built once
+    assert TokenizerInfo.from_hf(tok, vocab_size=info.vocab_size + 1, eos_token_ids=[2]) != info
     # an emoji is only reachable through four byte-fallback tokens
     g = GrammarCompiler(info).compile_regex("😨{1,2}")
     s = g.initial_state
