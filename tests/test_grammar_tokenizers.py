@@ -190,6 +190,17 @@ def test_default_tokenizer_compile_walk_and_jump(default_tok):
             bits = mask_to_ids(g.allowed(st), info.vocab_size)
             assert not set(bits.tolist()) & (info.special_token_ids - set(info.eos_token_ids))
     assert done >= 3
+    costs = []  # allowed + advance per token along the canonical tokens of a document
+    s = g.initial_state
+    text = json.dumps({"id": 3, "title": "A fairly long title here", "status": "draft", "tags": ["x", "yz"]},
+                      separators=(", ", ": "))
+    for t in default_tok.encode(text, add_special_tokens=False):
+        t0 = time.perf_counter()
+        g.allowed(s)
+        s = g.advance(s, t)
+        costs.append(time.perf_counter() - t0)
+    assert g.is_final(s)
+    assert sorted(costs)[len(costs) // 2] < 200e-6  # target 50 us p50; loose for a loaded CI box
     docs = [
         {"id": 12, "title": "Hello world", "status": "published", "tags": ["a", "bc"],
          "author": {"name": "Ann", "email": "ann@x.org"}, "created": "2024-02-29T10:00:00Z", "score": 4.5},
