@@ -34,6 +34,7 @@ class ChoiceScore:
     input_token_logprobs: list
     normalized_prompt_logprob: float
     unconditional_token_logprobs: Optional[list] = None
+    cached_tokens: Optional[int] = None  # prompt tokens the runtime served from its prefix cache
 
 
 class BaseBackend:
@@ -67,7 +68,7 @@ class BaseBackend:
             raise ValueError(f"select needs a non-empty list of strings, got {choices!r}")
         method = choices_method or token_length_normalized
         scores = self.score_choices(prefix, list(choices), method.requires_unconditional_logprobs)
-        return method(
+        decision = method(
             choices=list(choices),
             normalized_prompt_logprobs=[sc.normalized_prompt_logprob for sc in scores],
             input_token_logprobs=[sc.input_token_logprobs for sc in scores],
@@ -75,6 +76,9 @@ class BaseBackend:
             unconditional_token_logprobs=[sc.unconditional_token_logprobs for sc in scores]
             if method.requires_unconditional_logprobs else None,
         )
+        if any(sc.cached_tokens is not None for sc in scores):
+            decision.meta_info["cached_tokens"] = [sc.cached_tokens for sc in scores]
+        return decision
 
     def cache_prefix(self, text: str) -> None:
         """Prefill `text` without generating so later requests sharing it hit the prefix cache."""
@@ -138,7 +142,8 @@ def mean_logprob(entries: list) -> float:
 
 
 def scores_from_logprobs(plan: ScoringPlan, input_logprobs: list[list], start: int,
-                         unconditional: Optional[list[list]] = None) -> list[ChoiceScore]:
+                         unconditional: Optional[list[list]] = None,
+                         cached_tokens: Optional[list] = None) -> list[ChoiceScore]:
     """Slice each choice's window out of prompt logprobs that begin at position `start`."""
     out = []
     for i, entries in enumerate(input_logprobs):
@@ -147,5 +152,6 @@ def scores_from_logprobs(plan: ScoringPlan, input_logprobs: list[list], start: i
             raise RuntimeError(f"runtime returned {len(entries)} prompt logprobs, expected {expected}")
         window = [list(e) for e in entries[plan.window_starts[i] - start:]]
         out.append(ChoiceScore(window, mean_logprob(window),
-                               [list(e) for e in unconditional[i]] if unconditional else None))
+                               [list(e) for e in unconditional[i]] if unconditional else None,
+                               cached_tokens[i] if cached_tokens else None))
     return out

@@ -81,14 +81,15 @@ class Engine(BaseBackend):
                                  else plan.prefix_ids, sampling_params={"max_new_tokens": 0})
         outs = self.engine.generate(input_ids=plan.full_ids, sampling_params={"max_new_tokens": 0, "temperature": 0},
                                     return_logprob=True, logprob_start_len=start, return_text_in_logprobs=True)
-        logprobs = [check_output(o)["meta_info"]["input_token_logprobs"] for o in outs]
+        metas = [check_output(o)["meta_info"] for o in outs]
+        logprobs = [m["input_token_logprobs"] for m in metas]
         uncond = None
         if need_unconditional:
             windows = [ids[s:] for ids, s in zip(plan.full_ids, plan.window_starts)]
             uouts = self.engine.generate(input_ids=windows, sampling_params={"max_new_tokens": 0, "temperature": 0},
                                          return_logprob=True, logprob_start_len=0, return_text_in_logprobs=True)
             uncond = [check_output(o)["meta_info"]["input_token_logprobs"] for o in uouts]
-        return scores_from_logprobs(plan, logprobs, start, uncond)
+        return scores_from_logprobs(plan, logprobs, start, uncond, [m.get("cached_tokens") for m in metas])
 
     def cache_prefix(self, text: str) -> None:
         if text:

@@ -166,11 +166,14 @@ class RuntimeEndpoint(BaseBackend):
         self._has_tokenize = True
         return tokens
 
-    def _prompt_logprobs(self, input_ids: list[list[int]], start: int) -> list[list]:
+    def _prompt_metas(self, input_ids: list[list[int]], start: int) -> list[dict]:
         out = self.client.post("/generate", {
             "input_ids": input_ids, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
             "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start})
-        return [check_output(o)["meta_info"]["input_token_logprobs"] for o in out]
+        return [check_output(o)["meta_info"] for o in out]
+
+    def _prompt_logprobs(self, input_ids: list[list[int]], start: int) -> list[list]:
+        return [m["input_token_logprobs"] for m in self._prompt_metas(input_ids, start)]
 
     def score_choices(self, prefix: str, choices: list[str], need_unconditional: bool) -> list[ChoiceScore]:
         texts = [prefix] + [prefix + c for c in choices]
@@ -183,11 +186,12 @@ class RuntimeEndpoint(BaseBackend):
         if start > 0:  # prefill the shared prefix once; the choices then hit the radix cache
             self.client.post("/generate", {"input_ids": plan.prefix_ids[:start],
                                            "sampling_params": {"max_new_tokens": 0}})
-        logprobs = self._prompt_logprobs(plan.full_ids, start)
+        metas = self._prompt_metas(plan.full_ids, start)
         uncond = None
         if need_unconditional:
             uncond = self._prompt_logprobs([f[s:] for f, s in zip(plan.full_ids, plan.window_starts)], 0)
-        return scores_from_logprobs(plan, logprobs, start, uncond)
+        return scores_from_logprobs(plan, [m["input_token_logprobs"] for m in metas], start, uncond,
+                                    [m.get("cached_tokens") for m in metas])
 
     def _score_by_text(self, prefix: str, choices: list[str], need_unconditional: bool) -> list[ChoiceScore]:
         """Servers without /tokenize (SGLang's original requests): score text, locate the window by token texts."""

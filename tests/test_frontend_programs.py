@@ -141,3 +141,18 @@ def test_runtime_rejected_regex_fails_the_program_and_the_backend_keeps_serving(
         s += "Count: 1, 2," + sgl.gen("x", max_tokens=3)
 
     assert isinstance(fine.run(backend=backend, temperature=0)["x"], str)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_select_is_one_prefill_plus_the_choice_tokens(engine_backend):
+    """The choices' scoring requests find the prefix in the radix cache (meta_info['cached_tokens'])."""
+    prefix = "Read the statement and judge it. " * 6 + "Statement: water is dry. Verdict:"
+
+    @sgl.function
+    def judge(s):
+        s += prefix + sgl.select("v", ["True", "False", "Unknown"])
+
+    meta = judge.run(backend=engine_backend).get_meta_info("v")
+    prefix_tokens = len(engine_backend.tokenize(prefix))
+    assert all(c >= prefix_tokens - 1 for c in meta["cached_tokens"]), (meta["cached_tokens"], prefix_tokens)
