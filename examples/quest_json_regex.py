@@ -23,11 +23,20 @@ def quest_gen(s, quest_name):
     s += sgl.gen("json_output", max_tokens=128, regex=QUEST_REGEX)
 
 
+def generate_quest(backend, quest_name: str = "The Lost Crown"):
+    """Run the program; returns its state (reading json_output raises sgl.ProgramError on failure)."""
+    return quest_gen.run(quest_name=quest_name, temperature=0, backend=backend)
+
+
 def main(backend=None):
-    """Generate one quest and return the parsed JSON (None if the runtime ignored the regex)."""
+    """Generate one quest and return the parsed JSON (None if generation failed or was not constrained)."""
     backend = backend or default_backend()
-    state = quest_gen.run(quest_name="The Lost Crown", temperature=0, backend=backend)
-    print(state["json_output"])
+    state = generate_quest(backend)
+    try:
+        print(state["json_output"])
+    except sgl.ProgramError as e:
+        print(f"quest generation failed: {e}")
+        return None
     try:
         quest = json.loads(state["json_output"])
     except ValueError:

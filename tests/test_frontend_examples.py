@@ -1,6 +1,8 @@
 """Every example in examples/ runs against the default model (in-process engine); structure is checked."""
 
+import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -30,15 +32,19 @@ def test_quest_json_regex(backend):
 
     import sglpy as sgl
 
+    state = quest_json_regex.generate_quest(backend)
     try:
-        quest = quest_json_regex.main(backend)
+        text = state["json_output"]
     except sgl.ProgramError as e:
         if "automaton too large" in str(e):  # grammar limit: unicode \w{1,32} over bytes, reported to the lead
             pytest.xfail(f"grammar compiler rejects the seed quest regex: {e}")
         raise
     if constrained(backend):
-        assert quest is not None and quest["difficulty"] in ("Easy", "Medium", "Hard", "Extreme")
+        assert re.fullmatch(quest_json_regex.QUEST_REGEX, text)
+        quest = json.loads(text)
+        assert quest["difficulty"] in ("Easy", "Medium", "Hard", "Extreme")
         assert isinstance(quest["level_requirement"], int)
+    quest_json_regex.main(backend)
 
 
 def test_tool_use_select(backend):
