@@ -33,10 +33,10 @@ class IncrementalDetokenizer:
         return ""
 
     def flush(self) -> str:
-        """Text of any tokens still held back (at finish; may contain U+FFFD for truly broken bytes)."""
+        """Text of tokens still held back, at finish; a character cut off by the finish is dropped."""
         if self.read_offset >= len(self.ids):
             return ""
         prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
         new_text = self._decode(self.ids[self.prefix_offset:])
         self.prefix_offset = self.read_offset = len(self.ids)
-        return new_text[len(prefix_text):]
+        return new_text[len(prefix_text):].rstrip("\ufffd")

@@ -194,3 +194,30 @@ def test_flush_cache(engine):
     assert engine.flush_cache() is True
     info = engine.get_server_info()
     assert info["kv_free"] == info["max_total_num_tokens"]
+
+
+def test_detokenizer_never_streams_half_characters(engine):
+    from sglpy.runtime.detokenizer import IncrementalDetokenizer
+
+    tok = engine.tokenizer
+    text = "naïve café 🙂 日本語 ok"
+    ids = tok.encode(text, add_special_tokens=False)
+    d = IncrementalDetokenizer(tok, [])
+    pieces = [d.push([t]) for t in ids]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) + d.flush() == text
+    cut = IncrementalDetokenizer(tok, [])
+    emoji = tok.encode("🙂", add_special_tokens=False)
+    if len(emoji) > 1:  # a finish in the middle of a character drops the partial character
+        assert cut.push(emoji[:1]) == "" and cut.flush() == ""
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_dtypes_run(tiny_model_path, dtype):
+    eng = Engine(tiny_model_path, dtype=dtype, max_total_tokens=512)
+    try:
+        out = eng.generate("half precision", {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True})
+        assert out["meta_info"]["completion_tokens"] == 4
+        assert eng.runner.kv.k_buffer.dtype == getattr(__import__("torch"), dtype)
+    finally:
+        eng.shutdown()
