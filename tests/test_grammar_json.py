@@ -267,3 +267,42 @@ def test_per_call_whitespace_override():
     assert loose.is_final(loose.advance_bytes(loose.initial_state, b'{"name":"a","age":1}'))
     with pytest.raises(ValueError):
         compact.advance_bytes(compact.initial_state, b'{"name":"a"')
+
+
+def test_arrays_exact_for_prefix_items_and_bounds():
+    """Every combination of prefixItems / items / minItems / maxItems accepts exactly the valid arrays."""
+    for npre in range(3):
+        for items in (None, False, {"type": "integer"}):
+            for lo in (None, 0, 1, 2, 4):
+                for hi in (None, 0, 1, 3, 5):
+                    s = {"type": "array"}
+                    if npre:
+                        s["prefixItems"] = [{"type": "string"}] * npre
+                    if items is not None:
+                        s["items"] = items
+                    if lo is not None:
+                        s["minItems"] = lo
+                    if hi is not None:
+                        s["maxItems"] = hi
+                    docs = [["a"] * min(n, npre) + [1] * max(0, n - npre) for n in range(7)]
+                    valid = [jsonschema.Draft202012Validator(s).is_valid(d) for d in docs]
+                    try:
+                        r = re.compile(schema_to_regex(s))
+                    except GrammarError:
+                        assert not any(valid), s
+                        continue
+                    for d, v in zip(docs, valid):
+                        assert bool(r.fullmatch(_serialize(d).decode())) == v, (s, d)
+
+
+def test_optional_properties_exact():
+    names = ["a", "b", "c", "d"]
+    subsets = [c for k in range(5) for c in __import__("itertools").combinations(names, k)]
+    for req in subsets:
+        s = {"type": "object", "properties": {n: {"type": "integer"} for n in names}, "required": list(req)}
+        for ws in (None, "[ ]?"):
+            r = re.compile(schema_to_regex(s, whitespace_pattern=ws))
+            for present in subsets:
+                doc = {n: 1 for n in present}
+                text = _serialize(doc).decode() if ws is None else json.dumps(doc)
+                assert bool(r.fullmatch(text)) == set(req) <= set(present), (req, present, ws)
