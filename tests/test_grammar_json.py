@@ -305,4 +305,4 @@ def test_optional_properties_exact():
             for present in subsets:
                 doc = {n: 1 for n in present}
                 text = _serialize(doc).decode() if ws is None else json.dumps(doc)
-                assert bool(r.fullmatch(text)) == set(req) <= set(present), (req, present, ws)
+                assert bool(r.fullmatch(text)) == (set(req) <= set(present)), (req, present, ws)
