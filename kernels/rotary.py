@@ -56,6 +56,13 @@ def build_rope_cache(
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     half = x.shape[-1] // 2
+    if x.dtype == torch.float32:
+        # In place with one temporary (the CPU hot path runs float32).
+        x1, x2 = x[..., :half], x[..., half:]
+        new_x1 = x1 * cos - x2 * sin
+        x2.mul_(cos).addcmul_(x1, sin)
+        x1.copy_(new_x1)
+        return
     xf = x.to(torch.float32)
     x1, x2 = xf[..., :half], xf[..., half:]
     x.copy_(torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1))
