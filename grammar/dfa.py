@@ -162,6 +162,9 @@ def group_rows(sig: np.ndarray) -> tuple[np.ndarray, int]:
 _MIX = np.random.default_rng(12345).integers(1, 2**63, size=(2, 4096), dtype=np.uint64) | np.uint64(1)
 
 
+_MINIMISE_WORK = 1_000_000  # state-rounds of Moore refinement before minimisation is skipped
+
+
 def _hash_group(block: np.ndarray, ctrans: np.ndarray) -> tuple[np.ndarray, int]:
     """Ids for distinct (block, successor blocks) rows via two 64-bit hashes (collisions checked later)."""
     m = ctrans.shape[1]
@@ -188,14 +191,21 @@ def _minimise(ctrans: np.ndarray, accepting: np.ndarray, initial: int):
     start[DEAD] = 0
     if ctrans.shape[1] + 1 > _MIX.shape[1]:
         raise GrammarError("automaton has too many byte classes")
+    # Each round costs O(states); long chains (maxLength 1000) need one round per link and are usually
+    # minimal already, so past the budget the trimmed automaton is kept as it is (still exact).
+    budget = max(64, _MINIMISE_WORK // max(n, 1))
     for exact in (False, True):
         block = start.copy()
         count = len(np.unique(block))
+        rounds = 0
         while True:
             if exact:
                 block, new_count = group_rows(np.column_stack([block, block[ctrans]]))
             else:
                 block, new_count = _hash_group(block, ctrans)
+                rounds += 1
+                if rounds > budget:
+                    return ctrans, accepting, initial
             if new_count == count:
                 break
             count = new_count

@@ -323,3 +323,13 @@ def test_minimisation_survives_hash_collisions(monkeypatch):
     for text, ok in ((b"ab.com", True), (b"abcb.com", True), (b"a.com", False), (b"b.co", False)):
         assert d.fullmatch(text) == ok
     assert d.num_states == 9
+
+
+def test_minimisation_budget_keeps_the_language(monkeypatch):
+    """Past the refinement budget the trimmed automaton is used unminimised: same language."""
+    from sglpy.grammar import dfa as dfa_mod
+
+    monkeypatch.setattr(dfa_mod, "_MINIMISE_WORK", 1)
+    d = dfa_mod.regex_to_dfa(r"(?:ab|ac){0,70}d")
+    assert d.fullmatch(b"ab" * 70 + b"d") and d.fullmatch(b"acd") and not d.fullmatch(b"ab" * 71 + b"d")
+    assert not d.fullmatch(b"abc")
