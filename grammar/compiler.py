@@ -15,12 +15,12 @@ from .errors import GrammarError
 from .guide import Guide, RegexGuide
 from .vocab import TokenizerInfo
 
-# SGLang-compatible dtype constraints (gen(..., dtype=int/float/bool/str)).
+# SGLang's dtype constraints (gen(..., dtype=int/float/bool/str)), the same strings as sglpy/ir.py.
 DTYPE_REGEX = {
-    "int": r"[-+]?[0-9]+",
-    "float": r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?",
-    "bool": r"(?:True|False)",
-    "str": r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt])*"',
+    "int": r"[-+]?[0-9]+[ \n]*",
+    "float": r"[-+]?[0-9]*\.?[0-9]+[ \n]*",
+    "bool": r"(True|False)",
+    "str": r"\"[\w\d\s]*\"",
 }
 
 
