@@ -6,6 +6,8 @@ import os
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 pytest.importorskip("numpy")
@@ -218,12 +220,8 @@ def test_public_wrappers_through_triton(force_triton):
                                  "rmsnorm_triton", "rotary_triton", "bitmask_triton"}
 
 
-hypothesis = pytest.importorskip("hypothesis")
-st = hypothesis.strategies
-
-
-@hypothesis.settings(max_examples=8, deadline=None, derandomize=True)
-@hypothesis.given(
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(
     lens=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 20)), min_size=1, max_size=4),
     kv_heads=st.sampled_from([1, 2]),
     group=st.sampled_from([1, 3]),
