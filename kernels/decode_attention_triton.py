@@ -30,7 +30,8 @@ def _decode_split_kernel(
     row = tl.load(ReqPool + bid).to(tl.int64)
     seq_len = tl.load(SeqLens + bid).to(tl.int32)
     # Each request cuts its own length into num_splits pieces (aligned to BLOCK_N): no host sync on lengths.
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    # At least one tile, so an (invalid, unchecked on CUDA) zero length yields NaN rather than a division by 0.
+    split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N), 1) * BLOCK_N
     start = sid * split_len
     end = tl.minimum(start + split_len, seq_len)
 
@@ -79,7 +80,7 @@ def _decode_merge_kernel(
     bid = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(SeqLens + bid).to(tl.int32)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N), 1) * BLOCK_N
     used = tl.cdiv(seq_len, split_len)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < head_dim
