@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import Any, Hashable
 
@@ -94,7 +95,8 @@ class RegexGuide(Guide):
         self.initial_state: int = dfa.initial
         self.num_states = dfa.num_states
         self._term = self.index.terminated
-        self._rows = dfa.trans.tolist()
+        # flat int32 table, index (state << 8) | byte: 4 bytes per entry (a guide may have 20k states)
+        self._trans = array("i", np.ascontiguousarray(dfa.trans, dtype=np.int32).tobytes())
         self._accepting = dfa.accepting.tolist() + [True]
         self._has_token = self.index.has_token.tolist()
         self._masks = self.index.masks
@@ -154,9 +156,9 @@ class RegexGuide(Guide):
         data = self._token_bytes[token_id]
         if not data:
             raise ValueError(f"token {token_id} is special/added/padding/empty: never allowed in a constraint")
-        rows = self._rows
+        trans = self._trans
         for b in data:
-            s = rows[s][b]
+            s = trans[(s << 8) | b]
             if s == DEAD:
                 raise ValueError(f"token {token_id} ({data!r}) not allowed in state {state}")
         return s
@@ -165,9 +167,9 @@ class RegexGuide(Guide):
         s = self._check(state)
         if data and s == self._term:
             raise ValueError("bytes after EOS: the guide is terminated")
-        rows = self._rows
+        trans = self._trans
         for b in data:
-            s = rows[s][b]
+            s = trans[(s << 8) | b]
             if s == DEAD:
                 raise ValueError(f"bytes {data!r} leave the language from state {state}")
         return s
@@ -192,6 +194,6 @@ class RegexGuide(Guide):
                 if b < 0:
                     break
                 out.append(b)
-                cur = self._rows[cur][b]
+                cur = self._trans[(cur << 8) | b]
             got = self._forced[s] = bytes(out)
         return got
