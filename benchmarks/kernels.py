@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             result["decode"].append(asdict(row))
             pct = f"{row.kernel_pct_hbm:6.1f}" if row.kernel_pct_hbm is not None else f"{'-':>6}"
             print(f"{b:>6} {ctx:>8} {row.kernel_ms:>10.3f} {row.kernel_gbps:>8.1f} {pct} "
-                  f"{row.torch_gather_sdpa_ms:>15.3f} {row.torch_gather_sdpa_gbps:>8.1f} {row.torch_sdpa_only_ms:>13.3f}")
+                  f"{row.torch_gather_sdpa_ms:>15.3f} {row.torch_gather_sdpa_gbps:>8.1f} "
+                  f"{row.torch_sdpa_only_ms:>13.3f}")
             del row
             if on_cuda:
                 torch.cuda.empty_cache()

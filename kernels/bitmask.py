@@ -52,7 +52,7 @@ def check_bitmask_args(logits: torch.Tensor, bitmask: torch.Tensor, indices: tor
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None) -> None:
-    """Set logits of disallowed tokens to -inf in place; only rows `indices` when given (bitmask row i -> indices[i])."""
+    """Set disallowed logits to -inf in place; with `indices`, bitmask row i masks logits row indices[i]."""
     check_bitmask_args(logits, bitmask, indices)
     if bitmask.shape[0] == 0 or logits.shape[1] == 0:
         return
