@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import signal
@@ -215,6 +216,9 @@ def engine_main(factory: str, engine_kwargs: dict, cmd_conn, out_conn, log_level
     except BaseException as e:  # noqa: BLE001 - report any startup failure to the server
         sender.send(StartupFailed(f"{type(e).__name__}: {e}"))
         return
+    # The ~370k objects of imports, model and tokenizer live as long as the process: frozen, they are
+    # never rescanned by a full GC pass during serving.
+    gc.freeze()
     sender.send(Ready(info))
     worker = EngineWorker(engine, info)
     calls = ThreadPoolExecutor(max_workers=4, thread_name_prefix="engine-call")

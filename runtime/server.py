@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import signal
@@ -213,6 +214,7 @@ async def serve(config: ServerConfig) -> int:
         code = 1
     elif start.done():
         logger.info("ready: model %s, context %s tokens", engine.info.get("model_path"), engine.info.get("context_len"))
+        gc.freeze()  # startup objects never die: keep them out of later full GC passes
         await stopper
     logger.info("shutting down")
     start.cancel()

@@ -83,11 +83,10 @@ async def one_request(session, url: str, k: int, stats: dict) -> None:
         if events[-1:] != ["[DONE]"]:
             stats["errors"].append(f"{route}: stream did not end with [DONE]")
             return
-        objs = [json.loads(e) for e in events[:-1]]
-        if any("error" in o for o in objs):
-            stats["errors"].append(f"{route}: error event {objs}")
+        if any(e.startswith('{"error"') for e in events):
+            stats["errors"].append(f"{route}: error event {events}")
             return
-        last = objs[-1]
+        last = json.loads(events[-2])  # only the last event is parsed: keep the client's CPU share small
         finished = (last["choices"][0]["finish_reason"] if chat else last["meta_info"]["finish_reason"])
         if not finished:
             stats["errors"].append(f"{route}: last event has no finish_reason")
@@ -119,7 +118,8 @@ def test_64_streaming_clients(srv):
     latencies = health["latencies"]
     assert health["bad"] == [] and len(latencies) >= LOAD_SECONDS / 0.2
     worst = max(latencies)
-    assert worst < HEALTH_LIMIT_S, f"/health took {worst * 1000:.0f} ms under load"
+    slowest = ", ".join(f"{x * 1000:.0f}" for x in sorted(latencies)[-5:])
+    assert worst < HEALTH_LIMIT_S, f"/health took {worst * 1000:.0f} ms under load (slowest ms: {slowest})"
 
     deadline = time.monotonic() + 15
     while True:  # aborted streams free their KV as soon as the engine sees the abort
