@@ -38,6 +38,7 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device) -> LlamaForC
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ValueError(f"weights of {path} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.fuse_projections()
     return model.eval()
 
 

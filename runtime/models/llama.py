@@ -47,11 +47,25 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bool(getattr(config, "attention_bias", False)) and config.model_type != "qwen2")
 
+    def fuse(self) -> None:
+        """Replace q/k/v projections by one matmul (fewer, larger GEMMs; called after loading weights)."""
+        projs = [self.q_proj, self.k_proj, self.v_proj]
+        fused = nn.Linear(projs[0].in_features, sum(p.out_features for p in projs), bias=projs[0].bias is not None)
+        fused = fused.to(device=projs[0].weight.device, dtype=projs[0].weight.dtype)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([p.weight for p in projs]))
+            if fused.bias is not None:
+                fused.bias.copy_(torch.cat([p.bias for p in projs]))
+        self.qkv_proj = fused
+        del self.q_proj, self.k_proj, self.v_proj
+
     def forward(self, x: torch.Tensor, fb: ForwardBatch, kv: KVPool, rope: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # q: [tokens, heads, head_dim]
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # k: [tokens, kv_heads, head_dim]
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        hq, hkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split([hq, hkv, hkv], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)  # q: [tokens, heads, head_dim]
+        k = k.view(t, self.num_kv_heads, self.head_dim)  # k: [tokens, kv_heads, head_dim]
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         apply_rotary(q, k, fb.positions, rope)
         k_cache, v_cache = kv.k_buffer[self.layer_id], kv.v_buffer[self.layer_id]
         store_kv(k_cache, v_cache, fb.out_cache_loc, k, v)
@@ -79,8 +93,18 @@ class LlamaMLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)
 
+    def fuse(self) -> None:
+        """One matmul for gate and up projections (called after loading weights)."""
+        g, u = self.gate_proj, self.up_proj
+        fused = nn.Linear(g.in_features, 2 * g.out_features, bias=False).to(device=g.weight.device, dtype=g.weight.dtype)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([g.weight, u.weight]))
+        self.gate_up_proj = fused
+        del self.gate_proj, self.up_proj
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -123,6 +147,12 @@ class LlamaForCausalLM(nn.Module):
         attn = self.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         self.rope_cache: torch.Tensor | None = None
+
+    def fuse_projections(self) -> None:
+        """Fuse q/k/v and gate/up weights once the HF-named weights are loaded."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
 
     def init_rope(self, max_pos: int, device, dtype) -> None:
         """Build the cos/sin table once the model is on its device."""
