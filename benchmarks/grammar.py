@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import time
 
 import numpy as np
@@ -185,15 +184,17 @@ def outlines_core_row(tok, info, name, kind, value, steps, walks):
             "p50_us": pct(costs, 50), "p99_us": pct(costs, 99), "steps": len(costs)}
 
 
-def xgrammar_row(tok, info, name, kind, value, steps, walks, _cache={}):
-    import torch
+_XGR_INFO: dict = {}
+
+
+def xgrammar_row(tok, info, name, kind, value, steps, walks):
     import xgrammar as xgr
 
     if kind == "ebnf":
         return None
-    if "info" not in _cache:
-        _cache["info"] = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=info.vocab_size)
-    comp = xgr.GrammarCompiler(_cache["info"], max_threads=1, cache_enabled=False)
+    if "info" not in _XGR_INFO:
+        _XGR_INFO["info"] = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=info.vocab_size)
+    comp = xgr.GrammarCompiler(_XGR_INFO["info"], max_threads=1, cache_enabled=False)
     t0 = time.perf_counter()
     compiled = comp.compile_json_schema(json.dumps(value), any_whitespace=False) if kind == "json_schema" \
         else comp.compile_regex(value)
@@ -213,7 +214,6 @@ def xgrammar_row(tok, info, name, kind, value, steps, walks, _cache={}):
         assert mt.accept_token(t)
         return mt
 
-    del torch
     costs = walk_costs(allowed, advance, pick, lambda: xgr.GrammarMatcher(compiled), lambda mt: mt.is_terminated(),
                        steps, walks)
     return {"engine": "xgrammar", "constraint": name, "compile_s": cold, "cached_ms": float("nan"),
