@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -28,3 +29,10 @@ def triton_module(module: str, t: torch.Tensor) -> ModuleType | None:
     if not t.is_cuda or os.environ.get(_DISABLE_ENV, "") not in ("", "0"):
         return None
     return _load(module)
+
+
+def on_device(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Make t's GPU current for a launch: Triton launches on the current device, not the tensors' device."""
+    if t.is_cuda and t.device.index is not None and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import FLOAT_DTYPES, check_same_device, check_tensor
-from ._dispatch import triton_module
+from ._dispatch import on_device, triton_module
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -64,4 +64,5 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices: to
                 raise ValueError(f"indices must lie in [0, {n}), got min {int(indices.min())} max {int(indices.max())}")
         apply_token_bitmask_reference(logits, bitmask, indices)
     else:
-        impl.apply_token_bitmask_triton(logits, bitmask, indices)
+        with on_device(logits):
+            impl.apply_token_bitmask_triton(logits, bitmask, indices)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_same_dtype, check_tensor
-from ._dispatch import triton_module
+from ._dispatch import on_device, triton_module
 
 
 def length_groups(lens: list[int], max_waste: float = 2.0) -> list[list[int]]:
@@ -137,4 +137,5 @@ def decode_attention(
         # Value checks cost a host sync, so only the reference path (CPU, or CUDA without Triton) makes them.
         _check_seq_len_values(seq_lens, req_to_token.shape[1])
         return decode_attention_reference(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale)
-    return impl.decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale)
+    with on_device(q):
+        return impl.decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale)

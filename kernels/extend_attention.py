@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_same_dtype, check_tensor
-from ._dispatch import triton_module
+from ._dispatch import on_device, triton_module
 
 
 def extend_attention_reference(
@@ -133,4 +133,5 @@ def extend_attention(
     args = (q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale)
     if impl is None:
         return extend_attention_reference(*args)
-    return impl.extend_attention_triton(*args, max_extend=max_extend)
+    with on_device(q):
+        return impl.extend_attention_triton(*args, max_extend=max_extend)

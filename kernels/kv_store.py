@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import FLOAT_DTYPES, check_dim, check_same_device, check_same_dtype, check_tensor
-from ._dispatch import triton_module
+from ._dispatch import on_device, triton_module
 
 
 def store_kv_reference(
@@ -49,4 +49,5 @@ def store_kv(
     if impl is None:
         store_kv_reference(k_cache, v_cache, loc, k, v)
     else:
-        impl.store_kv_triton(k_cache, v_cache, loc, k, v)
+        with on_device(k_cache):
+            impl.store_kv_triton(k_cache, v_cache, loc, k, v)

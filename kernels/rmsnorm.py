@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 
 from ._checks import FLOAT_DTYPES, check_dim, check_same_device, check_tensor
-from ._dispatch import triton_module
+from ._dispatch import on_device, triton_module
 
 
 class RMSNormResult(NamedTuple):
@@ -56,5 +56,6 @@ def rmsnorm(
     impl = triton_module("rmsnorm_triton", x)
     if impl is None or x.shape[0] == 0:
         return rmsnorm_reference(x, weight, eps, residual)
-    out, res = impl.rmsnorm_triton(x, weight, eps, residual)
+    with on_device(x):
+        out, res = impl.rmsnorm_triton(x, weight, eps, residual)
     return RMSNormResult(out, res)

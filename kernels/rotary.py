@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import torch
 
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_tensor
-from ._dispatch import triton_module
+from ._dispatch import on_device, triton_module
 
 
 def _inv_freq(head_dim: int, base: float, scaling: Mapping | None) -> torch.Tensor:
@@ -108,4 +108,5 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_
             raise ValueError(f"positions must lie in [0, {cos_sin_cache.shape[0]}), got min {lo} max {hi}")
         apply_rotary_reference(q, k, positions, cos_sin_cache)
     else:
-        impl.apply_rotary_triton(q, k, positions, cos_sin_cache)
+        with on_device(q):
+            impl.apply_rotary_triton(q, k, positions, cos_sin_cache)
