@@ -166,7 +166,10 @@ class StreamExecutor:
                 warnings.warn(f"sglpy program error: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=1)
                 self.fail(e)
             finally:
-                # After an error the remaining nodes are skipped: later text would build on a broken state.
+                # After an error the remaining nodes are skipped (later text would build on a broken state);
+                # waiters registered after the failure are released as their nodes are skipped.
+                if self.error_ is not None:
+                    self._release_waiters()
                 self.queue.task_done()
 
     def _release_waiters(self) -> None:

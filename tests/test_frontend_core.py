@@ -401,3 +401,23 @@ def test_text_iter_of_select_and_var_scope_variables():
     assert "".join(st.text_iter("p")) == "b"
     st = prog.run(backend=fb, stream=True)
     assert "".join(st.text_iter("obj")) == "{0}"
+
+
+def test_reads_after_an_earlier_failure_do_not_hang():
+    def responder(text, sp):
+        if text.endswith("bad:"):
+            raise RuntimeError("first gen failed")
+        return "fine"
+
+    fb = FakeBackend(responder=responder)
+
+    @sgl.function
+    def prog(s):
+        s += "bad:" + sgl.gen("x")
+        time.sleep(0.2)  # the failure happens before the next gen is submitted
+        s += "next:" + sgl.gen("y")
+        return s["y"]
+
+    with pytest.warns(RuntimeWarning, match="first gen failed"):
+        with pytest.raises(sgl.ProgramError, match="first gen failed"):
+            prog.run(backend=fb)
