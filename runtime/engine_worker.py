@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import importlib
 import logging
+import os
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -199,6 +200,24 @@ class _Sender:
                 pass  # the server is gone; the command loop notices EOF and exits
 
 
+def engine_loop_alive(engine) -> bool:
+    """Whether the engine's step loop still runs (Engine.is_alive() if it has one, else its loop thread)."""
+    check = getattr(engine, "is_alive", None)
+    if callable(check):
+        return bool(check())
+    thread = getattr(engine, "_thread", None)
+    return thread is None or thread.is_alive()
+
+
+def _watchdog(engine, stopping: threading.Event, period: float = 0.5) -> None:
+    """A dead step loop would leave every request waiting forever: end the process so the server sees it."""
+    while not stopping.wait(period):
+        if not engine_loop_alive(engine):
+            logger.error("the engine step loop died; exiting the engine process")
+            logging.shutdown()
+            os._exit(70)
+
+
 def load_factory(path: str):
     """Resolve 'module:callable' (an operator-given setting, never a request field)."""
     module, _, attr = path.partition(":")
@@ -220,6 +239,8 @@ def engine_main(factory: str, engine_kwargs: dict, cmd_conn, out_conn, log_level
     # never rescanned by a full GC pass during serving.
     gc.freeze()
     sender.send(Ready(info))
+    stopping = threading.Event()
+    threading.Thread(target=_watchdog, args=(engine, stopping), daemon=True, name="engine-watchdog").start()
     worker = EngineWorker(engine, info)
     calls = ThreadPoolExecutor(max_workers=4, thread_name_prefix="engine-call")
 
@@ -257,6 +278,7 @@ def engine_main(factory: str, engine_kwargs: dict, cmd_conn, out_conn, log_level
             calls.submit(run_call, msg)
         elif isinstance(msg, ShutdownCmd):
             break
+    stopping.set()
     try:
         engine.shutdown()
     except Exception:  # noqa: BLE001

@@ -61,6 +61,7 @@ class FakeEngine:
         self._lock = threading.Lock()
         self._used = 0
         self._active: dict[str, bool] = {}  # rid -> abort requested
+        self._loop_alive = True
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                  logprob_start_len=-1, top_logprobs_num=0, return_text_in_logprobs=False, rid=None, stream=False):
@@ -76,6 +77,9 @@ class FakeEngine:
             os._exit(3)
         if prompt == "__crash__":
             raise RuntimeError("the fake engine crashed on purpose")
+        if prompt == "__stall__":  # the step loop dies: this request (and any other) would wait forever
+            self._loop_alive = False
+            threading.Event().wait()
         ids = list(input_ids) if input_ids is not None else self.tokenizer.encode(prompt)
         if any(not 0 <= i < len(self.tokenizer) for i in ids):
             raise ValueError("input_ids out of vocabulary range")
@@ -140,6 +144,9 @@ class FakeEngine:
                 meta["output_top_logprobs"] = [[self._triple(-0.5 - k, t + k, with_text) for k in range(top_n)]
                                                for t in out]
         return {"text": text, "output_ids": list(out), "meta_info": meta}
+
+    def is_alive(self) -> bool:
+        return self._loop_alive
 
     def abort(self, rid):
         with self._lock:

@@ -318,3 +318,11 @@ def test_health_generate_reports_a_stalled_engine():
         assert_error(s.get("/health_generate"), 503, "timed out")
         assert time.monotonic() - t0 < 3
         assert s.get("/health").status_code == 200  # the process is alive; only generation is stuck
+
+
+def test_dead_engine_step_loop_fails_requests_instead_of_hanging():
+    with run_server("--engine-factory", FAKE, env=ENV) as s:
+        t0 = time.monotonic()
+        assert_error(s.post("/generate", {"text": "__stall__"}), 503, "exit code 70")
+        assert time.monotonic() - t0 < 5
+        assert_error(s.get("/health"), 503)
