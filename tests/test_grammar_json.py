@@ -306,3 +306,16 @@ def test_optional_properties_exact():
                 doc = {n: 1 for n in present}
                 text = _serialize(doc).decode() if ws is None else json.dumps(doc)
                 assert bool(r.fullmatch(text)) == (set(req) <= set(present)), (req, present, ws)
+
+
+def test_length_bounds_next_to_pattern_or_format():
+    """Bounds implied by the pattern/format are accepted; others are an error naming them."""
+    ok = {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$", "minLength": 5, "maxLength": 10}
+    assert re.fullmatch(schema_to_regex(ok), '"ABC12"')
+    assert re.fullmatch(schema_to_regex({"type": "string", "format": "uuid", "maxLength": 36}),
+                        '"123e4567-e89b-12d3-a456-426614174000"')
+    for bad in ({"type": "string", "pattern": "^[A-Z]+$", "maxLength": 10},
+                {"type": "string", "format": "email", "maxLength": 50},
+                {"type": "string", "pattern": "ab", "maxLength": 50}):
+        with pytest.raises(GrammarError, match="minLength/maxLength"):
+            schema_to_regex(bad)
