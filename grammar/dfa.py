@@ -226,3 +226,49 @@ def _minimise(ctrans: np.ndarray, accepting: np.ndarray, initial: int):
     new_acc = accepting[rep]
     new_trans[DEAD] = DEAD
     return new_trans, new_acc, int(block[initial])
+
+
+def char_length_range(dfa: ByteDFA) -> tuple[int, int | None]:
+    """(shortest, longest or None if unbounded) length in characters of the strings a byte DFA accepts."""
+    n = dfa.num_states
+    weight = np.ones(256, dtype=np.int64)
+    weight[0x80:0xC0] = 0  # UTF-8 continuation bytes do not start a character
+    succ: list[set[tuple[int, int]]] = [set() for _ in range(n)]
+    for src in range(1, n):
+        row = dfa.trans[src]
+        for b in np.flatnonzero(row):
+            succ[src].add((int(row[b]), int(weight[b])))
+    best = {dfa.initial: 0}  # 0-1 BFS for the shortest accepted length
+    dq = [dfa.initial]
+    shortest = None
+    while dq:
+        dq.sort(key=best.__getitem__)
+        u = dq.pop(0)
+        if dfa.accepting[u]:
+            shortest = best[u]
+            break
+        for v, w in succ[u]:
+            if best[u] + w < best.get(v, 1 << 60):
+                best[v] = best[u] + w
+                dq.append(v)
+    indeg = [0] * n
+    for u in range(1, n):
+        for v, _ in succ[u]:
+            indeg[v] += 1
+    order, stack = [], [u for u in range(1, n) if indeg[u] == 0]
+    while stack:
+        u = stack.pop()
+        order.append(u)
+        for v, _ in succ[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                stack.append(v)
+    if len(order) < n - 1:
+        return shortest or 0, None  # a cycle: unbounded
+    longest_to = {u: -(1 << 60) for u in range(1, n)}
+    longest_to[dfa.initial] = 0
+    for u in order:
+        for v, w in succ[u]:
+            longest_to[v] = max(longest_to[v], longest_to[u] + w)
+    longest = max(longest_to[u] for u in range(1, n) if dfa.accepting[u])
+    return shortest or 0, longest
