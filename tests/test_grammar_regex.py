@@ -333,3 +333,12 @@ def test_minimisation_budget_keeps_the_language(monkeypatch):
     d = dfa_mod.regex_to_dfa(r"(?:ab|ac){0,70}d")
     assert d.fullmatch(b"ab" * 70 + b"d") and d.fullmatch(b"acd") and not d.fullmatch(b"ab" * 71 + b"d")
     assert not d.fullmatch(b"abc")
+
+
+def test_char_length_range():
+    from sglpy.grammar.dfa import char_length_range
+
+    assert char_length_range(regex_to_dfa("abc")) == (3, 3)
+    assert char_length_range(regex_to_dfa("(é|ab)x?")) == (1, 3)  # characters, not bytes
+    assert char_length_range(regex_to_dfa("😀{1,3}")) == (1, 3)
+    assert char_length_range(regex_to_dfa("[0-9]+")) == (1, None)
