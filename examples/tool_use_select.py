@@ -20,19 +20,26 @@ def calculator(expr: str) -> str:
 TOOLS = {"calculator": calculator, "reverse": lambda text: text[::-1]}
 
 
+FEW_SHOT = (
+    "Pick the tool for each question: calculator for arithmetic, reverse for reversing a word.\n\n"
+    "Question: reverse the word stop\nTool: reverse\nInput: stop\nResult: pots\n\n"
+    "Question: what is 12 * 3?\nTool: calculator\nInput: 12 * 3\nResult: 36\n\n"
+    "Question: reverse the word cat\nTool: reverse\nInput: cat\nResult: tac\n\n"
+    "Question: what is 7 + 5?\nTool: calculator\nInput: 7 + 5\nResult: 12\n\n"
+)
+
+
 @sgl.function
 def tool_use(s, question):
-    s += "You can use a tool: calculator (arithmetic) or reverse (reverses a word).\n"
-    s += "Question: what is 12 * 3?\nTool: calculator\nInput: 12 * 3\nResult: 36\n\n"
-    s += "Question: reverse the word 'stop'\nTool: reverse\nInput: stop\nResult: pots\n\n"
-    s += "Question: " + question + "\nTool: " + sgl.select("tool", choices=list(TOOLS)) + "\n"
+    s += FEW_SHOT + "Question: " + question + "\nTool: " + sgl.select("tool", choices=list(TOOLS)) + "\n"
+    # "Input:" without a trailing space: the space belongs to the first generated token (" 257", " drawer").
     if s["tool"] == "calculator":
-        s += "Input: " + sgl.gen("input", regex=r"[0-9]{1,4} [-+*] [0-9]{1,4}", max_tokens=12, stop="\n") + "\n"
+        s += "Input:" + sgl.gen("input", regex=r" [0-9]{1,4} [-+*] [0-9]{1,4}", max_tokens=12) + "\n"
     else:
-        s += "Input: " + sgl.gen("input", regex=r"[a-z]{1,12}", max_tokens=8, stop="\n") + "\n"
+        s += "Input:" + sgl.gen("input", regex=r" [a-z]{1,12}", max_tokens=8) + "\n"
     try:
         result = TOOLS[s["tool"]](s["input"].strip())
-    except Exception as e:  # an unconstrained runtime may write an invalid expression
+    except ValueError as e:  # only reachable if the runtime does not enforce the regex
         result = f"error: {e}"
     s += "Result: " + result + "\n"
     s["result"] = result
@@ -42,7 +49,7 @@ def main(backend=None):
     """Answer two questions with tools; return [(tool, input, result)]."""
     backend = backend or default_backend()
     out = []
-    for q in ("what is 257 * 983?", "reverse the word 'drawer'"):
+    for q in ("what is 257 * 983?", "reverse the word drawer"):
         state = tool_use.run(question=q, temperature=0, backend=backend)
         out.append((state["tool"], state["input"], state["result"]))
         print(f"{q!r}: tool={state['tool']} input={state['input']!r} result={state['result']}")

@@ -8,6 +8,7 @@ model is a 135M one. Token budgets stay small so they are quick on a CPU.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import re
 import threading
@@ -26,6 +27,7 @@ def shared_engine():
 
             torch.set_num_threads(2)
             _shared["engine"] = sgl.Engine()
+            atexit.register(_shared["engine"].shutdown)  # stop the step loop before interpreter teardown
         return _shared["engine"]
 
 
