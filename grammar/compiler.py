@@ -65,6 +65,10 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._inflight: dict[tuple, threading.Event] = {}
 
+    def warmup(self) -> None:
+        """Build the per-tokenizer tables now (token trie, sorted tokens: ~1-2 s at 49k) instead of on first use."""
+        _ = self.info.trie, self.info.sorted_tokens, self.info.longest_token
+
     def _cached(self, key: tuple, build: Callable[[], Guide]) -> Guide:
         while True:
             with self._lock:
