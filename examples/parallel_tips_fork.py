@@ -3,18 +3,20 @@
 import sglpy as sgl
 from example_backend import default_backend
 
+TIPS = ["Eat a balanced diet.", "Exercise regularly."]
+
 
 @sgl.function
 def tips(s, topic):
-    s += f"Here are two short tips for {topic}.\n"
-    s += "1. Eat a balanced diet.\n2. Exercise regularly.\n"
-    forks = s.fork(2)  # the shared prefix is cached once; both branches reuse it
+    s += sgl.system("You give short, practical advice.")
+    forks = s.fork(len(TIPS))  # the shared prefix is cached once; every branch reuses it
     for i, f in enumerate(forks):
-        f += f"Now, expand tip {i + 1} into one detailed sentence:\n"
-        f += sgl.gen("detail", max_tokens=32, stop=["\n\n"])
-    forks.join()
-    s += "Tip 1: " + forks[0]["detail"].strip() + "\nTip 2: " + forks[1]["detail"].strip() + "\n"
-    s += "The better tip is number " + sgl.select("best", choices=["1", "2"])
+        f += sgl.user(f"Explain in one sentence why this tip helps with {topic}: {TIPS[i]}")
+        f += sgl.assistant(sgl.gen("detail", max_tokens=40, stop="\n"))
+    forks.join()  # "detail" becomes a list, one entry per branch
+    summary = "\n".join(f"Tip {i + 1}: {d.strip()}" for i, d in enumerate(s["detail"]))
+    s += sgl.user(summary + "\nWhich tip matters more, 1 or 2?")
+    s += sgl.assistant("Tip " + sgl.select("best", choices=["1", "2"]))
 
 
 def main(backend=None):
