@@ -50,6 +50,8 @@ class Sample:
 
 @dataclass
 class RateResult:
+    """Aggregates of one (cache mode, offered rate) run; latencies in seconds."""
+
     cache: str
     offered_rps: float
     requests: int
@@ -68,6 +70,7 @@ class RateResult:
 
 
 def pct(values: list[float], q: float) -> float:
+    """The q-th percentile (nearest rank); nan when empty."""
     if not values:
         return float("nan")
     s = sorted(values)
@@ -75,12 +78,14 @@ def pct(values: list[float], q: float) -> float:
 
 
 def make_prompts(n: int, seed: int) -> list[str]:
+    """n prompts sharing one ~150-token system prefix, each with a unique question."""
     rng = random.Random(seed)
     system = "You are a careful assistant. " + " ".join(rng.choice(WORDS) for _ in range(140)) + "\n"
     return [system + "Question %d: " % i + " ".join(rng.choice(WORDS) for _ in range(25)) + "?" for i in range(n)]
 
 
 async def one(session, url: str, prompt: str, output_len: int, cached: list) -> Sample:
+    """One streaming /generate request, timed."""
     body = {"text": prompt, "stream": True,
             "sampling_params": {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True}}
     t0 = time.perf_counter()
@@ -116,6 +121,7 @@ async def one(session, url: str, prompt: str, output_len: int, cached: list) -> 
 
 
 async def run_rate(url: str, rate: float, duration: float, output_len: int, seed: int) -> tuple[list, float, float]:
+    """Fire Poisson arrivals for `duration` s and wait for all; (samples, wall s, cached-token share)."""
     rng = random.Random(seed)
     arrivals, t = [], 0.0
     while True:
@@ -140,6 +146,7 @@ async def run_rate(url: str, rate: float, duration: float, output_len: int, seed
 
 
 def summarize(cache: str, rate: float, samples: list[Sample], wall: float, share: float) -> RateResult:
+    """Percentiles and throughput of one rate."""
     ok = [s for s in samples if s.ok]
     itls = [x for s in ok for x in s.itls]
     return RateResult(
@@ -163,6 +170,7 @@ def knee(rows: list[RateResult]) -> str:
 
 
 def start_server(extra: list[str]) -> tuple[subprocess.Popen, str, str]:
+    """Launch `python -m sglpy.runtime.server` on a free port; wait for /health."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -185,6 +193,7 @@ def start_server(extra: list[str]) -> tuple[subprocess.Popen, str, str]:
 
 
 def bench_server(url: str, cache: str, rates: list[float], duration: float, output_len: int) -> list[RateResult]:
+    """Warm up, then run every rate from a flushed cache."""
     asyncio.run(run_rate(url, 1.0, 2.0, 4, seed=999))  # warm-up (model pages, allocator)
     rows = []
     for rate in rates:
@@ -204,6 +213,7 @@ HEADER = (f"{'cache':<6}{'rate':>6}{'reqs':>6}{'err':>5}{'ach r/s':>9}{'out tok/
 
 
 def print_row(r: RateResult) -> None:
+    """One table row."""
     print(f"{r.cache:<6}{r.offered_rps:>6g}{r.requests:>6}{r.errors:>5}{r.achieved_rps:>9.2f}{r.output_tok_s:>10.1f}"
           f"{r.ttft_p50:>10.3f}{r.ttft_p90:>8.3f}{r.ttft_p99:>8.3f}{r.itl_p50 * 1000:>8.1f}m{r.itl_p90 * 1000:>7.1f}m"
           f"{r.itl_p99 * 1000:>7.1f}m{r.e2e_p50:>9.2f}{r.cached_token_share:>8.0%}", flush=True)
@@ -238,6 +248,7 @@ def write_svg(rows: list[RateResult], path: pathlib.Path) -> None:
 
 
 def main() -> int:
+    """Parse flags, run, print the table and knee, write JSON + SVG."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", default="0.25,0.5,1,2,4", help="offered request rates (req/s), comma-separated")
     p.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals per rate")

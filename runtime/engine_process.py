@@ -32,6 +32,7 @@ class _Pending:
         self.abandoned = False  # the HTTP side left; drop its chunks until the engine reports the end
 
     def put(self, msg) -> None:
+        """Queue a message from the engine (event-loop thread only)."""
         self.items.append(msg)
         self.ready.set()
 
@@ -73,6 +74,7 @@ class EngineClient:
 
     @property
     def pid(self) -> int | None:
+        """The engine process id (None before start)."""
         return self._proc.pid if self._proc else None
 
     async def start(self, timeout: float) -> dict:
@@ -199,6 +201,7 @@ class EngineClient:
         return True
 
     def inflight_rids(self) -> list[str]:
+        """Request ids the engine has not reported finished."""
         return list(self._pending)
 
     async def call(self, method: str, *args, timeout: float = 30.0):

@@ -33,6 +33,7 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
 
 
 def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None):
+    """A JSON error response with the OpenAI error body."""
     return web.json_response(error_body(status, message, param), status=status, headers=headers)
 
 
@@ -97,38 +98,47 @@ async def read_json_object(request: web.Request) -> dict:
 
 # ---- field checks: predicate + description used in the error message ----
 def is_int(v) -> bool:
+    """An int that is not a bool."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
 def is_num(v) -> bool:
+    """An int or float that is not a bool."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def is_bool(v) -> bool:
+    """A JSON true/false."""
     return isinstance(v, bool)
 
 
 def is_str(v) -> bool:
+    """A string."""
     return isinstance(v, str)
 
 
 def is_dict(v) -> bool:
+    """A JSON object."""
     return isinstance(v, dict)
 
 
 def is_int_list(v) -> bool:
+    """A list of ints (empty allowed)."""
     return isinstance(v, list) and all(is_int(x) for x in v)
 
 
 def is_str_list(v) -> bool:
+    """A list of strings (empty allowed)."""
     return isinstance(v, list) and all(is_str(x) for x in v)
 
 
 def one_of(*preds: Callable) -> Callable:
+    """A predicate true when any of `preds` is."""
     return lambda v: any(p(v) for p in preds)
 
 
 def nullable(pred: Callable) -> Callable:
+    """`pred`, or None."""
     return lambda v: v is None or pred(v)
 
 
@@ -144,6 +154,7 @@ def check_fields(obj: dict, spec: dict[str, tuple[Callable, str]], where: str, i
 
 # ---- server-sent events ----
 async def start_sse(request: web.Request, rid: str) -> web.StreamResponse:
+    """Send the headers of a text/event-stream response."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                        "X-Request-Id": rid})
     await resp.prepare(request)

@@ -19,6 +19,7 @@ request_log = logging.getLogger("sglpy.server.requests")
 
 
 def new_rid() -> str:
+    """A fresh request id (uuid4 hex, as SGLang)."""
     return uuid.uuid4().hex
 
 
@@ -39,10 +40,12 @@ class ServerState:
 
     @property
     def info(self) -> dict:
+        """What the engine reported at startup (model path, context, template, special tokens)."""
         return self.engine.info
 
     @property
     def ready(self) -> bool:
+        """Engine alive and not shutting down (what /health reports)."""
         return self.engine.alive and not self.draining
 
     def admit(self, n: int) -> None:
