@@ -226,7 +226,10 @@ def load_factory(path: str):
 
 def engine_main(factory: str, engine_kwargs: dict, cmd_conn, out_conn, log_level: str) -> None:
     """Entry point of the engine process: build the engine, then serve commands until told to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process coordinates shutdown
+    # The server process coordinates shutdown (drain, then ShutdownCmd): a Ctrl-C or a SIGTERM sent to the
+    # whole process group must not kill the engine under requests that are still finishing.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s engine %(levelname)s %(message)s")
     sender = _Sender(out_conn)
     try:

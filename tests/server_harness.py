@@ -55,7 +55,8 @@ class Server:
 
 
 @contextlib.contextmanager
-def run_server(*args: str, env: dict | None = None, startup_timeout: float = 180.0, api_key: str | None = None):
+def run_server(*args: str, env: dict | None = None, startup_timeout: float = 180.0, api_key: str | None = None,
+               new_session: bool = False):
     """Yield a running Server (ready: /health is 200); terminate it (then kill) on exit."""
     port = free_port()
     cmd = [sys.executable, "-m", "sglpy.runtime.server", "--host", "127.0.0.1", "--port", str(port), *args]
@@ -64,7 +65,7 @@ def run_server(*args: str, env: dict | None = None, startup_timeout: float = 180
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS_DIR), full_env.get("PYTHONPATH")) if p)
     log_fd, log_name = tempfile.mkstemp(prefix="sglpy-server-", suffix=".log")
-    proc = subprocess.Popen(cmd, stdout=log_fd, stderr=subprocess.STDOUT, env=full_env)
+    proc = subprocess.Popen(cmd, stdout=log_fd, stderr=subprocess.STDOUT, env=full_env, start_new_session=new_session)
     os.close(log_fd)
     server = Server(f"http://127.0.0.1:{port}", proc, pathlib.Path(log_name), api_key)
     try:

@@ -257,6 +257,17 @@ def test_sigterm_finishes_inflight_then_exits_cleanly():
     assert "stopped" in s.log()
 
 
+def test_sigterm_to_the_process_group_still_drains():
+    with run_server("--engine-factory", FAKE, "--graceful-shutdown-timeout", "5", env=ENV,
+                    new_session=True) as s:
+        r = s.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 60}, "stream": True}, stream=True)
+        time.sleep(0.1)
+        os.killpg(s.proc.pid, signal.SIGTERM)  # as `kill -TERM -PGID` or a supervisor killing the group
+        assert s.proc.wait(20) == 0
+        events = sse_events(r)
+        assert events[-1] == "[DONE]" and events[-2]["meta_info"]["finish_reason"]["type"] == "length"
+
+
 def test_sigterm_aborts_what_outlives_the_grace_period():
     with run_server("--engine-factory", FAKE, "--graceful-shutdown-timeout", "0.3", env=ENV) as s:
         r = s.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 200}, "stream": True},
