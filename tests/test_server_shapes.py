@@ -90,3 +90,38 @@ def test_get_model_info_and_models(srv):
     assert srv.get("/v1/models").json()["data"][0]["id"] == "fake"
     assert srv.get("/v1/models/fake").json()["id"] == "fake"
     assert srv.get("/v1/models/other").status_code == 404
+
+
+def _wait_idle(srv, timeout=5.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        info = srv.get("/get_server_info").json()
+        if info["num_inflight_requests"] == 0 and info["kv_pool"]["used"] == 0:
+            return
+        assert time.monotonic() < deadline, info["kv_pool"]
+        time.sleep(0.05)
+
+
+def test_batch_with_one_bad_item_fails_whole_and_leaks_nothing(srv):
+    r = srv.post("/generate", {"text": ["fine", "x" * 5000], "sampling_params": {"max_new_tokens": 500}})
+    assert r.status_code == 400 and "context" in r.json()["error"]["message"]
+    _wait_idle(srv)
+
+
+def test_batch_and_n_stream_disconnects_abort_every_member(srv):
+    r = srv.post("/generate", {"text": ["a", "b", "c"], "sampling_params": {"max_new_tokens": 2000}, "stream": True},
+                 stream=True)
+    lines = r.iter_lines()
+    next(lines)
+    assert srv.get("/get_server_info").json()["num_inflight_requests"] == 3
+    r.close()
+    _wait_idle(srv)
+    r = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2000, "n": 4,
+                                          "stream": True}, stream=True)
+    lines = r.iter_lines()
+    next(lines)
+    assert srv.get("/get_server_info").json()["num_inflight_requests"] == 4
+    r.close()
+    _wait_idle(srv)
