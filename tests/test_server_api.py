@@ -222,7 +222,7 @@ def test_regex_constraint_via_generate_and_openai(srv, client):
 
 def test_invalid_constraints_are_400(srv):
     for sp in ({"regex": "(unclosed"}, {"json_schema": "{not json"}, {"ebnf": "root ::= ("},
-               {"regex": "a", "json_schema": "{}"}):
+               {"regex": "a", "json_schema": "{}"}, {"regex": "(a|b)*a(a|b){30}"}):  # last: DFA state blow-up
         r = srv.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4, **sp}})
         assert r.status_code == 400, (sp, r.text)
         assert r.json()["error"]["message"]
