@@ -34,6 +34,8 @@ async def _build_job(state: ServerState, body: dict, chat: bool) -> _Job:
     sp = sampling_params(body, chat)
     validate_sampling_params({k: v for k, v in sp.items() if v is not None}, "request")
     if chat:
+        if "messages" not in body:
+            raise ApiError(400, "messages is required", param="messages")
         messages = chat_messages(body["messages"])
         prompt = await state.engine.call("chat_prompt", messages, True, bool(body.get("continue_final_message")),
                                          body.get("chat_template_kwargs"))
