@@ -177,7 +177,7 @@ def test_no_backend_is_a_clear_error():
 
 
 def test_gen_is_non_blocking():
-    fb = FakeBackend(delay=0.3)
+    fb = FakeBackend(delay=3.0)
 
     @sgl.function
     def prog(s):
@@ -185,7 +185,7 @@ def test_gen_is_non_blocking():
 
     t = time.perf_counter()
     st = prog.run(backend=fb)
-    assert time.perf_counter() - t < 0.25  # run returned before the generation finished
+    assert time.perf_counter() - t < 2.5  # run returned before the generation finished
     assert st["x"] == "fake answer"
 
 

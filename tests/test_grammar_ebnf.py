@@ -122,4 +122,4 @@ def test_bad_grammars(grammar, match):
     t0 = time.perf_counter()
     with pytest.raises(GrammarError, match=match):
         COMPILER.compile_ebnf(grammar)
-    assert time.perf_counter() - t0 < 2.0
+    assert time.perf_counter() - t0 < 10.0  # fails fast, never hangs (bound generous for loaded CI)

@@ -170,7 +170,7 @@ def test_bad_schemas(schema, match):
     t0 = time.perf_counter()
     with pytest.raises(GrammarError, match=match):
         COMPILER.compile_json_schema(schema)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 10.0  # fails fast, never hangs (bound generous for loaded CI)
 
 
 def test_deep_nesting_is_a_clear_error():
