@@ -47,8 +47,12 @@ class GrammarCompiler:
         whitespace_pattern: str | None = None,
         max_recursion_depth: int = 3,
         cache_dir: str | None = None,
+        unicode_classes: bool = False,
     ):
-        """cache_dir: optional folder for compiled regex/JSON guides keyed by constraint + tokenizer hash."""
+        """cache_dir: optional folder for compiled regex/JSON guides keyed by constraint + tokenizer hash.
+
+        unicode_classes: \\d \\w \\s in regexes are ASCII unless this is True (then Python's Unicode classes).
+        """
         if not isinstance(tokenizer_info, TokenizerInfo):
             raise ValueError("GrammarCompiler needs a TokenizerInfo (use TokenizerInfo.from_hf(tokenizer))")
         if max_states < 2:
@@ -61,6 +65,7 @@ class GrammarCompiler:
         self.whitespace_pattern = whitespace_pattern
         self.max_recursion_depth = max_recursion_depth
         self.cache_dir = cache_dir
+        self.unicode_classes = bool(unicode_classes)
         self._cache: OrderedDict[tuple, Guide] = OrderedDict()
         self._lock = threading.Lock()
         self._inflight: dict[tuple, threading.Event] = {}
@@ -115,19 +120,20 @@ class GrammarCompiler:
         """Guide for strings that `re.fullmatch(pattern, s)` accepts."""
         if not isinstance(pattern, str):
             raise GrammarError(f"regex must be a str, got {type(pattern).__name__}")
-        return self._cached(("regex", pattern, self.max_states), lambda: self._regex_guide(pattern))
+        return self._cached(("regex", pattern, self.max_states, self.unicode_classes),
+                            lambda: self._regex_guide(pattern))
 
     def _regex_guide(self, pattern: str) -> RegexGuide:
         path = None
         if self.cache_dir:
-            key = hashlib.sha256(f"{self.info.key}|{self.max_states}|{pattern}".encode()).hexdigest()[:40]
+            key = hashlib.sha256(f"{self.info.key}|{self.max_states}|u{int(self.unicode_classes)}|{pattern}".encode()).hexdigest()[:40]
             path = os.path.join(self.cache_dir, f"regex-{key}.npz")
             if os.path.exists(path):
                 try:
                     return RegexGuide.load(path, self.info)
                 except (OSError, ValueError, KeyError):
                     pass  # unreadable or stale entry: rebuild and overwrite
-        guide = RegexGuide(regex_to_dfa(pattern, self.max_states), self.info, pattern)
+        guide = RegexGuide(regex_to_dfa(pattern, self.max_states, self.unicode_classes), self.info, pattern)
         if path:
             os.makedirs(self.cache_dir, exist_ok=True)
             tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp.npz"

@@ -38,9 +38,10 @@ class ByteDFA:
         return s != DEAD and bool(self.accepting[s])
 
 
-def regex_to_dfa(pattern: str, max_states: int = 10_000) -> ByteDFA:
+def regex_to_dfa(pattern: str, max_states: int = 10_000, unicode_classes: bool = False) -> ByteDFA:
     """Compile a Python-syntax regex into a minimal byte DFA, or raise GrammarError."""
-    nfa = build_nfa(pattern, max_nfa_states=min(500_000, max(100_000, 50 * max_states)))
+    nfa = build_nfa(pattern, max_nfa_states=min(500_000, max(100_000, 50 * max_states)),
+                    unicode_classes=unicode_classes)
     dfa = nfa_to_dfa(nfa, max_states)
     if not dfa.accepting.any():
         raise GrammarError(f"regex {pattern[:80]!r} matches no string")

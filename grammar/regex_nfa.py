@@ -68,7 +68,7 @@ def parse(pattern: str):
         raise GrammarError(f"invalid regex {pattern[:60]!r}...: nested too deeply") from None
 
 
-def build_nfa(pattern: str, max_nfa_states: int = 500_000) -> NFA:
+def build_nfa(pattern: str, max_nfa_states: int = 500_000, unicode_classes: bool = False) -> NFA:
     """Compile a regex to a byte NFA whose language is the strings `re.fullmatch` accepts."""
     tree = parse(pattern)
     flags = tree.state.flags
@@ -82,7 +82,7 @@ def build_nfa(pattern: str, max_nfa_states: int = 500_000) -> NFA:
             "(nested or large bounded repeats such as {m,n}, maxLength or maxItems)"
         )
     nfa = NFA(max_nfa_states)
-    b = _Builder(nfa, flags)
+    b = _Builder(nfa, flags, unicode_classes)
     s, e = b.seq(list(tree), True, True)
     nfa.start, nfa.accept = s, e
     return nfa
@@ -110,10 +110,12 @@ def _estimate(items) -> int:
 
 
 class _Builder:
-    def __init__(self, nfa: NFA, flags: int):
+    def __init__(self, nfa: NFA, flags: int, unicode_classes: bool = False):
         self.nfa = nfa
         self.dotall = bool(flags & sre_c.SRE_FLAG_DOTALL)
-        self.ascii = bool(flags & sre_c.SRE_FLAG_ASCII)
+        # \d \w \s are ASCII by default, as in outlines, xgrammar and ECMA-262 (JSON-schema patterns):
+        # Unicode \w costs ~300 byte-DFA states per repeat and lets a model emit exotic digits.
+        self.ascii = bool(flags & sre_c.SRE_FLAG_ASCII) or not unicode_classes
 
     def seq(self, items, at_start: bool, at_end: bool) -> tuple[int, int]:
         nfa = self.nfa

@@ -291,10 +291,15 @@ def _regexes():
 @settings(max_examples=120, deadline=None)
 @given(pattern=_regexes(), texts=st.lists(st.text(alphabet="abcé1٣\n", max_size=7), min_size=10, max_size=30))
 def test_dfa_agrees_with_python_re(pattern, texts):
-    """Random regexes: the byte DFA accepts exactly what re.fullmatch accepts."""
+    """Random regexes: the byte DFA accepts exactly what re.fullmatch accepts.
+
+    Default classes are ASCII (re.ASCII semantics); unicode_classes=True gives Python's default.
+    """
     dfa = regex_to_dfa(pattern)
+    udfa = regex_to_dfa(pattern, unicode_classes=True)
     for t in texts:
-        assert dfa.fullmatch(t.encode()) == bool(re.fullmatch(pattern, t)), (pattern, t)
+        assert dfa.fullmatch(t.encode()) == bool(re.fullmatch(pattern, t, re.ASCII)), (pattern, t)
+        assert udfa.fullmatch(t.encode()) == bool(re.fullmatch(pattern, t)), (pattern, t)
 
 
 @pytest.mark.parametrize("pattern", [r'"(?:[^"\\]|\\n){0,30}"', r"[a-c]{2,40}x", r"(é|ab){1,12}"])
