@@ -135,11 +135,11 @@ class Engine:
     def _make_req(self, spec: RequestSpec, on_output) -> Req:
         req = Req(rid=spec.rid, input_ids=spec.input_ids, sampling=spec.sampling,
                   return_logprob=spec.return_logprob, logprob_start_len=spec.logprob_start_len,
-                  top_logprobs_num=spec.top_logprobs_num, extra_key=spec.extra_key, on_output=on_output)
+                  top_logprobs_num=spec.top_logprobs_num, return_text_in_logprobs=spec.return_text_in_logprobs,
+                  extra_key=spec.extra_key, on_output=on_output)
         s = spec.sampling
         req.detok = IncrementalDetokenizer(self.tokenizer, spec.input_ids, s.skip_special_tokens,
                                            s.spaces_between_special_tokens)
-        req.__dict__["_text_in_lp"] = spec.return_text_in_logprobs
         if spec.guide is not None:
             req.grammar = GuideState(spec.guide, spec.guide.initial_state)
             self.constrained.initial_jump(req)
@@ -150,14 +150,14 @@ class Engine:
 
         def on_output(req: Req, finished: bool) -> None:
             if finished and not fut.done():
-                fut.set_result(build_output(req, self.tokenizer, req.__dict__["_text_in_lp"]))
+                fut.set_result(build_output(req, self.tokenizer))
 
         self._inbox.put(("add", self._make_req(spec, on_output)))
         return fut
 
     def _stream(self, spec: RequestSpec) -> Iterator[dict]:
         q: queue.Queue = queue.Queue()
-        req = self._make_req(spec, lambda r, fin: q.put((build_output(r, self.tokenizer, r.__dict__["_text_in_lp"]), fin)))
+        req = self._make_req(spec, lambda r, fin: q.put((build_output(r, self.tokenizer), fin)))
         self._inbox.put(("add", req))
         try:
             while True:
@@ -173,7 +173,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         req = self._make_req(spec, lambda r, fin: loop.call_soon_threadsafe(
-            q.put_nowait, (build_output(r, self.tokenizer, r.__dict__["_text_in_lp"]), fin)))
+            q.put_nowait, (build_output(r, self.tokenizer), fin)))
         self._inbox.put(("add", req))
         try:
             while True:

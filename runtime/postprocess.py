@@ -79,8 +79,9 @@ def _triples(recs: list[TokenLogprob], tok, with_text: bool) -> list:
     return [[r.logprob, r.token_id, text(r.token_id)] for r in recs]
 
 
-def build_output(req: Req, tokenizer, return_text_in_logprobs: bool = False) -> dict:
+def build_output(req: Req, tokenizer) -> dict:
     """The SGLang /generate response object for a request (cumulative text)."""
+    return_text_in_logprobs = req.return_text_in_logprobs
     meta = {
         "id": req.rid,
         "finish_reason": req.finish_reason.to_json() if req.finish_reason else None,

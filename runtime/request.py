@@ -56,6 +56,7 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1  # -1 = output logprobs only
     top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
     extra_key: str | None = None
     on_output: Callable[["Req", bool], None] | None = None  # called by the engine loop after each step
     stream: bool = False
@@ -85,6 +86,7 @@ class Req:
     text: str = ""  # output text so far (stop strings trimmed at finish)
     num_jumped_tokens: int = 0  # tokens appended by jump-forward (no model step)
     grammar: Any = None  # per-request guide state holder (constrained decoding)
+    generator: Any = None  # torch.Generator of a seeded request (created on first sample)
 
     @property
     def all_ids(self) -> list[int]:

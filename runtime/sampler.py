@@ -41,9 +41,9 @@ class Sampler:
     def _uniform(self, req: Req) -> float:
         s = req.sampling
         if s.seed is not None:
-            if req.__dict__.get("_gen") is None:
-                req.__dict__["_gen"] = torch.Generator(device="cpu").manual_seed(s.seed)
-            return float(torch.rand(1, generator=req.__dict__["_gen"]))
+            if req.generator is None:
+                req.generator = torch.Generator(device="cpu").manual_seed(s.seed)
+            return float(torch.rand(1, generator=req.generator))
         return float(torch.rand(1, generator=self.generator))
 
     def sample(self, logits: torch.Tensor, reqs: list[Req], eos_ids: set[int],
