@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q -x --timeout=900 tests
+	$(PY) -m pytest -q --timeout=900 tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
