@@ -76,6 +76,14 @@ def test_random_bodies_get_200_or_a_clean_4xx(srv, case):
         assert r.text.rstrip().endswith("data: [DONE]")
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(sorted(FIELDS)), st.binary(max_size=64), st.sampled_from(["application/json", "text/plain", ""]))
+def test_raw_bytes_get_a_clean_400(srv, route, raw, ctype):
+    r = requests.post(srv.url + route, data=raw, headers={"Content-Type": ctype} if ctype else {}, timeout=30)
+    if r.status_code != 200:  # a few byte strings are valid JSON objects by chance
+        assert r.status_code == 400 and r.json()["error"]["code"] == 400
+
+
 def test_server_survives_the_fuzzing(srv):
     assert srv.get("/health").status_code == 200
     assert srv.post("/generate", {"text": "ok", "sampling_params": {"max_new_tokens": 2}}).status_code == 200
