@@ -27,6 +27,7 @@ GENERATE_FIELDS = {
     "top_logprobs_num": (one_of(is_int, _is_list_of(is_int)), "an int or a list of ints"),
     "return_text_in_logprobs": (is_bool, "a bool"),
     "stream": (is_bool, "a bool"),
+    "extra_key": (one_of(is_str, is_str_list), "a string or a list of strings"),  # prefix-cache namespace
     "log_metrics": (is_bool, "a bool"),  # accepted, no effect: every request is measured
 }
 # SGLang fields this server does not implement: accepted only when empty, else a clear 400.
@@ -77,18 +78,20 @@ def parse_generate(body: dict) -> tuple[list[tuple[str, dict]], bool]:
     rlp = _per_item(body.get("return_logprob"), k, "return_logprob", False)
     starts = _per_item(body.get("logprob_start_len"), k, "logprob_start_len", -1)
     tops = _per_item(body.get("top_logprobs_num"), k, "top_logprobs_num", 0)
+    keys = _per_item(body.get("extra_key"), k, "extra_key", None)
     items = []
     for i, p in enumerate(prompts):
         sp = dict(sps[i])
         n = validate_sampling_params(sp).n
         sp.pop("n", None)
+        extra = {"extra_key": keys[i]} if keys[i] is not None else {}  # only engines that support it see it
         for j in range(n):
             rid = rids[i] or new_rid()
             if n > 1:
                 rid = f"{rid}-{j}"
             items.append((rid, {**p, "sampling_params": sp, "return_logprob": rlp[i], "logprob_start_len": starts[i],
                                 "top_logprobs_num": tops[i],
-                                "return_text_in_logprobs": body.get("return_text_in_logprobs", False)}))
+                                "return_text_in_logprobs": body.get("return_text_in_logprobs", False), **extra}))
         batch = batch or n > 1
     if len({rid for rid, _ in items}) != len(items):
         raise ApiError(400, "request ids in one batch must be distinct", param="rid")

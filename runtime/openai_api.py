@@ -56,6 +56,8 @@ async def _build_job(state: ServerState, body: dict, chat: bool) -> _Job:
         else:
             raise ApiError(400, "prompt must not be empty", param="prompt")
         want, top = body.get("logprobs") is not None, int(body.get("logprobs") or 0)
+    if body.get("extra_key") is not None:
+        prompts = [{**p, "extra_key": body["extra_key"]} for p in prompts]
     job_id = ("chatcmpl-" if chat else "cmpl-") + (body.get("rid") or new_rid())
     n = body.get("n") or 1
     items, prompt_of = [], []

@@ -44,6 +44,7 @@ COMMON_FIELDS = {
     "ebnf": (nullable(is_str), "a string"),
     "json_schema": (nullable(one_of(is_str, is_dict)), "a string or an object"),
     "rid": (nullable(is_str), "a string"),
+    "extra_key": (nullable(is_str), "a string"),  # prefix-cache namespace (SGLang's cache salt)
 }
 COMPLETION_FIELDS = {
     **COMMON_FIELDS,

@@ -111,6 +111,14 @@ def test_generate_logprobs(srv, tokenizer):
     assert best[1] == out["output_ids"][0] and best[0] >= meta["output_top_logprobs"][0][1][0]  # greedy = top-1
 
 
+def test_extra_key_namespaces_the_prefix_cache(srv):
+    prompt = "A prompt cached under one namespace only, long enough to span several tokens " * 2
+    gen(srv, prompt, 1, extra_key="tenant-a")
+    same = gen(srv, prompt, 1, extra_key="tenant-a")["meta_info"]["cached_tokens"]
+    other = gen(srv, prompt, 1, extra_key="tenant-b")["meta_info"]["cached_tokens"]
+    assert same > 0 and other == 0
+
+
 def test_scoring_request_and_prefix_cache(srv):
     prefix = "A long shared prefix that should land in the radix cache " * 4
     first = srv.post("/generate", {"text": prefix, "sampling_params": {"max_new_tokens": 0}}).json()
