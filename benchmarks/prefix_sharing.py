@@ -240,9 +240,15 @@ def main(argv=None) -> int:
     ap.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
     ap.add_argument("--policy", default="lpm", help="schedule policy of the cache-on engine")
     ap.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool size of each engine")
+    ap.add_argument("--workloads", default="few-shot,multi-turn,fork",
+                    help="comma-separated subset of few-shot, multi-turn, fork")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = sorted(set(wanted) - {"few-shot", "multi-turn", "fork"})
+    if unknown:
+        raise SystemExit(f"unknown workload(s) {unknown}; choose from few-shot, multi-turn, fork")
     from sglpy.runtime.engine import Engine
 
     def make_engine(cache_on: bool):
@@ -255,6 +261,7 @@ def main(argv=None) -> int:
         works = [few_shot(tok, 8, 200), multi_turn(tok, 4, 2, 48), fork(tok, 4, 128, 16)]
     else:
         works = [few_shot(tok, 64, 1000), multi_turn(tok, 16, 4, 128), fork(tok, 8, 512, 64)]
+    works = [w for w in works if w.name.split(" ")[0] in wanted]
     keep = args.hf_subset or (2 if args.quick else 4)
     print(f"torch threads={args.threads}, policy={args.policy}, pool={args.max_total_tokens} tokens, "
           f"HF subset={'off' if args.no_hf else f'{keep} requests per round, sequential'}", flush=True)
