@@ -5,6 +5,7 @@ Greedy decoding makes outputs deterministic, so different routes (and stream vs 
 
 import json
 import re
+import time
 
 import jsonschema
 import openai
@@ -252,6 +253,26 @@ def test_model_and_server_info(srv, tiny_model_path):
     server = srv.get("/get_server_info").json()
     assert server["max_total_num_tokens"] == 16384 and server["port"] == int(srv.url.rsplit(":", 1)[1])
     assert server["kv_pool"]["total"] == 16384 and server["version"]
+
+
+def test_pool_stats_track_a_running_request_and_its_abort(srv):
+    info = srv.get("/get_server_info").json()
+    # the engine fields the server's pool view and gauges read (a rename would silently read as 0)
+    assert {"kv_used", "kv_free", "kv_evictable", "max_total_num_tokens", "num_running_reqs",
+            "num_waiting_reqs", "prompt_tokens", "cached_tokens"} <= set(info)
+    r = srv.post("/generate", {"text": "keep going", "sampling_params": {"max_new_tokens": 900, **GREEDY},
+                               "stream": True}, stream=True)
+    lines = r.iter_lines()
+    next(lines)
+    busy = srv.get("/get_server_info").json()
+    assert busy["kv_pool"]["used"] > 0 and busy["num_running_reqs"] == 1 and busy["num_inflight_requests"] == 1
+    assert 'sglang:num_running_reqs{model_name="tiny"} 1.0' in srv.get("/metrics").text
+    r.close()  # disconnect: the abort must release the request's KV
+    deadline = time.monotonic() + 10
+    while (info := srv.get("/get_server_info").json())["kv_pool"]["used"] or info["num_inflight_requests"]:
+        assert time.monotonic() < deadline, info["kv_pool"]
+        time.sleep(0.05)
+    assert info["kv_pool"]["free"] + info["kv_pool"]["cached"] == info["kv_pool"]["total"]
 
 
 def test_flush_cache_and_health(srv):
