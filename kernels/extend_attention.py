@@ -7,6 +7,44 @@ import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_same_dtype, check_tensor
 from ._dispatch import on_device, triton_module
+from .decode_attention import length_groups
+
+
+SHORT_EXTEND = 32  # requests extending at most this many tokens are batched into one padded SDPA
+
+
+def _extend_short_padded(q, k_cache, v_cache, req_to_token, rows, prefix, ext, sm_scale):
+    """One padded, masked SDPA for a group of short extends (jump-forward appends, short prompts)."""
+    # q: [sum(ext), heads, head_dim] packed for this group only; returns o of the same shape
+    n, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    group = heads // kv_heads
+    b, max_ext = len(ext), max(ext)
+    dev = q.device
+    ext_t = torch.tensor(ext, device=dev)
+    seq = torch.tensor(prefix, device=dev) + ext_t  # [b]
+    max_len = int(seq.max())
+    starts = torch.cumsum(ext_t, 0) - ext_t
+    j = torch.arange(max_ext, device=dev)
+    q_valid = j[None, :] < ext_t[:, None]  # [b, max_ext]
+    q_idx = torch.where(q_valid, starts[:, None] + j[None, :], torch.zeros_like(q_valid, dtype=torch.long))
+    qp = q.to(torch.float32)[q_idx.reshape(-1)].view(b, max_ext, kv_heads, group, head_dim)
+    qp = qp.permute(0, 2, 3, 1, 4).reshape(b, kv_heads, group * max_ext, head_dim)
+    pos = torch.arange(max_len, device=dev)
+    k_valid = pos[None, :] < seq[:, None]  # [b, max_len]
+    slots = req_to_token[torch.tensor(rows, device=dev), :max_len].long()
+    slots = torch.where(k_valid, slots, torch.zeros_like(slots)).reshape(-1)
+    k = k_cache.flatten(1).index_select(0, slots).view(b, max_len, kv_heads, head_dim)
+    v = v_cache.flatten(1).index_select(0, slots).view(b, max_len, kv_heads, head_dim)
+    k = k.to(torch.float32).permute(0, 2, 1, 3)  # [b, kv_heads, max_len, head_dim]
+    v = v.to(torch.float32).permute(0, 2, 1, 3)
+    # query j of request i sits at absolute position prefix_i + j and sees keys 0..prefix_i + j
+    q_pos = (seq - ext_t)[:, None] + j[None, :]  # [b, max_ext]
+    mask = (pos[None, None, :] <= q_pos[:, :, None]) & k_valid[:, None, :]  # [b, max_ext, max_len]
+    mask = mask.repeat(1, group, 1)[:, None]  # rows ordered (group, j): [b, 1, group * max_ext, max_len]
+    o = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=sm_scale)
+    o = o.reshape(b, kv_heads, group, max_ext, head_dim).permute(0, 3, 1, 2, 4).reshape(b, max_ext, heads, head_dim)
+    return o[q_valid].to(q.dtype)
 
 
 def extend_attention_reference(
@@ -25,9 +63,25 @@ def extend_attention_reference(
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
     out = torch.empty_like(q)
+    rows_l, prefix_l, ext_l = req_pool_indices.tolist(), prefix_lens.tolist(), extend_lens.tolist()
+    short = [i for i, e in enumerate(ext_l) if 0 < e <= SHORT_EXTEND]
+    if len(short) > 1:
+        # many short extends: one padded SDPA per length group instead of one call per request
+        starts = [0] * len(ext_l)
+        for i in range(1, len(ext_l)):
+            starts[i] = starts[i - 1] + ext_l[i - 1]
+        for grp in length_groups([prefix_l[i] + ext_l[i] for i in short]):
+            idx = [short[g] for g in grp]
+            tok = torch.cat([torch.arange(starts[i], starts[i] + ext_l[i], device=q.device) for i in idx])
+            out[tok] = _extend_short_padded(q[tok], k_cache, v_cache, req_to_token, [rows_l[i] for i in idx],
+                                            [prefix_l[i] for i in idx], [ext_l[i] for i in idx], sm_scale)
+        done = set(short)
+    else:
+        done = set()
     start = 0
-    for row, prefix, ext in zip(req_pool_indices.tolist(), prefix_lens.tolist(), extend_lens.tolist()):
-        if ext == 0:
+    for i, (row, prefix, ext) in enumerate(zip(rows_l, prefix_l, ext_l)):
+        if ext == 0 or i in done:
+            start += ext
             continue
         total = prefix + ext
         slots = req_to_token[row, :total].long()

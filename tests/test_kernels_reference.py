@@ -200,3 +200,29 @@ def test_decode_attention_mixed_lengths_match_oracle():
         slots = pb.req_to_token[row, :n].long()
         want = naive_attention(q[i : i + 1], pb.k_cache[slots], pb.v_cache[slots], [n], 0.3)
         torch.testing.assert_close(o[i : i + 1].double(), want, atol=2e-5, rtol=2e-5)
+
+
+def test_short_extends_batched_path_equals_one_request_at_a_time():
+    """Many short extends go through one padded SDPA; it must equal running each request alone."""
+    from sglpy.kernels.extend_attention import SHORT_EXTEND, extend_attention_reference
+
+    torch.manual_seed(0)
+    heads, kv_heads, d = 6, 2, 16
+    prefix = [0, 5, 40, 3, 17, 90, 0]
+    ext = [1, 3, SHORT_EXTEND, 2, 50, 7, 4]  # one long extend takes the per-request path
+    slots_n = 512
+    k_cache, v_cache = torch.randn(slots_n, kv_heads, d), torch.randn(slots_n, kv_heads, d)
+    req_to_token = torch.zeros(len(ext), 256, dtype=torch.int32)
+    perm = torch.randperm(slots_n)
+    used = 0
+    for r, (p, e) in enumerate(zip(prefix, ext)):
+        req_to_token[r, : p + e] = perm[used: used + p + e].to(torch.int32)
+        used += p + e
+    q = torch.randn(sum(ext), heads, d)
+    t = lambda xs: torch.tensor(xs)  # noqa: E731
+    out = extend_attention_reference(q, k_cache, v_cache, req_to_token, t(list(range(len(ext)))), t(prefix), t(ext), 0.25)
+    start = 0
+    for r, (p, e) in enumerate(zip(prefix, ext)):
+        alone = extend_attention_reference(q[start:start + e], k_cache, v_cache, req_to_token, t([r]), t([p]), t([e]), 0.25)
+        torch.testing.assert_close(out[start:start + e], alone, rtol=1e-5, atol=1e-5)
+        start += e
