@@ -90,6 +90,14 @@ class Engine:
         outs = [w.result() for w in waits]
         return outs if is_batch else outs[0]
 
+    def generate_stream(self, prompt=None, sampling_params=None, **kwargs) -> Iterator[dict]:
+        """Yield {"delta": new text, "text": cumulative text, "output_ids", "meta_info"} per step."""
+        seen = ""
+        for chunk in self.generate(prompt, sampling_params, stream=True, **kwargs):
+            delta, seen = chunk["text"][len(seen):], chunk["text"]
+            if delta or chunk["meta_info"]["finish_reason"] is not None:
+                yield dict(chunk, delta=delta)
+
     async def async_generate(self, prompt=None, sampling_params=None, stream=False, **kwargs):
         """Asyncio variant of generate(); with stream=True returns an async iterator of chunks."""
         args = [kwargs.pop(k, d) for k, d in (("input_ids", None), ("return_logprob", False),

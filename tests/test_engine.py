@@ -100,6 +100,13 @@ def test_streaming_is_cumulative_and_ends_with_finish(engine):
     assert texts[-1] == engine.generate("Stream me", sp)["text"]
 
 
+def test_generate_stream_yields_deltas(engine):
+    sp = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
+    chunks = list(engine.generate_stream("Deltas please", sp))
+    assert "".join(c["delta"] for c in chunks) == chunks[-1]["text"] == engine.generate("Deltas please", sp)["text"]
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
 def test_async_generate_and_stream(engine):
     async def main():
         sp = {"max_new_tokens": 5, "temperature": 0}
