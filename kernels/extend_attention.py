@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_same_dtype, check_tensor
 from ._dispatch import on_device, triton_module
-from .decode_attention import length_groups
+from .decode_attention import gather_padded_kv, length_groups
 
 
 SHORT_EXTEND = 32  # requests extending at most this many tokens are batched into one padded SDPA
@@ -30,14 +30,8 @@ def _extend_short_padded(q, k_cache, v_cache, req_to_token, rows, prefix, ext, s
     q_idx = torch.where(q_valid, starts[:, None] + j[None, :], torch.zeros_like(q_valid, dtype=torch.long))
     qp = q.to(torch.float32)[q_idx.reshape(-1)].view(b, max_ext, kv_heads, group, head_dim)
     qp = qp.permute(0, 2, 3, 1, 4).reshape(b, kv_heads, group * max_ext, head_dim)
+    k, v, k_valid = gather_padded_kv(k_cache, v_cache, req_to_token, torch.tensor(rows, device=dev), seq, max_len)
     pos = torch.arange(max_len, device=dev)
-    k_valid = pos[None, :] < seq[:, None]  # [b, max_len]
-    slots = req_to_token[torch.tensor(rows, device=dev), :max_len].long()
-    slots = torch.where(k_valid, slots, torch.zeros_like(slots)).reshape(-1)
-    k = k_cache.flatten(1).index_select(0, slots).view(b, max_len, kv_heads, head_dim)
-    v = v_cache.flatten(1).index_select(0, slots).view(b, max_len, kv_heads, head_dim)
-    k = k.to(torch.float32).permute(0, 2, 1, 3)  # [b, kv_heads, max_len, head_dim]
-    v = v.to(torch.float32).permute(0, 2, 1, 3)
     # query j of request i sits at absolute position prefix_i + j and sees keys 0..prefix_i + j
     q_pos = (seq - ext_t)[:, None] + j[None, :]  # [b, max_ext]
     mask = (pos[None, None, :] <= q_pos[:, :, None]) & k_valid[:, None, :]  # [b, max_ext, max_len]
