@@ -12,6 +12,7 @@ Rules (documented in docs/constrained.md):
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,9 @@ class ConstrainedDecoding:
         self.tokenizer = tokenizer
         info = TokenizerInfo.from_hf(tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos_ids))
         self.compiler = GrammarCompiler(info)
+        # the per-tokenizer tables (token trie, ~1-2 s at 49k tokens) are built in the background
+        # so the first constrained request does not pay for them
+        threading.Thread(target=self.compiler.warmup, name="sglpy-grammar-warmup", daemon=True).start()
         self.jump_forward_enabled = jump_forward
         self.words = (vocab_size + 31) // 32
         # seconds spent on grammar work inside the step loop (benchmarks report it as a share of step time)
