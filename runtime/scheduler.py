@@ -137,19 +137,21 @@ class Scheduler:
 
     def _schedule_decode(self, aborted: list[Req]) -> list[BatchEntry]:
         entries = []
+        # oldest first; the victim is always the newest running request, which is scheduled last, so a
+        # preempted request never holds a slot allocated this step (its KV would be unwritten)
         for req in sorted((r for r in self.running if r.pending == 1), key=lambda r: r.arrival):
             if req not in self.running:  # preempted below to make room
                 continue
             while not self._grow(req, 1):
-                victims = [r for r in self.running if r is not req]
-                if not victims:
+                victim = max(self.running, key=lambda r: r.arrival)
+                if victim is req and len(self.running) == 1:
                     req.finish_reason = FinishReason("abort", message="KV pool too small for this request")
                     self.remove(req)
                     aborted.append(req)
                     break
-                victim = max(victims, key=lambda r: r.arrival)  # newest first
-                entries = [e for e in entries if e.req is not victim]
                 self.preempt(victim)
+                if victim is req:
+                    break
             else:
                 entries.append(BatchEntry(req, req.kv_len - 1, 1, sample=True))
         return entries

@@ -83,3 +83,36 @@ def test_flush_refused_while_running(engines):
     on.abort("busy")
     list(gen)
     assert on.flush_cache() is True
+
+
+
+def test_pool_pressure_preempts_the_newest_and_caches_only_computed_kv():
+    """Short of slots, the newest running request yields; only its computed KV reaches the cache."""
+    import torch
+
+    from sglpy.runtime.config import EngineConfig, SamplingParams
+    from sglpy.runtime.kv_pool import KVPool, ReqToTokenPool
+    from sglpy.runtime.radix_cache import RadixCache
+    from sglpy.runtime.request import Req, ReqStatus
+    from sglpy.runtime.scheduler import Scheduler
+
+    pool = KVPool(1, 7, 1, 1, torch.float32, torch.device("cpu"))
+    rows = ReqToTokenPool(4, 64, torch.device("cpu"))
+    cache = RadixCache()
+    sched = Scheduler(EngineConfig(), pool, rows, cache, max_context=64)
+    reqs = []
+    for ids, out in (([1, 2, 3], [4]), ([5, 6, 7], [8])):  # KV holds the prompt; the sampled token is pending
+        r = Req(rid=str(ids[0]), input_ids=ids, sampling=SamplingParams(max_new_tokens=10), output_ids=out)
+        r.row = rows.alloc_row()
+        r.slots = pool.alloc(3).slots
+        rows.write(r.row, 0, r.slots)
+        r.status = ReqStatus.RUNNING
+        sched.running.append(r)
+        reqs.append(r)
+    older, newer = reqs
+    batch = sched.schedule()  # one free slot: the older request takes it, the newer one is preempted
+    assert [e.req for e in batch.entries] == [older]
+    assert newer in sched.waiting and newer.kv_len == 0 and newer.num_preemptions == 1
+    # only the three computed tokens of the preempted request are cached, never its pending token
+    assert cache.peek_prefix_len([5, 6, 7, 8]) == 3
+    sched.check_invariants()
