@@ -262,7 +262,8 @@ class Engine:
             self.stats["step_s"] += time.perf_counter() - t0
         self._emit_finished(finished)
         for e in batch.entries[batch.num_decode:]:
-            if not e.req.finished:
+            # publish prompt KV for sharing; output KV stays request-owned so jump-forward can roll it back
+            if not e.req.finished and e.prefix_len < len(e.req.input_ids):
                 self.scheduler.cache_unfinished(e.req)
         for e in batch.entries:
             r = e.req
