@@ -127,6 +127,10 @@ class Engine:
         """Config, pool/cache sizes, queue lengths and counters."""
         return self._call(self._info)
 
+    def is_alive(self) -> bool:
+        """True while the step loop thread runs (the server's watchdog polls this)."""
+        return self._thread.is_alive()
+
     def shutdown(self) -> None:
         """Abort everything and stop the loop thread."""
         if not self._stopped:
