@@ -140,9 +140,19 @@ class RadixCache:
         node = self._namespace(extra_key, create=False)
         if node is None:
             return MatchResult([], self.root)
-        now = next(self._clock)
-        node.last_access_time = now
+        path, _ = self._walk(node, tokens, next(self._clock))
         slots: list[int] = []
+        for child in path:
+            slots.extend(child.value)
+        return MatchResult(slots, path[-1] if path else node)
+
+    def _walk(self, node: TreeNode, tokens: list[int], now: int) -> tuple[list[TreeNode], int]:
+        """Follow ``tokens`` down from ``node``, splitting a partially matched edge and touching LRU.
+
+        Returns the fully matched nodes below ``node`` (in order) and the number of tokens they cover.
+        """
+        node.last_access_time = now
+        path: list[TreeNode] = []
         pos = 0
         while pos < len(tokens):
             child = node.children.get(tokens[pos])
@@ -152,10 +162,10 @@ class RadixCache:
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access_time = now
-            slots.extend(child.value)
+            path.append(child)
             pos += n
             node = child
-        return MatchResult(slots, node)
+        return path, pos
 
     def peek_prefix(self, tokens: Sequence[int], extra_key: Hashable = None) -> PeekResult:
         """Read-only match (no split, no LRU update), for scheduling decisions."""
@@ -198,25 +208,13 @@ class RadixCache:
         if not tokens:
             ns = self._namespace(extra_key, create=False)
             return InsertResult(0, [], ns if ns is not None else self.root)
-        node = self._namespace(extra_key, create=True)
+        ns = self._namespace(extra_key, create=True)
         now = next(self._clock)
-        node.last_access_time = now
-        duplicates: list[int] = []
-        pos = 0
-        while pos < len(tokens):
-            child = node.children.get(tokens[pos])
-            if child is None:
-                break
-            n = _common_len(child.key, tokens, pos)
-            if n < len(child.key):
-                child = self._split(child, n)
-            child.last_access_time = now
-            for mine, theirs in zip(slots[pos : pos + n], child.value):
-                if mine != theirs:
-                    duplicates.append(mine)
-            pos += n
-            node = child
-        already = pos
+        path, already = self._walk(ns, tokens, now)
+        cached = [slot for child in path for slot in child.value]
+        duplicates = [mine for mine, theirs in zip(slots, cached) if mine != theirs]
+        node = path[-1] if path else ns
+        pos = already
         if pos < len(tokens):
             leaf = TreeNode(key=tokens[pos:], value=slots[pos:], parent=node, last_access_time=now)
             node.children[tokens[pos]] = leaf
