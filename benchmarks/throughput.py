@@ -114,7 +114,7 @@ def main():
     torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
 
-    from sglpy.runtime.model_loader import resolve_model_path
+    from sglpy.runtime.model.loader import resolve_model_path
 
     path = resolve_model_path(None)
     tok = AutoTokenizer.from_pretrained(path)

@@ -86,12 +86,14 @@ def test_wheel_builds_and_imports_outside_repo(tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheels[0])],
                    check=True, capture_output=True, text=True)
-    for pkg in ("runtime", "runtime/models", "grammar", "kernels"):
+    for pkg in ("runtime", "runtime/engine", "runtime/memory", "runtime/model", "runtime/server", "runtime/testing",
+                "grammar", "kernels"):
         assert (target / "sglpy" / pkg / "__init__.py").exists(), f"wheel lacks sglpy/{pkg}"
     assert not (target / "runtime").exists(), "runtime/ must not install as a top-level package"
     code = (
-        "import sglpy, sglpy.runtime, sglpy.grammar, sglpy.kernels, sglpy.runtime.models\n"
-        "import sglpy.runtime.engine, sglpy.runtime.server\n"
+        "import sglpy, sglpy.runtime, sglpy.grammar, sglpy.kernels, sglpy.runtime.model\n"
+        "import sglpy.runtime.engine, sglpy.runtime.server, sglpy.runtime.testing.fake_engine\n"
+        "from sglpy.runtime.engine import Engine\n"
         f"assert sglpy.runtime.__file__.startswith({str(target)!r}), sglpy.runtime.__file__\n"
         f"assert sglpy.grammar.__file__.startswith({str(target)!r}), sglpy.grammar.__file__\n"
         "print('ok')\n"

@@ -1,0 +1,219 @@
+"""Continuous batching: admits waiting requests, grows KV, preempts, and hands KV to the radix cache."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ..config import EngineConfig
+from ..model.runner import BatchEntry
+from ..memory.kv_pool import KVPool, ReqToTokenPool
+from ..memory.radix_cache import RadixCache
+from ..core import FinishReason, Req, ReqStatus
+from .schedule_policy import order_waiting, split_in_batch_sharing
+
+logger = logging.getLogger(__name__)
+
+NEW_TOKEN_RATIO = 0.25  # share of running requests' remaining output budget kept free at admission
+RESERVE_CAP = 256  # per-request cap on that reserve
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    """One step's work: decode entries first (one token each), then extend entries."""
+
+    entries: list[BatchEntry]
+    num_decode: int
+    aborted: list[Req]  # requests dropped while scheduling (e.g. can never fit); to be emitted
+
+
+class Scheduler:
+    """Owns the waiting queue and running set; every KV slot moves through here."""
+
+    def __init__(self, cfg: EngineConfig, pool: KVPool, rows: ReqToTokenPool, cache: RadixCache,
+                 max_context: int):
+        self.cfg = cfg
+        self.pool, self.rows, self.cache = pool, rows, cache
+        self.max_context = max_context
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.total_retractions = 0
+
+    # -------------------------------------------------------------- queue ops
+    def add(self, req: Req) -> None:
+        """Queue a new request."""
+        req.status = ReqStatus.WAITING
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        """Anything waiting or running."""
+        return bool(self.waiting or self.running)
+
+    def remove(self, req: Req) -> None:
+        """Drop a finished/aborted request: its KV goes to the cache (or the free list)."""
+        if req in self.running:
+            self.running.remove(req)
+            self._release_kv(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+            self._release_kv(req)
+        req.status = ReqStatus.FINISHED
+
+    # -------------------------------------------------------------- KV ownership
+    def _alloc(self, n: int):
+        res = self.pool.alloc(n)
+        if not res.ok and self.cache.evictable_size > 0:
+            self.cache.evict(n - self.pool.available(), self.pool.free)
+            res = self.pool.alloc(n)
+        return res
+
+    def _available(self) -> int:
+        return self.pool.available() + self.cache.evictable_size
+
+    def _release_kv(self, req: Req) -> None:
+        """Insert the computed KV into the cache, free duplicates, unlock, release the row."""
+        if req.slots:
+            kv_tokens = req.all_ids[: req.kv_len]
+            res = self.cache.insert(kv_tokens, req.slots, req.extra_key)
+            if res.duplicate_slots:
+                self.pool.free(res.duplicate_slots)
+        if req.cache_node is not None:
+            self.cache.unlock(req.cache_node)
+        req.cache_node, req.slots, req.locked_len = None, [], 0
+        if req.row is not None:
+            self.rows.free_row(req.row)
+            req.row = None
+
+    def _match(self, req: Req) -> None:
+        """Reuse the longest cached prefix; always recompute the last token (its logits are needed)."""
+        limit = req.seq_len - 1
+        if req.wants_input_logprobs():
+            limit = min(limit, max(req.logprob_start_len - 1, 0))
+        m = self.cache.match_prefix(req.all_ids[:limit], req.extra_key)
+        self.cache.lock(m.node)
+        req.cache_node, req.slots, req.locked_len = m.node, list(m.slots), len(m.slots)
+        if req.num_preemptions == 0:
+            req.cached_tokens = len(m.slots)
+
+    def cache_unfinished(self, req: Req) -> None:
+        """After a prefill chunk: publish the request's KV in the cache so waiting requests can share it."""
+        if self.cache.disable or not req.slots or req.locked_len == req.kv_len:
+            return
+        res = self.cache.cache_unfinished(req.all_ids[: req.kv_len], req.slots, req.cache_node, req.extra_key)
+        if res.duplicate_slots:
+            self.pool.free(res.duplicate_slots)  # identical KV computed twice: keep the tree's copy
+        req.cache_node, req.slots = res.node, list(res.slots)
+        req.locked_len = len(req.slots)
+        self.rows.write(req.row, 0, req.slots)
+
+    def preempt(self, req: Req) -> None:
+        """Return a running request to the front of the queue; its KV stays reusable in the cache."""
+        self.running.remove(req)
+        self._release_kv(req)
+        req.num_preemptions += 1
+        self.total_retractions += 1
+        req.status = ReqStatus.WAITING
+        self.waiting.insert(0, req)
+        logger.info("preempted %s (kv pool short), %d running", req.rid, len(self.running))
+
+    # -------------------------------------------------------------- scheduling
+    def schedule(self) -> ScheduledBatch | None:
+        """Pick this step's work: every decodable running request plus prefill chunks within budget."""
+        aborted: list[Req] = []
+        decode = self._schedule_decode(aborted)
+        extend = self._schedule_extend(aborted)
+        entries = decode + extend
+        if not entries and not aborted:
+            return None
+        return ScheduledBatch(entries, len(decode), aborted)
+
+    def _grow(self, req: Req, n: int) -> bool:
+        res = self._alloc(n)
+        if not res.ok:
+            return False
+        self.rows.write(req.row, req.kv_len, res.slots)
+        req.slots.extend(res.slots)
+        return True
+
+    def _schedule_decode(self, aborted: list[Req]) -> list[BatchEntry]:
+        entries = []
+        # oldest first; the victim is always the newest running request, which is scheduled last, so a
+        # preempted request never holds a slot allocated this step (its KV would be unwritten)
+        for req in sorted((r for r in self.running if r.pending == 1), key=lambda r: r.arrival):
+            if req not in self.running:  # preempted below to make room
+                continue
+            while not self._grow(req, 1):
+                victim = max(self.running, key=lambda r: r.arrival)
+                if victim is req and len(self.running) == 1:
+                    req.finish_reason = FinishReason("abort", message="KV pool too small for this request")
+                    self.remove(req)
+                    aborted.append(req)
+                    break
+                self.preempt(victim)
+                if victim is req:
+                    break
+            else:
+                entries.append(BatchEntry(req, req.kv_len - 1, 1, sample=True))
+        return entries
+
+    def _schedule_extend(self, aborted: list[Req]) -> list[BatchEntry]:
+        budget = self.cfg.max_prefill_tokens
+        entries = []
+        # running requests mid-prefill (chunked) or after a jump-forward come first
+        for req in sorted((r for r in self.running if r.pending > 1), key=lambda r: r.arrival):
+            if budget <= 0:
+                break
+            n = min(req.pending, self.cfg.chunked_prefill_size, budget)
+            if not self._grow(req, n):
+                break
+            entries.append(self._entry(req, n))
+            budget -= n
+        if budget <= 0 or not self.waiting:
+            return entries
+        reserve = sum(min(max(r.sampling.max_new_tokens - len(r.output_ids), 0), RESERVE_CAP)
+                      for r in self.running) * NEW_TOKEN_RATIO
+        ordered = order_waiting(self.cfg.schedule_policy, self.waiting, self.cache)
+        # requests sharing an uncached prefix with one ahead of them wait a round and then hit the cache
+        for req in split_in_batch_sharing(ordered, self.cache).first:
+            if budget <= 0 or self.rows.available() == 0:
+                break
+            if req.seq_len >= self.pool.num_slots:
+                req.finish_reason = FinishReason("abort", message=f"request needs {req.seq_len + 1} KV slots, pool has {self.pool.num_slots}")
+                self.waiting.remove(req)
+                req.status = ReqStatus.FINISHED
+                aborted.append(req)
+                continue
+            peek = self.cache.peek_prefix_len(req.all_ids[: req.seq_len - 1], req.extra_key)
+            need = min(req.seq_len - peek, self.cfg.chunked_prefill_size, budget)
+            if self._available() - need < reserve and self.running:
+                break
+            self._match(req)
+            n = min(req.pending, self.cfg.chunked_prefill_size, budget)
+            req.row = self.rows.alloc_row()
+            self.rows.write(req.row, 0, req.slots)
+            if not self._grow(req, n):
+                self._release_kv(req)
+                break
+            self.waiting.remove(req)
+            self.running.append(req)
+            req.status = ReqStatus.RUNNING
+            entries.append(self._entry(req, n))
+            budget -= n
+            reserve += min(req.sampling.max_new_tokens, RESERVE_CAP) * NEW_TOKEN_RATIO
+        return entries
+
+    @staticmethod
+    def _entry(req: Req, n: int) -> BatchEntry:
+        prefix = req.kv_len - n
+        reaches_end = prefix + n == req.seq_len
+        return BatchEntry(req, prefix, n, sample=reaches_end and req.sampling.max_new_tokens > 0)
+
+    # -------------------------------------------------------------- accounting
+    def check_invariants(self) -> None:
+        """free + evictable + protected + request-owned slots == pool size (debug / tests)."""
+        owned = sum(len(r.slots) - r.locked_len for r in self.running)
+        total = self.pool.available() + self.cache.evictable_size + self.cache.protected_size + owned
+        if total != self.pool.num_slots:
+            raise AssertionError(
+                f"KV accounting broken: free {self.pool.available()} + evictable {self.cache.evictable_size}"
+                f" + protected {self.cache.protected_size} + owned {owned} != {self.pool.num_slots}")
