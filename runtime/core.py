@@ -1,4 +1,4 @@
-"""The one request object that flows through scheduler, model runner, sampler and output."""
+"""Core types: Req (the one request object that flows through scheduler, runner, sampler and output) and the batch types."""
 
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .config import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 _arrival = itertools.count()
 
@@ -116,3 +119,32 @@ class Req:
     def wants_input_logprobs(self) -> bool:
         """Prompt-token logprobs requested (logprob_start_len >= 0)."""
         return self.return_logprob and self.logprob_start_len >= 0 and not self.input_logprobs_done
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """One request's part of a forward: extend KV from prefix_len by extend_len tokens."""
+
+    req: Req
+    prefix_len: int
+    extend_len: int
+    sample: bool  # this forward reaches the sequence end: sample the next token
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    """Logits rows and, per entry, which rows belong to it (input-logprob rows, then the sample row)."""
+
+    logits: torch.Tensor  # [m, vocab] float32
+    input_rows: list[range]  # rows scoring prompt positions (empty range when not requested)
+    input_first_pos: list[int]  # absolute prompt position scored by the first input row
+    sample_row: list[int | None]  # row to sample from, or None
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    """One step's work: decode entries first (one token each), then extend entries."""
+
+    entries: list[BatchEntry]
+    num_decode: int
+    aborted: list[Req]  # requests dropped while scheduling (e.g. can never fit); to be emitted

@@ -1,6 +1,6 @@
 """Constrained decoding in the engine: grammar masks for the sampler, guide advance, jump-forward.
 
-Rules (documented in docs/constrained.md):
+Rules (docs/runtime.md, "Constrained decoding and jump-forward"):
 - EOS is allowed only in accepting guide states; a request ends when EOS is sampled in an accepting
   state or when the guide accepts and nothing more can follow (finish_reason stop, matched None).
 - The constraint wins over min_new_tokens: a complete match may end before min_new_tokens.
@@ -22,7 +22,7 @@ import torch
 
 from sglpy.grammar import GrammarCompiler, Guide, TokenizerInfo
 from .detokenizer import IncrementalDetokenizer
-from .output import append_text
+from .stops import append_text
 from ..core import FinishReason, Req, TokenLogprob
 
 logger = logging.getLogger(__name__)
@@ -81,8 +81,13 @@ class ConstrainedDecoding:
         self.stats["advance_s"] += time.perf_counter() - t
         return FinishReason("stop", matched=None) if done else None
 
+    def attach(self, req: Req, guide: Guide) -> None:
+        """Give a new request its guide state; a forced opening becomes output tokens before the first forward."""
+        req.grammar = GuideState(guide, guide.initial_state)
+        self._initial_jump(req)
+
     # ------------------------------------------------------------------ jump-forward
-    def initial_jump(self, req: Req) -> None:
+    def _initial_jump(self, req: Req) -> None:
         """Before the first forward: a forced opening (e.g. '{"') becomes output tokens prefilled with the prompt."""
         g = req.grammar
         if not self.jump_forward_enabled or g is None or req.sampling.max_new_tokens == 0:

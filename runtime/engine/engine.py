@@ -13,12 +13,12 @@ from typing import Any, Iterator
 import torch
 
 from ..config import EngineConfig, SamplingParams
-from .constrained import GuideState
 from .detokenizer import IncrementalDetokenizer
 from .request_builder import RequestSpec, normalize_request
 from ..model.loader import resolve_model_path
 from ..model.runner import ModelRunner
-from .output import OutputProcessor, build_output
+from .output import build_output
+from .processor import OutputProcessor
 from ..memory.radix_cache import RadixCache
 from ..core import FinishReason, Req
 from .sampler import Sampler
@@ -153,8 +153,7 @@ class Engine:
         req.detok = IncrementalDetokenizer(self.tokenizer, spec.input_ids, s.skip_special_tokens,
                                            s.spaces_between_special_tokens)
         if spec.guide is not None:
-            req.grammar = GuideState(spec.guide, spec.guide.initial_state)
-            self.constrained.initial_jump(req)
+            self.constrained.attach(req, spec.guide)
         return req
 
     def _submit(self, spec: RequestSpec, stream: bool) -> Future:

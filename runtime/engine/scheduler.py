@@ -3,28 +3,17 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from ..config import EngineConfig
-from ..model.runner import BatchEntry
 from ..memory.kv_pool import KVPool, ReqToTokenPool
 from ..memory.radix_cache import RadixCache
-from ..core import FinishReason, Req, ReqStatus
+from ..core import BatchEntry, FinishReason, Req, ReqStatus, ScheduledBatch
 from .schedule_policy import order_waiting, split_in_batch_sharing
 
 logger = logging.getLogger(__name__)
 
 NEW_TOKEN_RATIO = 0.25  # share of running requests' remaining output budget kept free at admission
 RESERVE_CAP = 256  # per-request cap on that reserve
-
-
-@dataclass(frozen=True)
-class ScheduledBatch:
-    """One step's work: decode entries first (one token each), then extend entries."""
-
-    entries: list[BatchEntry]
-    num_decode: int
-    aborted: list[Req]  # requests dropped while scheduling (e.g. can never fit); to be emitted
 
 
 class Scheduler:

@@ -1,7 +1,8 @@
-"""Find model folders: any HF causal-LM folder, or the embedded default GGUF converted once to safetensors."""
+"""Model folders and weights: find an HF causal-LM folder (or convert the embedded GGUF once), load its weights."""
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.util
 import json
@@ -11,6 +12,12 @@ import pathlib
 import shutil
 import tempfile
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from .llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -95,3 +102,31 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> str:
         if not is_hf_folder(out_dir):
             convert_gguf(gguf, out_dir)
     return str(out_dir)
+
+
+def load_model(path: str, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+    """Build our model for the HF folder at `path` and load its safetensors weights."""
+    import torch  # here, not at the top: finding folders must stay light (the fake engine imports this module)
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from .llama import LlamaForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    state: dict[str, torch.Tensor] = {}
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise ValueError(f"no *.safetensors in {path}")
+    for f in files:
+        state.update(load_file(f))
+    state = {k: v for k, v in state.items() if "rotary_emb" not in k}
+    if model.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise ValueError(f"weights of {path} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.fuse_projections()
+    return model.eval()

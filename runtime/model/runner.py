@@ -1,65 +1,16 @@
-"""Loads weights into our model, owns the KV pool, and turns a scheduled batch into one forward."""
+"""Runs the model: owns the loaded model and the KV pool, and turns a scheduled batch into one forward."""
 
 from __future__ import annotations
-
-import glob
-import os
-from dataclasses import dataclass
 
 import torch
 
 from ..config import EngineConfig
-from .forward_batch import ForwardBatch
+from ..core import BatchEntry, ForwardOutput
 from ..memory.kv_pool import KVPool, ReqToTokenPool
-from .llama import LlamaForCausalLM
-from ..core import Req
+from .forward_batch import ForwardBatch
+from .loader import load_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def load_model(path: str, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
-    """Build our model for the HF folder at `path` and load its safetensors weights."""
-    from safetensors.torch import load_file
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(path)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    state: dict[str, torch.Tensor] = {}
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise ValueError(f"no *.safetensors in {path}")
-    for f in files:
-        state.update(load_file(f))
-    state = {k: v for k, v in state.items() if "rotary_emb" not in k}
-    if model.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    if missing or unexpected:
-        raise ValueError(f"weights of {path} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    model.fuse_projections()
-    return model.eval()
-
-
-@dataclass(frozen=True)
-class BatchEntry:
-    """One request's part of a forward: extend KV from prefix_len by extend_len tokens."""
-
-    req: Req
-    prefix_len: int
-    extend_len: int
-    sample: bool  # this forward reaches the sequence end: sample the next token
-
-
-@dataclass(frozen=True)
-class ForwardOutput:
-    """Logits rows and, per entry, which rows belong to it (input-logprob rows, then the sample row)."""
-
-    logits: torch.Tensor  # [m, vocab] float32
-    input_rows: list[range]  # rows scoring prompt positions (empty range when not requested)
-    input_first_pos: list[int]  # absolute prompt position scored by the first input row
-    sample_row: list[int | None]  # row to sample from, or None
 
 
 class ModelRunner:

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from sglpy.runtime.config import EngineConfig, SamplingParams
-from sglpy.runtime.core import Req
-from sglpy.runtime.model.runner import BatchEntry, ModelRunner
+from sglpy.runtime.core import BatchEntry, Req
+from sglpy.runtime.model.runner import ModelRunner
 
 
 def our_logits(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Tensor]:
