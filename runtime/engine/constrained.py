@@ -24,6 +24,7 @@ from sglpy.grammar import GrammarCompiler, Guide, TokenizerInfo
 from .detokenizer import IncrementalDetokenizer
 from .stops import append_text
 from ..core import FinishReason, Req, TokenLogprob
+from ..memory.kv_manager import KVManager
 
 logger = logging.getLogger(__name__)
 
@@ -104,17 +105,17 @@ class ConstrainedDecoding:
             g.state = res.new_state
             self._retext(req)
 
-    def jump_forward(self, reqs: list[Req], scheduler) -> list[Req]:
+    def jump_forward(self, reqs: list[Req], kv: KVManager) -> list[Req]:
         """Append forced strings to running constrained requests; returns those that finished by it."""
         finished = []
         if not self.jump_forward_enabled:
             return finished
         t = time.perf_counter()
-        self._jump_all(reqs, scheduler, finished)
+        self._jump_all(reqs, kv, finished)
         self.stats["jump_s"] += time.perf_counter() - t
         return finished
 
-    def _jump_all(self, reqs: list[Req], scheduler, finished: list[Req]) -> None:
+    def _jump_all(self, reqs: list[Req], kv: KVManager, finished: list[Req]) -> None:
         for req in reqs:
             g = req.grammar
             if g is None or req.finished or req.pending != 1:
@@ -127,11 +128,8 @@ class ConstrainedDecoding:
                 continue
             keep = len(req.output_ids) - res.rollback
             new_kv = min(req.kv_len, len(req.input_ids) + keep)
-            if new_kv < req.locked_len:
+            if not kv.rollback(req, new_kv):
                 continue  # the tokens to replace are owned by the radix cache: skip this jump
-            if new_kv < req.kv_len:
-                scheduler.pool.free(req.slots[new_kv:])
-                del req.slots[new_kv:]
             if res.rollback:
                 self.stats["rollbacks"] += 1
             del req.output_ids[keep:]

@@ -19,6 +19,8 @@ from ..model.loader import resolve_model_path
 from ..model.runner import ModelRunner
 from .output import build_output
 from .processor import OutputProcessor
+from ..memory.kv_manager import KVManager
+from ..memory.kv_pool import KVPool, ReqToTokenPool
 from ..memory.radix_cache import RadixCache
 from ..core import FinishReason, Req
 from .sampler import Sampler
@@ -41,8 +43,11 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.runner = ModelRunner(cfg, self.model_path)
         self.max_context = self.runner.max_context
-        self.cache = RadixCache(disable=cfg.disable_radix_cache)
-        self.scheduler = Scheduler(cfg, self.runner.kv, self.runner.req_pool, self.cache, self.max_context)
+        r = self.runner
+        self.kv = KVManager(KVPool(r.num_layers, cfg.max_total_tokens, r.num_kv_heads, r.head_dim, r.dtype, r.device),
+                            ReqToTokenPool(cfg.max_running_requests, self.max_context, r.device),
+                            RadixCache(disable=cfg.disable_radix_cache))
+        self.scheduler = Scheduler(cfg, self.kv, self.max_context)
         self.eos_ids = self._eos_ids()
         from .constrained import ConstrainedDecoding
 
@@ -252,9 +257,9 @@ class Engine:
         finished = list(batch.aborted)
         if batch.entries:
             try:
-                out = self.runner.forward(batch.entries, batch.num_decode)
+                out = self.runner.forward(batch.entries, batch.num_decode, self.kv.buffers)
                 finished += self.processor.process(batch.entries, out)
-                finished += self.constrained.jump_forward([e.req for e in batch.entries], self.scheduler)
+                finished += self.constrained.jump_forward([e.req for e in batch.entries], self.kv)
             except Exception as e:  # noqa: BLE001 - one bad batch must not kill the engine
                 logger.exception("step failed; aborting its requests")
                 for entry in batch.entries:
@@ -274,7 +279,6 @@ class Engine:
                 r.on_output(r, False)
         if self.config.debug_invariants:
             self.scheduler.check_invariants()
-            self.cache.check_invariants()
 
     def _emit_finished(self, reqs: list[Req]) -> None:
         for r in reqs:
@@ -297,21 +301,20 @@ class Engine:
     def _flush(self) -> bool:
         if self.scheduler.has_work():
             return False
-        self.cache.reset()
-        self.runner.kv.reset()
+        self.kv.flush()
         return True
 
     def _info(self) -> dict:
-        pool = self.runner.kv
+        kv = self.kv.stats()
         info = {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}
         info.update({
             "model_path": self.model_path,
-            "max_total_num_tokens": pool.num_slots,
+            "max_total_num_tokens": kv.total,
             "max_context_len": self.max_context,
-            "kv_free": pool.available(),
-            "kv_evictable": self.cache.evictable_size,
-            "kv_protected": self.cache.protected_size,
-            "kv_used": pool.num_slots - pool.available() - self.cache.evictable_size,
+            "kv_free": kv.free,
+            "kv_evictable": kv.evictable,
+            "kv_protected": kv.protected,
+            "kv_used": kv.used,
             "num_running_reqs": len(self.scheduler.running),
             "num_waiting_reqs": len(self.scheduler.waiting),
             "total_retractions": self.scheduler.total_retractions,

@@ -72,8 +72,8 @@ def normalize_request(engine, prompt, sampling_params, input_ids, return_logprob
             raise ValueError(f"token id(s) {bad[:5]} outside the vocabulary [0, {vocab})")
         if len(ids) >= engine.max_context:
             raise ValueError(f"prompt has {len(ids)} tokens; the model's context is {engine.max_context}")
-        if len(ids) >= engine.runner.kv.num_slots:
-            raise ValueError(f"prompt has {len(ids)} tokens; the KV pool holds {engine.runner.kv.num_slots}")
+        if len(ids) >= engine.kv.num_slots:
+            raise ValueError(f"prompt has {len(ids)} tokens; the KV pool holds {engine.kv.num_slots}")
         sp = SamplingParams.from_dict(sps[i])
         if sp.n != 1:
             raise ValueError("n > 1 is handled by the server/frontend: submit the prompt n times")

@@ -1,12 +1,11 @@
-"""Continuous batching: admits waiting requests, grows KV, preempts, and hands KV to the radix cache."""
+"""Continuous batching: admits waiting requests, grows their KV (asking the KV manager), and preempts."""
 
 from __future__ import annotations
 
 import logging
 
 from ..config import EngineConfig
-from ..memory.kv_pool import KVPool, ReqToTokenPool
-from ..memory.radix_cache import RadixCache
+from ..memory.kv_manager import KVManager
 from ..core import BatchEntry, FinishReason, Req, ReqStatus, ScheduledBatch
 from .schedule_policy import order_waiting, split_in_batch_sharing
 
@@ -17,12 +16,11 @@ RESERVE_CAP = 256  # per-request cap on that reserve
 
 
 class Scheduler:
-    """Owns the waiting queue and running set; every KV slot moves through here."""
+    """Owns the waiting queue and the running set; asks the KV manager for every slot a request needs."""
 
-    def __init__(self, cfg: EngineConfig, pool: KVPool, rows: ReqToTokenPool, cache: RadixCache,
-                 max_context: int):
+    def __init__(self, cfg: EngineConfig, kv: KVManager, max_context: int):
         self.cfg = cfg
-        self.pool, self.rows, self.cache = pool, rows, cache
+        self.kv = kv
         self.max_context = max_context
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -42,63 +40,30 @@ class Scheduler:
         """Drop a finished/aborted request: its KV goes to the cache (or the free list)."""
         if req in self.running:
             self.running.remove(req)
-            self._release_kv(req)
+            self.kv.release(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-            self._release_kv(req)
+            self.kv.release(req)
         req.status = ReqStatus.FINISHED
 
-    # -------------------------------------------------------------- KV ownership
-    def _alloc(self, n: int):
-        res = self.pool.alloc(n)
-        if not res.ok and self.cache.evictable_size > 0:
-            self.cache.evict(n - self.pool.available(), self.pool.free)
-            res = self.pool.alloc(n)
-        return res
-
-    def _available(self) -> int:
-        return self.pool.available() + self.cache.evictable_size
-
-    def _release_kv(self, req: Req) -> None:
-        """Insert the computed KV into the cache, free duplicates, unlock, release the row."""
-        if req.slots:
-            kv_tokens = req.all_ids[: req.kv_len]
-            res = self.cache.insert(kv_tokens, req.slots, req.extra_key)
-            if res.duplicate_slots:
-                self.pool.free(res.duplicate_slots)
-        if req.cache_node is not None:
-            self.cache.unlock(req.cache_node)
-        req.cache_node, req.slots, req.locked_len = None, [], 0
-        if req.row is not None:
-            self.rows.free_row(req.row)
-            req.row = None
-
+    # -------------------------------------------------------------- KV (asked of the KV manager)
     def _match(self, req: Req) -> None:
         """Reuse the longest cached prefix; always recompute the last token (its logits are needed)."""
         limit = req.seq_len - 1
         if req.wants_input_logprobs():
             limit = min(limit, max(req.logprob_start_len - 1, 0))
-        m = self.cache.match_prefix(req.all_ids[:limit], req.extra_key)
-        self.cache.lock(m.node)
-        req.cache_node, req.slots, req.locked_len = m.node, list(m.slots), len(m.slots)
+        matched = self.kv.match_prefix(req, req.all_ids[:limit])
         if req.num_preemptions == 0:
-            req.cached_tokens = len(m.slots)
+            req.cached_tokens = matched
 
     def cache_unfinished(self, req: Req) -> None:
         """After a prefill chunk: publish the request's KV in the cache so waiting requests can share it."""
-        if self.cache.disable or not req.slots or req.locked_len == req.kv_len:
-            return
-        res = self.cache.cache_unfinished(req.all_ids[: req.kv_len], req.slots, req.cache_node, req.extra_key)
-        if res.duplicate_slots:
-            self.pool.free(res.duplicate_slots)  # identical KV computed twice: keep the tree's copy
-        req.cache_node, req.slots = res.node, list(res.slots)
-        req.locked_len = len(req.slots)
-        self.rows.write(req.row, 0, req.slots)
+        self.kv.cache_unfinished(req)
 
     def preempt(self, req: Req) -> None:
         """Return a running request to the front of the queue; its KV stays reusable in the cache."""
         self.running.remove(req)
-        self._release_kv(req)
+        self.kv.release(req)
         req.num_preemptions += 1
         self.total_retractions += 1
         req.status = ReqStatus.WAITING
@@ -116,14 +81,6 @@ class Scheduler:
             return None
         return ScheduledBatch(entries, len(decode), aborted)
 
-    def _grow(self, req: Req, n: int) -> bool:
-        res = self._alloc(n)
-        if not res.ok:
-            return False
-        self.rows.write(req.row, req.kv_len, res.slots)
-        req.slots.extend(res.slots)
-        return True
-
     def _schedule_decode(self, aborted: list[Req]) -> list[BatchEntry]:
         entries = []
         # oldest first; the victim is always the newest running request, which is scheduled last, so a
@@ -131,7 +88,7 @@ class Scheduler:
         for req in sorted((r for r in self.running if r.pending == 1), key=lambda r: r.arrival):
             if req not in self.running:  # preempted below to make room
                 continue
-            while not self._grow(req, 1):
+            while not self.kv.grow(req, 1):
                 victim = max(self.running, key=lambda r: r.arrival)
                 if victim is req and len(self.running) == 1:
                     req.finish_reason = FinishReason("abort", message="KV pool too small for this request")
@@ -153,7 +110,7 @@ class Scheduler:
             if budget <= 0:
                 break
             n = min(req.pending, self.cfg.chunked_prefill_size, budget)
-            if not self._grow(req, n):
+            if not self.kv.grow(req, n):
                 break
             entries.append(self._entry(req, n))
             budget -= n
@@ -161,27 +118,26 @@ class Scheduler:
             return entries
         reserve = sum(min(max(r.sampling.max_new_tokens - len(r.output_ids), 0), RESERVE_CAP)
                       for r in self.running) * NEW_TOKEN_RATIO
-        ordered = order_waiting(self.cfg.schedule_policy, self.waiting, self.cache)
+        ordered = order_waiting(self.cfg.schedule_policy, self.waiting, self.kv.cache)
         # requests sharing an uncached prefix with one ahead of them wait a round and then hit the cache
-        for req in split_in_batch_sharing(ordered, self.cache).first:
-            if budget <= 0 or self.rows.available() == 0:
+        for req in split_in_batch_sharing(ordered, self.kv.cache).first:
+            if budget <= 0 or not self.kv.has_free_row():
                 break
-            if req.seq_len >= self.pool.num_slots:
-                req.finish_reason = FinishReason("abort", message=f"request needs {req.seq_len + 1} KV slots, pool has {self.pool.num_slots}")
+            if req.seq_len >= self.kv.num_slots:
+                req.finish_reason = FinishReason("abort", message=f"request needs {req.seq_len + 1} KV slots, "
+                                                                  f"pool has {self.kv.num_slots}")
                 self.waiting.remove(req)
                 req.status = ReqStatus.FINISHED
                 aborted.append(req)
                 continue
-            peek = self.cache.peek_prefix_len(req.all_ids[: req.seq_len - 1], req.extra_key)
+            peek = self.kv.peek_prefix_len(req.all_ids[: req.seq_len - 1], req.extra_key)
             need = min(req.seq_len - peek, self.cfg.chunked_prefill_size, budget)
-            if self._available() - need < reserve and self.running:
+            if self.kv.available() - need < reserve and self.running:
                 break
             self._match(req)
             n = min(req.pending, self.cfg.chunked_prefill_size, budget)
-            req.row = self.rows.alloc_row()
-            self.rows.write(req.row, 0, req.slots)
-            if not self._grow(req, n):
-                self._release_kv(req)
+            if not self.kv.assign_row(req) or not self.kv.grow(req, n):
+                self.kv.release(req)
                 break
             self.waiting.remove(req)
             self.running.append(req)
@@ -199,10 +155,5 @@ class Scheduler:
 
     # -------------------------------------------------------------- accounting
     def check_invariants(self) -> None:
-        """free + evictable + protected + request-owned slots == pool size (debug / tests)."""
-        owned = sum(len(r.slots) - r.locked_len for r in self.running)
-        total = self.pool.available() + self.cache.evictable_size + self.cache.protected_size + owned
-        if total != self.pool.num_slots:
-            raise AssertionError(
-                f"KV accounting broken: free {self.pool.available()} + evictable {self.cache.evictable_size}"
-                f" + protected {self.cache.protected_size} + owned {owned} != {self.pool.num_slots}")
+        """KV accounting over the running requests (debug / tests): see KVManager.check_invariants."""
+        self.kv.check_invariants(self.running)

@@ -1,4 +1,7 @@
-"""Token-granular KV pool: K/V buffers, a slot free list, and the request-to-slot table."""
+"""Token-granular KV pool: K/V buffers, a slot free list, and the request-to-slot table.
+
+The underscore methods (alloc, free, reset, rows) are for memory/kv_manager.py alone: it is the one owner.
+"""
 
 from __future__ import annotations
 
@@ -24,34 +27,34 @@ class KVPool:
         # k_buffer, v_buffer: [layers, slots, kv_heads, head_dim]
         self.k_buffer = torch.zeros(num_layers, num_slots, kv_heads, head_dim, dtype=dtype, device=device)
         self.v_buffer = torch.zeros_like(self.k_buffer)
-        self._free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() hands out low slots first
+        self._free_slots: list[int] = list(range(num_slots - 1, -1, -1))  # pop() hands out low slots first
         self._is_free = bytearray(b"\x01") * num_slots
 
     def available(self) -> int:
         """Number of free slots."""
-        return len(self._free)
+        return len(self._free_slots)
 
-    def alloc(self, n: int) -> SlotAlloc:
+    def _alloc(self, n: int) -> SlotAlloc:
         """Take n free slots; returns ok=False (and takes nothing) when fewer than n are free."""
-        if n > len(self._free):
+        if n > len(self._free_slots):
             return SlotAlloc(False, [])
-        out = self._free[len(self._free) - n:][::-1]
-        del self._free[len(self._free) - n:]
+        out = self._free_slots[len(self._free_slots) - n:][::-1]
+        del self._free_slots[len(self._free_slots) - n:]
         for s in out:
             self._is_free[s] = 0
         return SlotAlloc(True, out)
 
-    def free(self, slots: list[int]) -> None:
+    def _free(self, slots: list[int]) -> None:
         """Return slots to the free list; freeing a free slot is a bug and raises."""
         for s in slots:
             if self._is_free[s]:
                 raise RuntimeError(f"double free of KV slot {s}")
             self._is_free[s] = 1
-        self._free.extend(slots)
+        self._free_slots.extend(slots)
 
-    def reset(self) -> None:
+    def _reset(self) -> None:
         """Mark every slot free (flush)."""
-        self._free = list(range(self.num_slots - 1, -1, -1))
+        self._free_slots = list(range(self.num_slots - 1, -1, -1))
         self._is_free = bytearray(b"\x01") * self.num_slots
 
 
@@ -64,11 +67,11 @@ class ReqToTokenPool:
         self._free_rows = list(range(max_reqs - 1, -1, -1))
         self.max_context = max_context
 
-    def alloc_row(self) -> int | None:
+    def _alloc_row(self) -> int | None:
         """A free row index, or None when every row is taken."""
         return self._free_rows.pop() if self._free_rows else None
 
-    def free_row(self, row: int) -> None:
+    def _free_row(self, row: int) -> None:
         """Release a row."""
         self._free_rows.append(row)
 
@@ -76,7 +79,7 @@ class ReqToTokenPool:
         """Number of free rows."""
         return len(self._free_rows)
 
-    def write(self, row: int, start: int, slots: list[int]) -> None:
+    def _write(self, row: int, start: int, slots: list[int]) -> None:
         """Record slots for positions start..start+len(slots)-1 of a request's row."""
         if slots:
             self.req_to_token[row, start:start + len(slots)] = torch.tensor(slots, dtype=torch.int32)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from sglpy.kernels import apply_rotary, build_rope_cache, decode_attention, extend_attention, rmsnorm, store_kv
 from .forward_batch import ForwardBatch
-from ..memory.kv_pool import KVPool
+from ..memory.kv_manager import KVBuffers
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
@@ -59,7 +59,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = fused
         del self.q_proj, self.k_proj, self.v_proj
 
-    def forward(self, x: torch.Tensor, fb: ForwardBatch, kv: KVPool, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fb: ForwardBatch, kv: KVBuffers, rope: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
         hq, hkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(x).split([hq, hkv, hkv], dim=-1)
@@ -160,7 +160,7 @@ class LlamaForCausalLM(nn.Module):
         self.rope_cache = build_rope_cache(self.head_dim, max_pos, theta, scaling, dtype=dtype).to(device)
 
     @torch.inference_mode()
-    def forward(self, fb: ForwardBatch, kv: KVPool) -> torch.Tensor:
+    def forward(self, fb: ForwardBatch, kv: KVBuffers) -> torch.Tensor:
         x = self.model.embed_tokens(fb.input_ids)  # x: [tokens, hidden]
         residual = None
         for layer in self.model.layers:

@@ -1,4 +1,4 @@
-"""Runs the model: owns the loaded model and the KV pool, and turns a scheduled batch into one forward."""
+"""Runs the model: loads it, and turns a scheduled batch into one forward over the KV buffers (read access only)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 
 from ..config import EngineConfig
 from ..core import BatchEntry, ForwardOutput
-from ..memory.kv_pool import KVPool, ReqToTokenPool
+from ..memory.kv_manager import KVBuffers
 from .forward_batch import ForwardBatch
 from .loader import load_model
 
@@ -14,7 +14,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 class ModelRunner:
-    """Owns the model, the KV pool and the request-to-slot table."""
+    """Owns the model; reads and writes K/V only through the buffers and slot ids each forward is given."""
 
     def __init__(self, cfg: EngineConfig, model_path: str):
         if cfg.device == "auto":
@@ -28,11 +28,11 @@ class ModelRunner:
         self.vocab_size = hf.vocab_size
         self.max_context = cfg.max_context_len or int(getattr(hf, "max_position_embeddings", 4096))
         self.model.init_rope(self.max_context, self.device, torch.float32)
-        self.kv = KVPool(hf.num_hidden_layers, cfg.max_total_tokens, self.model.num_kv_heads,
-                         self.model.head_dim, self.dtype, self.device)
-        self.req_pool = ReqToTokenPool(cfg.max_running_requests, self.max_context, self.device)
+        # what a KV pool for this model needs: per-layer K/V of [slots, kv_heads, head_dim]
+        self.num_layers, self.num_kv_heads, self.head_dim = hf.num_hidden_layers, self.model.num_kv_heads, \
+            self.model.head_dim
 
-    def forward(self, entries: list[BatchEntry], num_decode: int) -> ForwardOutput:
+    def forward(self, entries: list[BatchEntry], num_decode: int, kv: KVBuffers) -> ForwardOutput:
         """Run one forward over entries (decode entries first); slots must already be allocated."""
         ids, pos, loc, rows = [], [], [], []
         input_rows, input_first, sample_row = [], [], []
@@ -70,7 +70,7 @@ class ModelRunner:
             prefix_lens=as_long([e.prefix_len for e in entries]),
             extend_lens=as_long([e.extend_len for e in entries]),
             seq_lens=as_long([e.prefix_len + e.extend_len for e in entries]),
-            req_to_token=self.req_pool.req_to_token, logits_indices=as_long(rows),
+            req_to_token=kv.req_to_token, logits_indices=as_long(rows),
         )
-        logits = self.model(fb, self.kv)
+        logits = self.model(fb, kv)
         return ForwardOutput(logits, input_rows, input_first, sample_row)

@@ -225,6 +225,6 @@ def test_half_precision_dtypes_run(tiny_model_path, dtype):
     try:
         out = eng.generate("half precision", {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True})
         assert out["meta_info"]["completion_tokens"] == 4
-        assert eng.runner.kv.k_buffer.dtype == getattr(__import__("torch"), dtype)
+        assert eng.kv.buffers.k_buffer.dtype == getattr(__import__("torch"), dtype)
     finally:
         eng.shutdown()

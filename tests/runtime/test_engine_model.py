@@ -5,29 +5,25 @@ import torch
 
 from sglpy.runtime.config import EngineConfig, SamplingParams
 from sglpy.runtime.core import BatchEntry, Req
+from sglpy.runtime.memory.kv_manager import KVManager
+from sglpy.runtime.memory.kv_pool import KVPool, ReqToTokenPool
+from sglpy.runtime.memory.radix_cache import RadixCache
 from sglpy.runtime.model.runner import ModelRunner
 
 
 def our_logits(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Tensor]:
     """Logits at every position of each prompt, from one ragged extend forward of our model."""
+    kv = KVManager(KVPool(runner.num_layers, sum(map(len, prompts)) + 1, runner.num_kv_heads, runner.head_dim,
+                          runner.dtype, runner.device),
+                   ReqToTokenPool(len(prompts), runner.max_context, runner.device), RadixCache(disable=True))
     entries = []
     for i, ids in enumerate(prompts):
         req = Req(rid=str(i), input_ids=list(ids), sampling=SamplingParams(max_new_tokens=1),
                   return_logprob=True, logprob_start_len=0)
-        req.row = runner.req_pool.alloc_row()
-        alloc = runner.kv.alloc(len(ids))
-        assert alloc.ok
-        req.slots = alloc.slots
-        runner.req_pool.write(req.row, 0, req.slots)
+        assert kv.assign_row(req) and kv.grow(req, len(ids))
         entries.append(BatchEntry(req, 0, len(ids), sample=True))
-    out = runner.forward(entries, num_decode=0)
-    result = []
-    for i, e in enumerate(entries):
-        rows = list(out.input_rows[i]) + [out.sample_row[i]]
-        result.append(out.logits[rows])
-        runner.kv.free(e.req.slots)
-        runner.req_pool.free_row(e.req.row)
-    return result
+    out = runner.forward(entries, 0, kv.buffers)
+    return [out.logits[list(out.input_rows[i]) + [out.sample_row[i]]] for i in range(len(entries))]
 
 
 def hf_logits(hf_model, prompts: list[list[int]]) -> list[torch.Tensor]:

@@ -91,6 +91,7 @@ def test_pool_pressure_preempts_the_newest_and_caches_only_computed_kv():
     import torch
 
     from sglpy.runtime.config import EngineConfig, SamplingParams
+    from sglpy.runtime.memory.kv_manager import KVManager
     from sglpy.runtime.memory.kv_pool import KVPool, ReqToTokenPool
     from sglpy.runtime.memory.radix_cache import RadixCache
     from sglpy.runtime.core import Req, ReqStatus
@@ -99,13 +100,12 @@ def test_pool_pressure_preempts_the_newest_and_caches_only_computed_kv():
     pool = KVPool(1, 7, 1, 1, torch.float32, torch.device("cpu"))
     rows = ReqToTokenPool(4, 64, torch.device("cpu"))
     cache = RadixCache()
-    sched = Scheduler(EngineConfig(), pool, rows, cache, max_context=64)
+    kv = KVManager(pool, rows, cache)
+    sched = Scheduler(EngineConfig(), kv, max_context=64)
     reqs = []
     for ids, out in (([1, 2, 3], [4]), ([5, 6, 7], [8])):  # KV holds the prompt; the sampled token is pending
         r = Req(rid=str(ids[0]), input_ids=ids, sampling=SamplingParams(max_new_tokens=10), output_ids=out)
-        r.row = rows.alloc_row()
-        r.slots = pool.alloc(3).slots
-        rows.write(r.row, 0, r.slots)
+        assert kv.assign_row(r) and kv.grow(r, 3)
         r.status = ReqStatus.RUNNING
         sched.running.append(r)
         reqs.append(r)
