@@ -15,7 +15,7 @@ from .errors import GrammarError
 from .guide import Guide, RegexGuide
 from .vocab import TokenizerInfo
 
-# SGLang's dtype constraints (gen(..., dtype=int/float/bool/str)), the same strings as sglpy/ir.py.
+# SGLang's dtype constraints (gen(..., dtype=int/float/bool/str)); the one definition (sglpy/ir.py uses it).
 DTYPE_REGEX = {
     "int": r"[-+]?[0-9]+[ \n]*",
     "float": r"[-+]?[0-9]*\.?[0-9]+[ \n]*",

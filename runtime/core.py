@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from .config import SamplingParams
+from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch

@@ -25,8 +25,19 @@ from .backend_base import (
 )
 from .backend_engine import check_output
 from .chat_template import ChatTemplate, from_jinja, get_chat_template, get_chat_template_by_model_path
-from .global_config import global_config
-from .ir import SamplingParams
+from .ir import GenParams, SamplingParams
+
+# The sampling_params keys SGLang's frontend always sends (RuntimeEndpoint); any other SamplingParams field
+# is sent only when it differs from its default (e.g. stop_regex), so an SGLang server sees its usual body.
+SGLANG_FRONTEND_KEYS = ("skip_special_tokens", "spaces_between_special_tokens", "max_new_tokens", "min_new_tokens",
+                        "n", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p",
+                        "frequency_penalty", "presence_penalty", "ignore_eos", "regex", "json_schema")
+
+
+def wire_sampling_params(sp: SamplingParams) -> dict:
+    """The /generate `sampling_params` object for `sp`: SGLang's frontend keys plus every field set otherwise."""
+    default = SamplingParams().to_dict()
+    return {k: v for k, v in sp.to_dict().items() if k in SGLANG_FRONTEND_KEYS or v != default[k]}
 
 
 class HttpClient:
@@ -124,14 +135,11 @@ class RuntimeEndpoint(BaseBackend):
 
     # ------------------------------------------------------------ generation
 
-    def _gen_body(self, text: str, sampling: SamplingParams) -> dict:
-        sp = sampling.to_srt_sampling_params()
-        sp["skip_special_tokens"] = global_config.skip_special_tokens_in_output
-        sp["spaces_between_special_tokens"] = global_config.spaces_between_special_tokens_in_out
-        return {"text": text, "sampling_params": sp, **sampling.to_srt_request_fields()}
+    def _gen_body(self, text: str, params: GenParams) -> dict:
+        return {"text": text, "sampling_params": wire_sampling_params(params.sampling), **params.logprob_fields()}
 
-    def generate(self, text: str, sampling: SamplingParams) -> GenResult:
-        out = self.client.post("/generate", self._gen_body(text, sampling))
+    def generate(self, text: str, params: GenParams) -> GenResult:
+        out = self.client.post("/generate", self._gen_body(text, params))
         outs = out if isinstance(out, list) else [out]  # n > 1 returns one object per sample
         for o in outs:
             if not isinstance(o, dict) or "text" not in o:
@@ -139,8 +147,8 @@ class RuntimeEndpoint(BaseBackend):
             check_output(o)
         return GenResult(outs[0]["text"], outs[0].get("meta_info", {}), tuple(o["text"] for o in outs))
 
-    def generate_stream(self, text: str, sampling: SamplingParams) -> Iterator[StreamChunk]:
-        body = self._gen_body(text, sampling)
+    def generate_stream(self, text: str, params: GenParams) -> Iterator[StreamChunk]:
+        body = self._gen_body(text, params)
         body["stream"] = True
         pos = 0
         for obj in self.client.stream("/generate", body):

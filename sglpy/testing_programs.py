@@ -117,14 +117,14 @@ def program_decode_int():
 def program_decode_json_regex():
     @sgl.function
     def decode_json(s):
-        from sglpy.ir import REGEX_FLOAT, REGEX_INT, REGEX_STR
+        from sglpy.grammar import DTYPE_REGEX
 
         s += "Here is the information of London, in JSON format.\n"
         with s.var_scope("json_output"):
             s += "{\n"
-            s += '  "name": ' + sgl.gen("name", regex=REGEX_STR, max_tokens=12) + ",\n"
-            s += '  "population": ' + sgl.gen("population", regex=REGEX_INT, stop=[" ", "\n"], max_tokens=8) + ",\n"
-            s += '  "latitude": ' + sgl.gen("latitude", regex=REGEX_FLOAT, stop=[" ", "\n"], max_tokens=8) + "\n"
+            s += '  "name": ' + sgl.gen("name", regex=DTYPE_REGEX["str"], max_tokens=12) + ",\n"
+            s += '  "population": ' + sgl.gen("population", regex=DTYPE_REGEX["int"], stop=[" ", "\n"], max_tokens=8) + ",\n"
+            s += '  "latitude": ' + sgl.gen("latitude", regex=DTYPE_REGEX["float"], stop=[" ", "\n"], max_tokens=8) + "\n"
             s += "}"
 
     state = decode_json.run(temperature=0)

@@ -12,7 +12,8 @@ from typing import Any, Iterator
 
 import torch
 
-from ..config import EngineConfig, SamplingParams
+from ..config import EngineConfig
+from ..sampling_params import SamplingParams
 from .detokenizer import IncrementalDetokenizer
 from .request_builder import RequestSpec, normalize_request
 from ..model.loader import resolve_model_path

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,9 @@ def normalize_request(engine, prompt, sampling_params, input_ids, return_logprob
         if len(ids) >= engine.kv.num_slots:
             raise ValueError(f"prompt has {len(ids)} tokens; the KV pool holds {engine.kv.num_slots}")
         sp = SamplingParams.from_dict(sps[i])
+        room = engine.max_context - len(ids)
+        if sp.max_new_tokens is None:
+            sp = dataclasses.replace(sp, max_new_tokens=room)  # None: as many as the context has room for
         if sp.n != 1:
             raise ValueError("n > 1 is handled by the server/frontend: submit the prompt n times")
         start = -1 if starts[i] is None else starts[i]

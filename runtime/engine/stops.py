@@ -1,8 +1,22 @@
-"""Stop rules: stop token ids, EOS and length on each token; stop strings on the decoded text; streaming hold-back."""
+"""Stop rules: stop token ids, EOS and length per token; stop strings and stop_regex on the text; streaming hold-back.
+
+Text rules (SGLang semantics): after min_new_tokens, the earliest stop string or stop_regex match in the
+output text ends the request; the text is cut at the match start (at its end with no_stop_trim) and
+finish_reason is {"type": "stop", "matched": <the stop string, or the stop_regex pattern>}, as SGLang
+reports a regex stop by its pattern. A streamed chunk never shows text that a later stop could still cut:
+for a stop string, the longest suffix that is a prefix of it is held back; for a stop_regex, everything
+from the earliest position where a match could still start (a partial match reaching the end of the text,
+found with the `regex` module's partial matching) is held back.
+"""
 
 from __future__ import annotations
 
+import functools
+
+import regex
+
 from ..core import FinishReason, Req
+from ..sampling_params import SamplingParams
 
 
 def check_token_stop(req: Req, token: int, eos_ids: set[int], max_context: int) -> FinishReason | None:
@@ -13,42 +27,70 @@ def check_token_stop(req: Req, token: int, eos_ids: set[int], max_context: int) 
             return FinishReason("stop", matched=token)
         if token in eos_ids and not s.ignore_eos:
             return FinishReason("stop", matched=token)
-    if len(req.output_ids) >= s.max_new_tokens or req.seq_len >= max_context:
+    if (s.max_new_tokens is not None and len(req.output_ids) >= s.max_new_tokens) or req.seq_len >= max_context:
         return FinishReason("length", length=len(req.output_ids))
     return None
 
 
+def _first_text_stop(text: str, s: SamplingParams, old_len: int) -> tuple[int, int, str] | None:
+    """(start, end, matched) of the earliest stop string (in the new text's window) or stop_regex match."""
+    best = None
+    if s.stop:
+        window_start = max(old_len - max(len(x) for x in s.stop) + 1, 0)
+        for stop in s.stop:
+            idx = text.find(stop, window_start)
+            if idx != -1 and (best is None or idx < best[0]):
+                best = (idx, idx + len(stop), stop)
+    for pattern, compiled in zip(s.stop_regex, s.compiled_stop_regex()):
+        m = compiled.search(text)
+        if m is not None and (best is None or m.start() < best[0]):
+            best = (m.start(), m.end(), pattern)
+    return best
+
+
 def append_text(req: Req, delta: str) -> FinishReason | None:
-    """Add decoded text; trim and finish on the first stop string found across token boundaries."""
+    """Add decoded text; trim and finish on the first stop string or stop_regex match."""
     if not delta:
         return None
     old_len = len(req.text)
     req.text += delta
     s = req.sampling
-    if not s.stop or len(req.output_ids) < s.min_new_tokens:
+    if (not s.stop and not s.stop_regex) or len(req.output_ids) < s.min_new_tokens:
         return None
-    longest = max(len(x) for x in s.stop)
-    window_start = max(old_len - longest + 1, 0)
-    best = None
-    for stop in s.stop:
-        idx = req.text.find(stop, window_start)
-        if idx != -1 and (best is None or idx < best[0]):
-            best = (idx, stop)
-    if best is None:
+    hit = _first_text_stop(req.text, s, old_len)
+    if hit is None:
         return None
-    idx, stop = best
-    req.text = req.text[: idx + (len(stop) if s.no_stop_trim else 0)]
-    return FinishReason("stop", matched=stop)
+    start, end, matched = hit
+    req.text = req.text[: end if s.no_stop_trim else start]
+    return FinishReason("stop", matched=matched)
+
+
+@functools.lru_cache(maxsize=256)
+def _partial_pattern(pattern: str):
+    """The stop_regex for partial matching, or None if the `regex` module reads it differently from `re`."""
+    try:
+        return regex.compile(pattern, flags=regex.VERSION0)
+    except regex.error:
+        return None
 
 
 def visible_text(req: Req) -> str:
-    """Text safe to stream: withholds a tail that could still become a stop string."""
-    if req.finished or not req.sampling.stop:
+    """Text safe to stream: withholds a tail that a stop string or stop_regex could still cut off."""
+    s = req.sampling
+    if req.finished or (not s.stop and not s.stop_regex):
         return req.text
-    hold = 0
-    for stop in req.sampling.stop:
-        for k in range(min(len(stop) - 1, len(req.text)), 0, -1):
-            if req.text.endswith(stop[:k]):
-                hold = max(hold, k)
+    text = req.text
+    cut = len(text)
+    for stop in s.stop:
+        for k in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:k]):
+                cut = min(cut, len(text) - k)
                 break
-    return req.text[: len(req.text) - hold] if hold else req.text
+    for pattern in s.stop_regex:
+        compiled = _partial_pattern(pattern)
+        if compiled is None:
+            return ""  # cannot tell where a match could start: show nothing until the request ends
+        m = compiled.search(text, partial=True)
+        if m is not None:
+            cut = min(cut, m.start())
+    return text[:cut]

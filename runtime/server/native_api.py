@@ -6,7 +6,7 @@ import contextlib
 
 from aiohttp import web
 
-from ..config import SamplingParams
+from ..sampling_params import SamplingParams
 from ..messages import EngineError
 from .http_common import (ApiError, check_fields, error_body, is_bool, is_dict, is_int, is_int_list, is_str,
                           is_str_list, one_of, read_json_object, send_sse, start_sse)

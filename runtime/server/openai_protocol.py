@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from ..sampling_params import SamplingParams
 from .http_common import (ApiError, check_fields, is_bool, is_dict, is_int, is_int_list, is_num, is_str,
                           is_str_list, nullable, one_of)
 
@@ -36,6 +37,7 @@ COMMON_FIELDS = {
     "min_tokens": (nullable(is_int), "an int"),
     "repetition_penalty": (nullable(is_num), "a number"),
     "stop_token_ids": (nullable(is_int_list), "a list of ints"),
+    "stop_regex": _STOP,
     "ignore_eos": (nullable(is_bool), "a bool"),
     "skip_special_tokens": (nullable(is_bool), "a bool"),
     "spaces_between_special_tokens": (nullable(is_bool), "a bool"),
@@ -77,13 +79,11 @@ MESSAGE_FIELDS = {
     "tool_calls": (nullable(lambda v: v == []), "absent (tool calls are not supported)"),
     "refusal": (nullable(is_str), "a string"),
 }
-# Direct OpenAI/SGLang name -> SamplingParams name.
-_DIRECT = {"temperature": "temperature", "top_p": "top_p", "stop": "stop", "seed": "seed",
-           "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "top_k": "top_k",
-           "min_p": "min_p", "min_tokens": "min_new_tokens", "repetition_penalty": "repetition_penalty",
-           "stop_token_ids": "stop_token_ids", "ignore_eos": "ignore_eos", "skip_special_tokens":
-           "skip_special_tokens", "spaces_between_special_tokens": "spaces_between_special_tokens",
-           "no_stop_trim": "no_stop_trim", "regex": "regex", "ebnf": "ebnf", "json_schema": "json_schema"}
+# OpenAI/SGLang request field -> SamplingParams field, derived from the one field list: every request field
+# named like a field maps to it, min_tokens is renamed; max_tokens (its default differs per route), n (one
+# engine request per sample) and logit_bias (string keys) are handled in sampling_params() below.
+_DIRECT = {**{name: name for name in SamplingParams.field_names() if name in COMMON_FIELDS
+              and name not in ("n", "logit_bias")}, "min_tokens": "min_new_tokens"}
 MAX_TOP_LOGPROBS = 20
 _TEMPLATE_RESERVED = {"chat_template", "conversation", "tools", "documents", "tokenize", "add_generation_prompt",
                       "continue_final_message", "padding", "truncation", "max_length", "return_tensors",

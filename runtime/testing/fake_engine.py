@@ -12,7 +12,8 @@ import re
 import threading
 import time
 
-from sglpy.runtime.config import EngineConfig, SamplingParams
+from sglpy.runtime.config import EngineConfig
+from sglpy.runtime.sampling_params import SamplingParams
 
 OFFSET = 4  # ids 0-3 are special; id = byte + 4
 EOS_ID = 1

@@ -10,7 +10,9 @@ import pytest
 import sglpy as sgl
 from sglpy.backend_fake import FakeBackend, complete_regex
 from sglpy.chat_template import CHATML, ChatTemplate
-from sglpy.ir import REGEX_INT, SamplingParams
+from sglpy.backend_http import wire_sampling_params
+from sglpy.grammar import DTYPE_REGEX
+from sglpy.ir import GenParams, SamplingParams
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,15 +47,15 @@ def test_gen_overrides_program_defaults_and_template_stops_are_added():
         s += "b" + sgl.gen("y")
 
     prog.run(backend=fb, temperature=0.3, max_new_tokens=7, stop=["END"]).sync()
-    first, second = [g["sampling"] for g in gens(fb)]
+    first, second = [g["params"].sampling for g in gens(fb)]
     assert (first.max_new_tokens, first.temperature, first.stop) == (5, 0.3, ("\n", "<|im_end|>"))
     assert (second.max_new_tokens, second.temperature, second.stop) == (7, 0.3, ("END", "<|im_end|>"))
 
 
 def test_dtype_lowers_to_regex_and_stops():
-    p = SamplingParams(dtype=int, stop="x").with_constraints()
-    assert p.regex == REGEX_INT and p.stop == ("x", " ", "\n") and p.dtype is None
-    sp = SamplingParams(dtype="bool").to_srt_sampling_params()
+    p = GenParams(SamplingParams(stop="x"), dtype=int).lowered()
+    assert p.sampling.regex == DTYPE_REGEX["int"] and p.sampling.stop == ("x", " ", "\n") and p.dtype is None
+    sp = wire_sampling_params(GenParams(dtype="bool").lowered().sampling)
     assert sp["regex"] == "(True|False)" and sp["json_schema"] is None
     with pytest.raises(ValueError, match="invalid dtype"):
         sgl.gen("x", dtype=list)

@@ -4,6 +4,7 @@ import pytest
 
 import sglpy as sgl
 from sglpy.backend_engine import Engine
+from sglpy.runtime.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,7 +28,8 @@ class StubRuntime:
         if return_logprob:
             meta["input_token_logprobs"] = [[None if i == 0 else -float(t % 7), t, chr(t)]
                                             for i, t in enumerate(ids) if i >= (logprob_start_len or 0)]
-        return {"text": "" if sp.get("max_new_tokens") == 0 else self.answer, "output_ids": [], "meta_info": meta}
+        prefill_only = SamplingParams.from_dict(sp).max_new_tokens == 0  # the real engine takes both forms
+        return {"text": "" if prefill_only else self.answer, "output_ids": [], "meta_info": meta}
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, stream=False, **kw):
         self.calls.append(dict(prompt=prompt, sampling_params=sampling_params, input_ids=input_ids, stream=stream, **kw))
@@ -57,7 +59,8 @@ def test_gen_calls_engine_generate_with_sglang_sampling_params():
     assert st["b"] == ["ok", "ok"]
     first, second = rt.calls
     assert first["prompt"] == "Hi" and first["return_logprob"] is True
-    assert first["sampling_params"]["max_new_tokens"] == 3 and "n" not in first["sampling_params"]
+    assert first["sampling_params"].max_new_tokens == 3 and first["sampling_params"].n == 1
+    assert second["sampling_params"].n == 1  # n samples are n prompts
     assert second["prompt"] == ["Hiok", "Hiok"]  # n samples as a list prompt
 
 
@@ -107,3 +110,24 @@ def test_offline_engine_calls_pass_through():
     assert rt.calls[-1] == "shutdown"
     with pytest.raises(ValueError, match="together with an engine"):
         Engine(engine=rt, max_running_requests=4)
+
+
+@pytest.mark.timeout(300)
+def test_gen_stop_regex_on_the_in_process_engine(tiny_model_path):
+    """sgl.gen(stop_regex=...) reaches the runtime engine, which cuts the text at the first match."""
+    import re
+
+    eng = Engine(tiny_model_path, max_total_tokens=2048)
+    try:
+        @sgl.function
+        def prog(s, pattern):
+            s += "Some text:" + sgl.gen("x", max_tokens=20, ignore_eos=True, stop_regex=pattern)
+
+        full = prog.run(backend=eng, temperature=0, pattern=None)["x"]
+        i = len(full) // 2
+        pattern = "(?s)" + re.escape(full[i]) + "." + re.escape(full[i + 2])
+        st = prog.run(backend=eng, temperature=0, pattern=pattern)
+        assert st["x"] == full[: re.search(pattern, full).start()]
+        assert st.get_meta_info("x")["finish_reason"] == {"type": "stop", "matched": pattern}
+    finally:
+        eng.shutdown()

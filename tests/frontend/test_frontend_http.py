@@ -10,7 +10,7 @@ import pytest
 
 import sglpy as sgl
 from sglpy.backend_http import RuntimeEndpoint, _window_by_text
-from sglpy.ir import REGEX_INT
+from sglpy.grammar import DTYPE_REGEX
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -152,7 +152,7 @@ def test_gen_sends_sglang_native_requests(stub):
     assert first["sampling_params"]["stop"] == ["\n", "<|im_end|>"]
     assert "return_logprob" not in first and "stream" not in first
     assert second["text"] == "Q: hi\nA:stub answer n="  # always the whole text so far
-    assert second["sampling_params"]["regex"] == REGEX_INT and second["sampling_params"]["stop"][-2:] == [" ", "\n"]
+    assert second["sampling_params"]["regex"] == DTYPE_REGEX["int"] and second["sampling_params"]["stop"][-2:] == [" ", "\n"]
     assert second["return_logprob"] is True and second["logprob_start_len"] == 0
 
 

@@ -1,6 +1,7 @@
 """Engine behaviour on the tiny model: batching, pool accounting, preemption, stops, streaming, errors."""
 
 import asyncio
+import re
 import threading
 
 import pytest
@@ -228,3 +229,25 @@ def test_half_precision_dtypes_run(tiny_model_path, dtype):
         assert eng.kv.buffers.k_buffer.dtype == getattr(__import__("torch"), dtype)
     finally:
         eng.shutdown()
+
+
+def test_stop_regex_cuts_at_the_first_match_and_streaming_never_shows_it(engine):
+    prompt, sp = "Numbers follow:", {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    full = engine.generate(prompt, sp)["text"]
+    i = len(full) // 2
+    pattern = "(?s)" + re.escape(full[i]) + "." + re.escape(full[i + 2])  # fixed length: same first match in
+    m = re.search(pattern, full)                                         # every prefix that contains one
+    out = engine.generate(prompt, {**sp, "stop_regex": pattern})
+    assert out["text"] == full[: m.start()]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": pattern}
+    kept = engine.generate(prompt, {**sp, "stop_regex": [pattern], "no_stop_trim": True})
+    assert kept["text"] == full[: m.end()]
+    chunks = [c["text"] for c in engine.generate(prompt, {**sp, "stop_regex": pattern}, stream=True)]
+    assert chunks[-1] == full[: m.start()] and all(chunks[-1].startswith(c) for c in chunks)
+    # a match that could still complete from the first character on holds back all text until the end
+    chunks = [c["text"] for c in engine.generate(prompt, {**sp, "stop_regex": "(?s)" + re.escape(full[0]) + ".*NEVER"},
+                                                 stream=True)]
+    assert len(chunks) > 2 and chunks[-1] == full and all(c == "" for c in chunks[:-1])
+    with pytest.raises(ValueError, match="stop_regex"):
+        engine.generate(prompt, {**sp, "stop_regex": "(unclosed"})
+    _assert_no_leak(engine)

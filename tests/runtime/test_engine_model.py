@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from sglpy.runtime.config import EngineConfig, SamplingParams
+from sglpy.runtime.config import EngineConfig
+from sglpy.runtime.sampling_params import SamplingParams
 from sglpy.runtime.core import BatchEntry, Req
 from sglpy.runtime.memory.kv_manager import KVManager
 from sglpy.runtime.memory.kv_pool import KVPool, ReqToTokenPool

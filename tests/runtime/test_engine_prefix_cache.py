@@ -90,7 +90,8 @@ def test_pool_pressure_preempts_the_newest_and_caches_only_computed_kv():
     """Short of slots, the newest running request yields; only its computed KV reaches the cache."""
     import torch
 
-    from sglpy.runtime.config import EngineConfig, SamplingParams
+    from sglpy.runtime.config import EngineConfig
+    from sglpy.runtime.sampling_params import SamplingParams
     from sglpy.runtime.memory.kv_manager import KVManager
     from sglpy.runtime.memory.kv_pool import KVPool, ReqToTokenPool
     from sglpy.runtime.memory.radix_cache import RadixCache

@@ -7,7 +7,7 @@ import pathlib
 import pytest
 import torch
 
-from sglpy.runtime.config import SamplingParams
+from sglpy.runtime.sampling_params import SamplingParams
 from sglpy.runtime.core import Req
 from sglpy.runtime.memory.kv_manager import KVManager
 from sglpy.runtime.memory.kv_pool import KVPool, ReqToTokenPool

@@ -289,3 +289,42 @@ def test_metrics_after_traffic(srv):
     assert "sglang:time_to_first_token_seconds_bucket" in text
     assert 'sglang:max_total_num_tokens{model_name="tiny"} 16384.0' in text
     assert requests.get(srv.url + "/metrics", timeout=10).headers["Content-Type"].startswith("text/plain")
+
+
+# ---------------------------------------------------------------- stop_regex over HTTP
+def _first_triple_pattern(text: str) -> str:
+    """A fixed-length (3 chars) regex built from the middle of `text`, so the first match is the same
+    whether it is searched in the whole text or in the prefix that first contains it."""
+    i = len(text) // 2
+    return "(?s)" + re.escape(text[i]) + "." + re.escape(text[i + 2])
+
+
+def test_stop_regex_via_generate_openai_and_the_frontend(srv, client):
+    import sglpy as sgl
+
+    full = gen(srv, "Count the sheep:", n_tokens=24)["text"]
+    pattern = _first_triple_pattern(full)
+    m = re.search(pattern, full)
+    out = gen(srv, "Count the sheep:", n_tokens=24, sampling_params={"max_new_tokens": 24, "stop_regex": pattern,
+                                                                     **GREEDY})
+    assert out["text"] == full[: m.start()]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": pattern}
+    kept = srv.post("/generate", {"text": "Count the sheep:", "sampling_params": {
+        "max_new_tokens": 24, "stop_regex": [pattern], "no_stop_trim": True, **GREEDY}}).json()
+    assert kept["text"] == full[: m.end()]
+    events = sse_events(srv.post("/generate", {"text": "Count the sheep:", "stream": True, "sampling_params": {
+        "max_new_tokens": 24, "stop_regex": pattern, **GREEDY}}, stream=True))
+    texts = [e["text"] for e in events if e != "[DONE]"]
+    assert texts[-1] == full[: m.start()] and all(texts[-1].startswith(t) for t in texts)  # never shows the match
+    comp = client.completions.create(model="tiny", prompt="Count the sheep:", max_tokens=24, temperature=0,
+                                     extra_body={"stop_regex": pattern, "ignore_eos": True})
+    assert comp.choices[0].text == full[: m.start()] and comp.choices[0].finish_reason == "stop"
+    assert srv.post("/generate", {"text": "x", "sampling_params": {"stop_regex": "(unclosed"}}).status_code == 400
+
+    @sgl.function
+    def sheep(s):
+        s += "Count the sheep:" + sgl.gen("x", max_tokens=24, stop_regex=pattern, ignore_eos=True)
+
+    st = sheep.run(backend=sgl.RuntimeEndpoint(srv.url), temperature=0)
+    assert st["x"] == full[: m.start()]
+    assert st.get_meta_info("x")["finish_reason"] == {"type": "stop", "matched": pattern}
