@@ -1,4 +1,4 @@
-"""Core types: Req (the one request object that flows through scheduler, runner, sampler and output) and the batch types."""
+"""Core types: Req (the one request object inside the engine), its finish reason and logprobs, batch types, EngineProtocol."""
 
 from __future__ import annotations
 
@@ -6,14 +6,18 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
+from .messages import EngineInfo, GenerateReq, GenerateReqInput, StepOutputs
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
 
 _arrival = itertools.count()
+
+# Where an engine delivers outputs: called once per step with that step's outputs for this sink.
+OutputSink = Callable[[StepOutputs], None]
 
 
 class ReqStatus(enum.Enum):
@@ -27,7 +31,7 @@ class FinishReason:
     """Why a request ended: type is 'length', 'stop' or 'abort'."""
 
     type: str
-    matched: int | str | None = None  # stop token id or stop string (type == 'stop')
+    matched: int | str | None = None  # stop token id, stop string or stop_regex pattern (type == 'stop')
     length: int | None = None  # completion length (type == 'length')
     message: str | None = None  # error text (type == 'abort')
 
@@ -61,8 +65,8 @@ class Req:
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     extra_key: str | None = None
-    on_output: Callable[["Req", bool], None] | None = None  # called by the engine loop after each step
-    stream: bool = False
+    sink: OutputSink | None = None  # receives this request's outputs (grouped per step with others of the sink)
+    stream: bool = False  # an output after every step; otherwise only the final one
 
     output_ids: list[int] = field(default_factory=list)
     status: ReqStatus = ReqStatus.WAITING
@@ -148,3 +152,52 @@ class ScheduledBatch:
     entries: list[BatchEntry]
     num_decode: int
     aborted: list[Req]  # requests dropped while scheduling (e.g. can never fit); to be emitted
+
+
+@runtime_checkable
+class EngineProtocol(Protocol):
+    """What the server's engine process needs from an engine; runtime/engine.Engine and the test FakeEngine implement it.
+
+    Requests are built (validated, tokenized, constraint compiled) once by `build_request`, then submitted
+    with a sink; the engine calls each sink once per step with that step's outputs for it.
+    """
+
+    def info(self) -> EngineInfo:
+        """Model path, context length, vocabulary size, chat template and special tokens."""
+
+    def build_request(self, inp: GenerateReqInput) -> GenerateReq:
+        """Validate and tokenize one prompt; ValueError names the problem."""
+
+    def submit(self, req: GenerateReq, sink: OutputSink) -> None:
+        """Queue a built request; its outputs go to `sink`."""
+
+    def abort(self, rid: str) -> None:
+        """Abort a request (its final output says so); unknown rids are ignored."""
+
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache; False while requests run."""
+
+    def get_server_info(self) -> dict:
+        """Configuration, pool and queue state, counters."""
+
+    def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Token ids of each text."""
+
+    def detokenize(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """The text of token ids; ValueError for ids outside the vocabulary."""
+
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, template_kwargs: dict | None = None) -> str:
+        """The prompt the chat template renders; ValueError when the template fails or is missing."""
+
+    def is_alive(self) -> bool:
+        """Whether the step loop still runs (the engine process's watchdog polls it)."""
+
+    def shutdown(self) -> None:
+        """Abort everything and stop."""
+
+
+def missing_engine_methods(engine: object) -> list[str]:
+    """EngineProtocol methods `engine` lacks (empty for a complete implementation)."""
+    names = [n for n, v in vars(EngineProtocol).items() if callable(v) and not n.startswith("_")]
+    return [n for n in names if not callable(getattr(engine, n, None))]

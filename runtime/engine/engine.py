@@ -1,4 +1,10 @@
-"""In-process Engine: one background step loop serving many concurrent callers (threads or asyncio)."""
+"""The runtime Engine: one background step loop (schedule -> forward -> process -> emit) serving many callers.
+
+Requests enter as GenerateReq (built once by request_builder) with a sink; the loop's inbox carries the
+typed messages of runtime/messages.py; every step emits one StepOutputs per sink. `generate()` is SGLang's
+offline API on top (thread-safe; async and streaming variants). Not to be confused with the frontend
+backend `sgl.Engine` (sglpy/backend_engine.py), which wraps this class.
+"""
 
 from __future__ import annotations
 
@@ -8,54 +14,72 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 
 from ..config import EngineConfig
-from ..sampling_params import SamplingParams
-from .detokenizer import IncrementalDetokenizer
-from .request_builder import RequestSpec, normalize_request
-from ..model.loader import resolve_model_path
-from ..model.runner import ModelRunner
-from .output import build_output
-from .processor import OutputProcessor
+from ..core import FinishReason, OutputSink, Req
 from ..memory.kv_manager import KVManager
 from ..memory.kv_pool import KVPool, ReqToTokenPool
 from ..memory.radix_cache import RadixCache
-from ..core import FinishReason, Req
+from ..messages import (AbortReq, EngineInfo, FlushCacheReq, GenerateReq, GenerateReqInput, GetServerInfoReq,
+                        ShutdownReq, StepOutputs)
+from ..model.loader import resolve_model_path
+from ..model.runner import ModelRunner
+from .delivery import AsyncSink, BatchWaiter, StreamQueue
+from .detokenizer import IncrementalDetokenizer
+from .output import build_output
+from .processor import OutputProcessor
+from .request_builder import RequestLimits, build_request, generate_inputs
 from .sampler import Sampler
 from .scheduler import Scheduler
+from .tokenizer_ops import TokenizerOps
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class _Submit:
+    """Inbox item: a built request and where its outputs go."""
+
+    req: Req
+
+
+@dataclass(frozen=True)
+class _Call:
+    """Inbox item: a call answered on the loop thread through `reply`."""
+
+    request: FlushCacheReq | GetServerInfoReq
+    reply: Future
+
+
 class Engine:
-    """Continuous-batching engine. generate() is thread-safe; results use SGLang's /generate shape."""
+    """Continuous-batching engine. Implements EngineProtocol; generate() results use SGLang's /generate shape."""
 
     def __init__(self, model: str | None = None, **kwargs: Any):
-        self.config = EngineConfig.from_kwargs(model=model, **kwargs)
-        cfg = self.config
+        self.config = cfg = EngineConfig.from_kwargs(model=model, **kwargs)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         from transformers import AutoTokenizer
 
         self.model_path = resolve_model_path(cfg.model)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.runner = ModelRunner(cfg, self.model_path)
-        self.max_context = self.runner.max_context
-        r = self.runner
+        self.text = TokenizerOps(self.tokenizer)
+        self.runner = r = ModelRunner(cfg, self.model_path)
+        self.max_context = r.max_context
         self.kv = KVManager(KVPool(r.num_layers, cfg.max_total_tokens, r.num_kv_heads, r.head_dim, r.dtype, r.device),
                             ReqToTokenPool(cfg.max_running_requests, self.max_context, r.device),
                             RadixCache(disable=cfg.disable_radix_cache))
+        self.limits = RequestLimits(r.vocab_size, self.max_context, cfg.max_total_tokens)
         self.scheduler = Scheduler(cfg, self.kv, self.max_context)
         self.eos_ids = self._eos_ids()
         from .constrained import ConstrainedDecoding
 
-        self.constrained = ConstrainedDecoding(self.tokenizer, self.runner.vocab_size, self.eos_ids,
+        self.constrained = ConstrainedDecoding(self.tokenizer, r.vocab_size, self.eos_ids,
                                                jump_forward=not cfg.disable_jump_forward)
-        self.processor = OutputProcessor(Sampler(cfg.seed, self.runner.device), self.eos_ids,
-                                         self.max_context, self.constrained)
+        self.processor = OutputProcessor(Sampler(cfg.seed, r.device), self.eos_ids, self.max_context, self.constrained)
         self.stats = {"num_requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
                       "num_steps": 0, "num_aborted": 0, "step_s": 0.0}
         self._reqs: dict[str, Req] = {}
@@ -80,20 +104,85 @@ class Engine:
             pass
         return ids
 
-    # ------------------------------------------------------------------ public API
+    # ------------------------------------------------------------------ EngineProtocol
+    def info(self) -> EngineInfo:
+        """Model path, context, vocabulary, chat template and special tokens (what the server needs once)."""
+        hf = self.runner.hf_config
+        return EngineInfo(model_path=str(self.model_path), context_len=self.max_context,
+                          vocab_size=self.text.vocab_size, chat_template=self.text.chat_template(),
+                          special_tokens=self.text.special_tokens(), model_type=getattr(hf, "model_type", None),
+                          architectures=tuple(getattr(hf, "architectures", None) or ()), supports_constraints=True)
+
+    def build_request(self, inp: GenerateReqInput) -> GenerateReq:
+        """Tokenize and validate one prompt and compile its constraint (in the caller's thread)."""
+        return build_request(inp, self.text, self.limits, self.constrained.compile)
+
+    def submit(self, req: GenerateReq, sink: OutputSink) -> None:
+        """Queue a built request; `sink` gets its outputs (every step if req.stream, else only the final one)."""
+        r = Req(rid=req.rid, input_ids=req.input_ids, sampling=req.sampling, extra_key=req.extra_key, sink=sink,
+                stream=req.stream, **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})
+        s = req.sampling
+        r.detok = IncrementalDetokenizer(self.tokenizer, req.input_ids, s.skip_special_tokens,
+                                         s.spaces_between_special_tokens)
+        if req.guide is not None:
+            self.constrained.attach(r, req.guide)  # a forced opening is appended here, off the loop thread
+        self._inbox.put(_Submit(r))
+
+    def abort(self, rid: str) -> None:
+        """Abort a waiting or running request (its KV is freed); unknown rids are ignored."""
+        self._inbox.put(AbortReq(rid))
+
+    def flush_cache(self) -> bool:
+        """Empty the radix cache; refused (False) while any request is waiting or running."""
+        return self._call(FlushCacheReq())
+
+    def get_server_info(self) -> dict:
+        """Config, pool/cache sizes, queue lengths and counters."""
+        return self._call(GetServerInfoReq())
+
+    def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Token ids of each text."""
+        return self.text.tokenize(texts, add_special_tokens)
+
+    def detokenize(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """The text of token ids."""
+        return self.text.detokenize(ids, skip_special_tokens)
+
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, template_kwargs: dict | None = None) -> str:
+        """The prompt the model's chat template renders for `messages`."""
+        return self.text.chat_prompt(messages, add_generation_prompt, continue_final_message, template_kwargs)
+
+    def is_alive(self) -> bool:
+        """True while the step loop thread runs (the server's watchdog polls this)."""
+        return self._thread.is_alive()
+
+    def shutdown(self) -> None:
+        """Abort everything and stop the loop thread."""
+        if not self._stopped:
+            self._inbox.put(ShutdownReq())
+            self._thread.join(timeout=30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    # ------------------------------------------------------------------ SGLang's offline API
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                  logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=False,
                  rid=None, stream=False, extra_key=None):
         """Generate for one prompt (dict result) or a list (list of dicts, input order); stream=True yields chunks."""
-        specs, is_batch = normalize_request(self, prompt, sampling_params, input_ids, return_logprob,
-                                            logprob_start_len, top_logprobs_num, return_text_in_logprobs,
-                                            rid, extra_key)
+        inputs, is_batch = generate_inputs(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+                                           top_logprobs_num, return_text_in_logprobs, rid, extra_key, stream)
+        reqs = [self.build_request(i) for i in inputs]
         if stream:
-            if is_batch:
-                raise ValueError("stream=True takes a single prompt, not a list")
-            return self._stream(specs[0])
-        waits = [self._submit(s, stream=False) for s in specs]
-        outs = [w.result() for w in waits]
+            return self._stream(reqs[0])
+        waiter = BatchWaiter([r.rid for r in reqs])
+        for r in reqs:
+            self.submit(r, waiter)
+        outs = waiter.results([r.rid for r in reqs])
         return outs if is_batch else outs[0]
 
     def generate_stream(self, prompt=None, sampling_params=None, **kwargs) -> Iterator[dict]:
@@ -106,108 +195,56 @@ class Engine:
 
     async def async_generate(self, prompt=None, sampling_params=None, stream=False, **kwargs):
         """Asyncio variant of generate(); with stream=True returns an async iterator of chunks."""
-        args = [kwargs.pop(k, d) for k, d in (("input_ids", None), ("return_logprob", False),
-                                                ("logprob_start_len", None), ("top_logprobs_num", None),
-                                                ("return_text_in_logprobs", False), ("rid", None), ("extra_key", None))]
-        if kwargs:
-            raise ValueError(f"unknown argument(s) {sorted(kwargs)}")
-        # tokenizing and grammar compilation run off the event loop
-        specs, is_batch = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: normalize_request(self, prompt, sampling_params, *args))
+        names = ("input_ids", "return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
+                 "rid", "extra_key")
+        if set(kwargs) - set(names):
+            raise ValueError(f"unknown argument(s) {sorted(set(kwargs) - set(names))}")
+
+        def build():  # tokenizing and grammar compilation run off the event loop
+            inputs, is_batch = generate_inputs(prompt, sampling_params, stream=stream, **kwargs)
+            return [self.build_request(i) for i in inputs], is_batch
+
+        reqs, is_batch = await asyncio.get_running_loop().run_in_executor(None, build)
         if stream:
-            if is_batch:
-                raise ValueError("stream=True takes a single prompt, not a list")
-            return self._astream(specs[0])
-        outs = await asyncio.gather(*(asyncio.wrap_future(self._submit(s, stream=False)) for s in specs))
+            return self._astream(reqs[0])
+        waiter = BatchWaiter([r.rid for r in reqs])
+        for r in reqs:
+            self.submit(r, waiter)
+        outs = await asyncio.gather(*(asyncio.wrap_future(waiter.futures[r.rid]) for r in reqs))
         return list(outs) if is_batch else outs[0]
 
-    def abort(self, rid: str) -> None:
-        """Abort a waiting or running request (its KV is freed); unknown rids are ignored."""
-        self._inbox.put(("abort", rid))
-
-    def flush_cache(self) -> bool:
-        """Empty the radix cache; refused (False) while any request is waiting or running."""
-        return self._call(self._flush)
-
-    def get_server_info(self) -> dict:
-        """Config, pool/cache sizes, queue lengths and counters."""
-        return self._call(self._info)
-
-    def is_alive(self) -> bool:
-        """True while the step loop thread runs (the server's watchdog polls this)."""
-        return self._thread.is_alive()
-
-    def shutdown(self) -> None:
-        """Abort everything and stop the loop thread."""
-        if not self._stopped:
-            self._inbox.put(("stop", None))
-            self._thread.join(timeout=30)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.shutdown()
-
-    # ------------------------------------------------------------------ submission plumbing
-    def _make_req(self, spec: RequestSpec, on_output) -> Req:
-        req = Req(rid=spec.rid, input_ids=spec.input_ids, sampling=spec.sampling,
-                  return_logprob=spec.return_logprob, logprob_start_len=spec.logprob_start_len,
-                  top_logprobs_num=spec.top_logprobs_num, return_text_in_logprobs=spec.return_text_in_logprobs,
-                  extra_key=spec.extra_key, on_output=on_output)
-        s = spec.sampling
-        req.detok = IncrementalDetokenizer(self.tokenizer, spec.input_ids, s.skip_special_tokens,
-                                           s.spaces_between_special_tokens)
-        if spec.guide is not None:
-            self.constrained.attach(req, spec.guide)
-        return req
-
-    def _submit(self, spec: RequestSpec, stream: bool) -> Future:
-        fut: Future = Future()
-
-        def on_output(req: Req, finished: bool) -> None:
-            if finished and not fut.done():
-                fut.set_result(build_output(req, self.tokenizer))
-
-        self._inbox.put(("add", self._make_req(spec, on_output)))
-        return fut
-
-    def _stream(self, spec: RequestSpec) -> Iterator[dict]:
-        q: queue.Queue = queue.Queue()
-        req = self._make_req(spec, lambda r, fin: q.put((build_output(r, self.tokenizer), fin)))
-        self._inbox.put(("add", req))
+    def _stream(self, req: GenerateReq) -> Iterator[dict]:
+        sink = StreamQueue()
+        self.submit(req, sink)
+        finished = False
         try:
-            while True:
-                out, fin = q.get()
-                yield out
-                if fin:
-                    return
+            while not finished:
+                out = sink.get()
+                finished = out.finished
+                yield out.to_json()
         finally:
-            if not req.finished:
+            if not finished:
                 self.abort(req.rid)  # the consumer stopped early
 
-    async def _astream(self, spec: RequestSpec):
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
-        req = self._make_req(spec, lambda r, fin: loop.call_soon_threadsafe(
-            q.put_nowait, (build_output(r, self.tokenizer), fin)))
-        self._inbox.put(("add", req))
+    async def _astream(self, req: GenerateReq):
+        sink = AsyncSink(asyncio.get_running_loop())
+        self.submit(req, sink)
+        finished = False
         try:
-            while True:
-                out, fin = await q.get()
-                yield out
-                if fin:
-                    return
+            while not finished:
+                out = await sink.queue.get()
+                finished = out.finished
+                yield out.to_json()
         finally:
-            if not req.finished:
+            if not finished:
                 self.abort(req.rid)
 
-    def _call(self, fn):
+    def _call(self, request: FlushCacheReq | GetServerInfoReq):
         if threading.current_thread() is self._thread:
-            return fn()
-        fut: Future = Future()
-        self._inbox.put(("call", (fn, fut)))
-        return fut.result()
+            return self._answer(request)
+        reply: Future = Future()
+        self._inbox.put(_Call(request, reply))
+        return reply.result()
 
     # ------------------------------------------------------------------ the loop (engine thread only)
     def _loop(self) -> None:
@@ -218,7 +255,7 @@ class Engine:
             except queue.Empty:
                 msg = None
             while msg is not None:
-                if msg[0] == "stop":
+                if isinstance(msg, ShutdownReq):
                     self._abort_all("engine shut down")
                     self._stopped = True
                     return
@@ -231,26 +268,28 @@ class Engine:
                 self.step()
 
     def _handle(self, msg) -> None:
-        kind, payload = msg
-        if kind == "add":
-            req = payload
-            self._reqs[req.rid] = req
+        if isinstance(msg, _Submit):
+            self._reqs[msg.req.rid] = msg.req
             self.stats["num_requests"] += 1
-            self.scheduler.add(req)
-        elif kind == "abort":
-            req = self._reqs.get(payload)
+            self.scheduler.add(msg.req)
+        elif isinstance(msg, AbortReq):
+            req = self._reqs.get(msg.rid)
             if req is not None and not req.finished:
                 req.finish_reason = FinishReason("abort", message="aborted by the client")
-                self._emit_finished([req])
-        elif kind == "call":
-            fn, fut = payload
+                self._emit(self._retire([req]))
+        elif isinstance(msg, _Call):
             try:
-                fut.set_result(fn())
+                msg.reply.set_result(self._answer(msg.request))
             except Exception as e:  # noqa: BLE001 - delivered to the caller
-                fut.set_exception(e)
+                msg.reply.set_exception(e)
+        else:
+            raise TypeError(f"unexpected inbox message {type(msg).__name__}")
+
+    def _answer(self, request: FlushCacheReq | GetServerInfoReq):
+        return self._flush() if isinstance(request, FlushCacheReq) else self._info()
 
     def step(self) -> None:
-        """One scheduling round: schedule -> forward -> postprocess -> emit."""
+        """One scheduling round: schedule -> forward -> process -> emit."""
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if batch is None:
@@ -269,19 +308,19 @@ class Engine:
                         finished.append(entry.req)
             self.stats["num_steps"] += 1
             self.stats["step_s"] += time.perf_counter() - t0
-        self._emit_finished(finished)
+        outputs = self._retire(finished)
         for e in batch.entries[batch.num_decode:]:
             # publish prompt KV for sharing; output KV stays request-owned so jump-forward can roll it back
             if not e.req.finished and e.prefix_len < len(e.req.input_ids):
                 self.scheduler.cache_unfinished(e.req)
-        for e in batch.entries:
-            r = e.req
-            if not r.finished and r.on_output is not None and e.prefix_len + e.extend_len >= len(r.input_ids):
-                r.on_output(r, False)
+        outputs += [e.req for e in batch.entries if e.req.stream and not e.req.finished
+                    and e.prefix_len + e.extend_len >= len(e.req.input_ids)]
+        self._emit(outputs)
         if self.config.debug_invariants:
             self.scheduler.check_invariants()
 
-    def _emit_finished(self, reqs: list[Req]) -> None:
+    def _retire(self, reqs: list[Req]) -> list[Req]:
+        """Finished requests leave the scheduler (their KV goes to the cache) and are counted."""
         for r in reqs:
             self.scheduler.remove(r)
             self._reqs.pop(r.rid, None)
@@ -290,14 +329,25 @@ class Engine:
             self.stats["prompt_tokens"] += len(r.input_ids)
             self.stats["generation_tokens"] += len(r.output_ids)
             self.stats["cached_tokens"] += r.cached_tokens
-            if r.on_output is not None:
-                r.on_output(r, True)
+        return reqs
+
+    def _emit(self, reqs: list[Req]) -> None:
+        """One StepOutputs per sink with the outputs of `reqs` (final ones included)."""
+        by_sink: dict[int, tuple[OutputSink, list]] = {}
+        for r in reqs:
+            if r.sink is not None:
+                by_sink.setdefault(id(r.sink), (r.sink, []))[1].append(build_output(r, self.tokenizer))
+        for sink, outs in by_sink.values():
+            try:
+                sink(StepOutputs(outs))
+            except Exception:  # noqa: BLE001 - a broken consumer must not stop the loop
+                logger.exception("output sink failed for %d request(s)", len(outs))
 
     def _abort_all(self, message: str) -> None:
         reqs = list(self.scheduler.waiting) + list(self.scheduler.running)
         for r in reqs:
             r.finish_reason = FinishReason("abort", message=message)
-        self._emit_finished(reqs)
+        self._emit(self._retire(reqs))
 
     def _flush(self) -> bool:
         if self.scheduler.has_work():

@@ -1,10 +1,11 @@
-"""Output shaping: a request's SGLang /generate object (text, output_ids, meta_info with logprob triples)."""
+"""Output shaping: a request's ReqOutput after a step (SGLang's text, output_ids, meta_info with logprob triples)."""
 
 from __future__ import annotations
 
 import time
 
 from ..core import Req, TokenLogprob
+from ..messages import ReqOutput
 from .stops import visible_text
 
 
@@ -13,8 +14,8 @@ def _triples(recs: list[TokenLogprob], tok, with_text: bool) -> list:
     return [[r.logprob, r.token_id, text(r.token_id)] for r in recs]
 
 
-def build_output(req: Req, tokenizer) -> dict:
-    """The SGLang /generate response object for a request (cumulative text)."""
+def build_output(req: Req, tokenizer) -> ReqOutput:
+    """The request's cumulative output so far (SGLang's /generate object), final once it finished."""
     return_text_in_logprobs = req.return_text_in_logprobs
     meta = {
         "id": req.rid,
@@ -40,4 +41,4 @@ def build_output(req: Req, tokenizer) -> dict:
                         for r in recs]
             meta["input_top_logprobs"] = tops(inp)
             meta["output_top_logprobs"] = tops(req.output_logprobs)
-    return {"text": visible_text(req), "output_ids": list(req.output_ids), "meta_info": meta}
+    return ReqOutput(req.rid, visible_text(req), list(req.output_ids), meta, req.finished)

@@ -18,7 +18,9 @@ import time
 from aiohttp import web
 
 from . import native_api, openai_api
-from ..messages import EngineError
+from ..messages import (DetokenizeReq, EngineError, FlushCacheReq, GenerateReqInput, GetServerInfoReq,
+                        TokenizeReq)
+from ..sampling_params import SamplingParams
 from .engine_client import EngineClient
 from .http_common import (ApiError, auth_middleware, check_fields, error_middleware, error_response, is_bool, is_int_list,
                           is_str, is_str_list, one_of, read_json_object)
@@ -43,11 +45,11 @@ async def health_generate(request: web.Request) -> web.Response:
     state: ServerState = request.app["state"]
     if not state.ready:
         return await health(request)
-    rid = f"HEALTH_CHECK_{time.time_ns()}"
-    kwargs = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+    inp = GenerateReqInput(rid=f"HEALTH_CHECK_{time.time_ns()}", input_ids=[0], stream=True,
+                           sampling=SamplingParams(max_new_tokens=1, temperature=0.0))
 
     async def one():
-        async with contextlib.aclosing(state.engine.generate(rid, kwargs)) as gen:
+        async with contextlib.aclosing(state.engine.generate(inp)) as gen:
             async for _ in gen:
                 return  # any output proves the step loop runs; closing aborts the rest
 
@@ -64,12 +66,12 @@ async def model_info(request: web.Request) -> web.Response:
     """GET /get_model_info: SGLang fields plus the chat template and special tokens."""
     info = request.app["state"].info
     return web.json_response({
-        "model_path": info.get("model_path"), "tokenizer_path": info.get("model_path"), "is_generation": True,
+        "model_path": info.model_path, "tokenizer_path": info.model_path, "is_generation": True,
         "preferred_sampling_params": None, "weight_version": "default", "has_image_understanding": False,
-        "has_audio_understanding": False, "model_type": info.get("model_type"),
-        "architectures": info.get("architectures"), "context_len": info.get("context_len"),
-        "vocab_size": info.get("vocab_size"), "chat_template": info.get("chat_template"),
-        "special_tokens": info.get("special_tokens"), "supports_constraints": info.get("supports_constraints")})
+        "has_audio_understanding": False, "model_type": info.model_type,
+        "architectures": list(info.architectures), "context_len": info.context_len,
+        "vocab_size": info.vocab_size, "chat_template": info.chat_template,
+        "special_tokens": info.special_tokens, "supports_constraints": info.supports_constraints})
 
 
 async def server_info(request: web.Request) -> web.Response:
@@ -77,11 +79,11 @@ async def server_info(request: web.Request) -> web.Response:
     from sglpy import __version__
 
     state: ServerState = request.app["state"]
-    engine_state = await state.engine.call("get_server_info")
+    engine_state = await state.engine.call(GetServerInfoReq())
     stats = PoolStats(engine_state)
     return web.json_response({
         **state.config.public_dict(), **{k: v for k, v in engine_state.items() if k not in ("api_key",)},
-        "max_total_num_tokens": stats.total_tokens, "context_len": state.info.get("context_len"),
+        "max_total_num_tokens": stats.total_tokens, "context_len": state.info.context_len,
         "internal_states": [engine_state],
         "kv_pool": {"total": stats.total_tokens, "used": stats.used_tokens, "cached": stats.cached_tokens,
                     "free": stats.free_tokens},
@@ -94,7 +96,7 @@ def _dumps(obj) -> str:
 
 async def flush_cache(request: web.Request) -> web.Response:
     """GET|POST /flush_cache: 200 when flushed; 400 while requests are running (SGLang semantics)."""
-    if await request.app["state"].engine.call("flush_cache"):
+    if await request.app["state"].engine.call(FlushCacheReq()):
         return web.Response(text="Cache flushed.\n")
     return error_response(400, "Cache not flushed: requests are running or waiting. Retry when idle.")
 
@@ -120,11 +122,11 @@ async def tokenize(request: web.Request) -> web.Response:
     if "text" not in body:
         raise ApiError(400, "text is required", param="text")
     texts = body["text"] if isinstance(body["text"], list) else [body["text"]]
-    ids = await state.engine.call("tokenize", texts, body.get("add_special_tokens", True))
+    ids = await state.engine.call(TokenizeReq(texts, body.get("add_special_tokens", True)))
     single = not isinstance(body["text"], list)
     return web.json_response({"tokens": ids[0] if single else ids,
                               "count": len(ids[0]) if single else [len(x) for x in ids],
-                              "max_model_len": state.info.get("context_len")})
+                              "max_model_len": state.info.context_len})
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -135,7 +137,7 @@ async def detokenize(request: web.Request) -> web.Response:
                         "model": (is_str, "a string")}, "request")
     if "tokens" not in body:
         raise ApiError(400, "tokens is required", param="tokens")
-    text = await state.engine.call("detokenize", body["tokens"], body.get("skip_special_tokens", False))
+    text = await state.engine.call(DetokenizeReq(body["tokens"], body.get("skip_special_tokens", False)))
     return web.json_response({"text": text})
 
 
@@ -213,7 +215,7 @@ async def serve(config: ServerConfig) -> int:
         logger.error("%s", start.exception())
         code = 1
     elif start.done():
-        logger.info("ready: model %s, context %s tokens", engine.info.get("model_path"), engine.info.get("context_len"))
+        logger.info("ready: model %s, context %s tokens", engine.info.model_path, engine.info.context_len)
         gc.freeze()  # startup objects never die: keep them out of later full GC passes
         await stopper
     logger.info("shutting down")

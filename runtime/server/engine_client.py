@@ -1,8 +1,10 @@
-"""The engine in its own process (so the HTTP event loop never waits on the model) and its asyncio client.
+"""Server-process side of the engine process: spawn it, send it messages, route its per-step outputs to handlers.
 
-Protocol: two one-way pipes carrying the dataclasses of engine_messages.py. Every generation is streamed from
-the engine as cumulative chunks tagged with its request id; the server keeps the last chunk for
-non-streaming responses. A closed pipe means the engine process died: pending requests fail at once.
+The engine runs in its own process (so the HTTP event loop never waits on the model). Two one-way pipes
+carry the dataclasses of runtime/messages.py: GenerateReqInput / AbortReq / Call / ShutdownReq out,
+StepOutputs (every output of one engine step), Failed, CallResult, Ready / StartupFailed back. Outputs are
+cumulative; the server keeps the last for non-streaming responses. A closed pipe means the engine process
+died: pending requests fail at once.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ import itertools
 import logging
 import multiprocessing
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import AsyncIterator
 
-from ..messages import (AbortCmd, CallCmd, CallResult, Chunk, Done, EngineError, Failed, GenerateCmd, Ready,
-                              ShutdownCmd, StartupFailed)
+from ..messages import (AbortReq, Call, CallRequest, CallResult, EngineError, EngineInfo, Failed, GenerateReqInput,
+                        Ready, ReqOutput, ShutdownReq, StartupFailed, StepOutputs)
 from .engine_process import engine_main
 
 logger = logging.getLogger("sglpy.server.engine")
@@ -37,12 +39,12 @@ class _Pending:
         self.ready.set()
 
     async def get(self):
-        """The next message; consecutive chunks collapse to the newest (they are cumulative)."""
+        """The next message; consecutive outputs collapse to the newest (they are cumulative)."""
         while not self.items:
             self.ready.clear()
             await self.ready.wait()
         msg = self.items.popleft()
-        while isinstance(msg, Chunk) and self.items and isinstance(self.items[0], Chunk):
+        while isinstance(msg, ReqOutput) and self.items and isinstance(self.items[0], ReqOutput):
             msg = self.items.popleft()
         return msg
 
@@ -54,7 +56,7 @@ class EngineClient:
     factory: str
     engine_kwargs: dict
     log_level: str = "info"
-    info: dict = field(default_factory=dict)
+    info: EngineInfo | None = None  # set once the engine reported Ready
     alive: bool = False
     dead_reason: str | None = None
 
@@ -77,7 +79,7 @@ class EngineClient:
         """The engine process id (None before start)."""
         return self._proc.pid if self._proc else None
 
-    async def start(self, timeout: float) -> dict:
+    async def start(self, timeout: float) -> EngineInfo:
         """Spawn the engine process and wait until its model is loaded; return the engine info."""
         loop = asyncio.get_running_loop()
         ctx = multiprocessing.get_context("spawn")
@@ -118,14 +120,11 @@ class EngineClient:
             self._dispatch(msg)
 
     def _dispatch(self, msg) -> None:
-        if isinstance(msg, (Chunk, Done, Failed)):
-            pend = self._pending.get(msg.rid)
-            if pend is None:
-                return
-            if not isinstance(msg, Chunk):
-                del self._pending[msg.rid]
-            if not pend.abandoned:
-                pend.put(msg)
+        if isinstance(msg, StepOutputs):
+            for out in msg.outputs:
+                self._deliver(out.rid, out, out.finished)
+        elif isinstance(msg, Failed):
+            self._deliver(msg.rid, msg, True)
         elif isinstance(msg, CallResult):
             fut = self._calls.pop(msg.call_id, None)
             if fut is not None and not fut.done():
@@ -139,6 +138,15 @@ class EngineClient:
         elif isinstance(msg, StartupFailed):
             if not self._ready.done():
                 self._ready.set_exception(RuntimeError(f"engine failed to start: {msg.message}"))
+
+    def _deliver(self, rid: str, msg: ReqOutput | Failed, last: bool) -> None:
+        pend = self._pending.get(rid)
+        if pend is None:
+            return
+        if last:
+            del self._pending[rid]
+        if not pend.abandoned:
+            pend.put(msg)
 
     def _on_dead(self, reason: str) -> None:
         was_alive = self.alive and not self._stopping
@@ -166,25 +174,22 @@ class EngineClient:
             self._on_dead(f"engine pipe broken ({e})")
             raise EngineError(503, "the engine is unavailable: pipe broken") from None
 
-    async def generate(self, rid: str, kwargs: dict) -> AsyncIterator[dict]:
-        """Stream cumulative chunks of one generation; EngineError on rejection or engine death."""
+    async def generate(self, inp: GenerateReqInput) -> AsyncIterator[dict]:
+        """Stream cumulative outputs (SGLang /generate objects) of one generation; EngineError on rejection or death."""
+        rid = inp.rid
         if rid in self._pending:
             raise EngineError(400, f"request id {rid!r} is already in flight")
         pend = _Pending()
-        self._send(GenerateCmd(rid, kwargs))
+        self._send(inp)
         self._pending[rid] = pend
         finished = False
         try:
-            while True:
-                msg = await pend.get()  # a lagging consumer skips to the newest cumulative chunk
-                if isinstance(msg, Chunk):
-                    yield msg.data
-                elif isinstance(msg, Done):
-                    finished = True
-                    return
-                else:
-                    finished = True
+            while not finished:
+                msg = await pend.get()  # a lagging consumer skips to the newest cumulative output
+                finished = msg.finished if isinstance(msg, ReqOutput) else True
+                if isinstance(msg, Failed):
                     raise EngineError(msg.status, msg.message)
+                yield msg.to_json()
         finally:
             if not finished:  # the consumer left early (client disconnect, shutdown): free the KV now
                 pend.abandoned = True
@@ -195,7 +200,7 @@ class EngineClient:
         if rid not in self._pending or not self.alive:
             return False
         try:
-            self._send(AbortCmd(rid))
+            self._send(AbortReq(rid))
         except EngineError:
             return False
         return True
@@ -204,16 +209,17 @@ class EngineClient:
         """Request ids the engine has not reported finished."""
         return list(self._pending)
 
-    async def call(self, method: str, *args, timeout: float = 30.0):
-        """Run one whitelisted engine-side call (see EngineWorker.CALLS) and return its value."""
+    async def call(self, request: CallRequest, timeout: float = 30.0):
+        """Send one call (FlushCacheReq, GetServerInfoReq, TokenizeReq, ...) and return the engine's answer."""
         call_id = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._calls[call_id] = fut
         try:
-            self._send(CallCmd(call_id, method, tuple(args)))
+            self._send(Call(call_id, request))
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
-            raise EngineError(503, f"the engine did not answer {method} within {timeout:.0f} s") from None
+            raise EngineError(503, f"the engine did not answer {type(request).__name__} within {timeout:.0f} s") \
+                from None
         finally:
             self._calls.pop(call_id, None)
 
@@ -226,7 +232,7 @@ class EngineClient:
             self.kill()
             return
         try:
-            self._send(ShutdownCmd())
+            self._send(ShutdownReq())
         except EngineError:
             pass
         await asyncio.to_thread(self._proc.join, timeout)

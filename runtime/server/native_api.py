@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 from aiohttp import web
 
-from ..sampling_params import SamplingParams
-from ..messages import EngineError
+from ..messages import EngineError, GenerateReqInput
+from ..sampling_params import LogprobOptions, SamplingParams
 from .http_common import (ApiError, check_fields, error_body, is_bool, is_dict, is_int, is_int_list, is_str,
                           is_str_list, one_of, read_json_object, send_sse, start_sse)
 from .state import ServerState, new_rid
@@ -36,11 +37,21 @@ UNSUPPORTED = ("image_data", "video_data", "audio_data", "input_embeds", "lora_p
 
 
 def validate_sampling_params(sp: dict, param: str = "sampling_params") -> SamplingParams:
-    """400 naming the problem for unknown names or bad values (the engine's own validation)."""
+    """The request's SamplingParams, validated here once; 400 naming the problem for unknown names or bad values."""
     try:
         return SamplingParams.from_dict(sp)
     except (ValueError, TypeError) as e:
         raise ApiError(400, f"invalid {param}: {e}", param=param) from None
+
+
+def request_input(rid: str, prompt: dict, sampling: SamplingParams, logprob: LogprobOptions,
+                  extra_key: str | None) -> GenerateReqInput:
+    """One engine request (stream=True: the server reads every step's output); 400 for a bad prompt."""
+    try:
+        return GenerateReqInput(rid=rid, sampling=sampling, logprob=logprob, extra_key=extra_key, stream=True,
+                                **prompt)
+    except ValueError as e:
+        raise ApiError(400, str(e), param="text" if "text" in prompt else "input_ids") from None
 
 
 def _per_item(value, n: int, name: str, default):
@@ -51,8 +62,8 @@ def _per_item(value, n: int, name: str, default):
     return [default if value is None else value] * n
 
 
-def parse_generate(body: dict) -> tuple[list[tuple[str, dict]], bool]:
-    """Per-prompt (rid, Engine.generate kwargs) after n-expansion, and whether the answer is a list."""
+def parse_generate(body: dict) -> tuple[list[GenerateReqInput], bool]:
+    """One GenerateReqInput per prompt after n-expansion, and whether the answer is a list."""
     check_fields(body, GENERATE_FIELDS, "request", ignored=UNSUPPORTED)
     for name in UNSUPPORTED:
         if body.get(name) not in (None, False, [], "", {}):
@@ -62,7 +73,7 @@ def parse_generate(body: dict) -> tuple[list[tuple[str, dict]], bool]:
         raise ApiError(400, "give exactly one of text or input_ids", param="text")
     if text is not None:
         batch = isinstance(text, list)
-        prompts = [{"prompt": t} for t in (text if batch else [text])]
+        prompts = [{"text": t} for t in (text if batch else [text])]
     else:
         batch = bool(ids) and isinstance(ids[0], list)
         prompts = [{"input_ids": x} for x in (ids if batch else [ids])]
@@ -81,19 +92,22 @@ def parse_generate(body: dict) -> tuple[list[tuple[str, dict]], bool]:
     keys = _per_item(body.get("extra_key"), k, "extra_key", None)
     items = []
     for i, p in enumerate(prompts):
-        sp = dict(sps[i])
-        n = validate_sampling_params(sp).n
-        sp.pop("n", None)
-        extra = {"extra_key": keys[i]} if keys[i] is not None else {}  # only engines that support it see it
+        sp = validate_sampling_params(sps[i])
+        n = sp.n
+        if n > 1:
+            sp = dataclasses.replace(sp, n=1)  # n samples are n engine requests
+        try:
+            logprob = LogprobOptions(return_logprob=rlp[i], logprob_start_len=starts[i], top_logprobs_num=tops[i],
+                                     return_text_in_logprobs=body.get("return_text_in_logprobs", False))
+        except ValueError as e:
+            raise ApiError(400, str(e), param="logprob_start_len") from None
         for j in range(n):
             rid = rids[i] or new_rid()
             if n > 1:
                 rid = f"{rid}-{j}"
-            items.append((rid, {**p, "sampling_params": sp, "return_logprob": rlp[i], "logprob_start_len": starts[i],
-                                "top_logprobs_num": tops[i],
-                                "return_text_in_logprobs": body.get("return_text_in_logprobs", False), **extra}))
+            items.append(request_input(rid, p, sp, logprob, keys[i]))
         batch = batch or n > 1
-    if len({rid for rid, _ in items}) != len(items):
+    if len({inp.rid for inp in items}) != len(items):
         raise ApiError(400, "request ids in one batch must be distinct", param="rid")
     return items, batch
 
@@ -106,9 +120,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     state.admit(len(items))
     if not body.get("stream"):
         results = await state.run_many(items, "/generate")
-        return web.json_response(results if batch else results[0], headers={"X-Request-Id": items[0][0]})
+        return web.json_response(results if batch else results[0], headers={"X-Request-Id": items[0].rid})
     if not batch:
-        return await _stream_single(request, state, *items[0])
+        return await _stream_single(request, state, items[0])
     return await _stream_batch(request, state, items)
 
 
@@ -120,10 +134,10 @@ async def first_item(gen):
         raise EngineError(500, "the engine finished the request without output") from None
 
 
-async def _stream_single(request, state: ServerState, rid: str, kwargs: dict) -> web.StreamResponse:
-    async with contextlib.aclosing(state.run_one(rid, kwargs, "/generate")) as gen:
+async def _stream_single(request, state: ServerState, inp: GenerateReqInput) -> web.StreamResponse:
+    async with contextlib.aclosing(state.run_one(inp, "/generate")) as gen:
         first = await first_item(gen)  # an early rejection becomes a plain 400, not a 200 stream
-        resp = await start_sse(request, rid)
+        resp = await start_sse(request, inp.rid)
         try:
             await send_sse(resp, first)
             async for chunk in gen:
@@ -137,7 +151,7 @@ async def _stream_single(request, state: ServerState, rid: str, kwargs: dict) ->
 async def _stream_batch(request, state: ServerState, items: list) -> web.StreamResponse:
     async with contextlib.aclosing(state.merge_streams(items, "/generate")) as gen:
         i, first = await first_item(gen)
-        resp = await start_sse(request, items[0][0])
+        resp = await start_sse(request, items[0].rid)
         try:
             await send_sse(resp, {**first, "index": i})
             async for i, chunk in gen:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from ..messages import EngineError
+from ..messages import ChatPromptReq, DetokenizeReq, EngineError, GenerateReqInput
+from ..sampling_params import LogprobOptions
 from .http_common import ApiError, error_body, read_json_object, send_sse, start_sse
-from .native_api import first_item, validate_sampling_params
+from .native_api import first_item, request_input, validate_sampling_params
 from .openai_protocol import (chat_logprobs, chat_messages, check_request, completion_logprobs, finish_reason,
                               sampling_params)
 from .state import ServerState, new_rid
@@ -22,7 +24,7 @@ class _Job:
 
     id: str
     chat: bool
-    items: list  # (rid, engine kwargs)
+    items: list[GenerateReqInput]
     prompt_of: list[int]  # item index -> prompt index
     want_logprobs: bool
     top_logprobs: int
@@ -31,45 +33,45 @@ class _Job:
 
 async def _build_job(state: ServerState, body: dict, chat: bool) -> _Job:
     check_request(body, chat)
-    sp = sampling_params(body, chat)
-    validate_sampling_params({k: v for k, v in sp.items() if v is not None}, "request")
+    sp = validate_sampling_params(sampling_params(body, chat), "request")
+    if sp.n != 1:
+        sp = dataclasses.replace(sp, n=1)  # n samples are n engine requests
     if chat:
         if "messages" not in body:
             raise ApiError(400, "messages is required", param="messages")
         messages = chat_messages(body["messages"])
-        prompt = await state.engine.call("chat_prompt", messages, True, bool(body.get("continue_final_message")),
-                                         body.get("chat_template_kwargs"))
-        prompts = [{"prompt": prompt}]
+        prompt = await state.engine.call(ChatPromptReq(messages, True, bool(body.get("continue_final_message")),
+                                                       body.get("chat_template_kwargs")))
+        prompts = [{"text": prompt}]
         want, top = bool(body.get("logprobs")), int(body.get("top_logprobs") or 0)
     else:
         if "prompt" not in body:
             raise ApiError(400, "prompt is required", param="prompt")
         p = body["prompt"]
         if isinstance(p, str):
-            prompts = [{"prompt": p}]
+            prompts = [{"text": p}]
         elif p and all(isinstance(x, int) for x in p):
             prompts = [{"input_ids": p}]
         elif p and all(isinstance(x, str) for x in p):
-            prompts = [{"prompt": x} for x in p]
+            prompts = [{"text": x} for x in p]
         elif p and all(isinstance(x, list) and x for x in p):
             prompts = [{"input_ids": x} for x in p]
         else:
             raise ApiError(400, "prompt must not be empty", param="prompt")
         want, top = body.get("logprobs") is not None, int(body.get("logprobs") or 0)
-    if body.get("extra_key") is not None:
-        prompts = [{**p, "extra_key": body["extra_key"]} for p in prompts]
+    logprob = LogprobOptions(return_logprob=want, top_logprobs_num=top, logprob_start_len=-1,
+                             return_text_in_logprobs=True)
     job_id = ("chatcmpl-" if chat else "cmpl-") + (body.get("rid") or new_rid())
     n = body.get("n") or 1
     items, prompt_of = [], []
     for i, p in enumerate(prompts):
         for j in range(n):
             rid = job_id if len(prompts) * n == 1 else f"{job_id}-{i}-{j}"
-            items.append((rid, {**p, "sampling_params": dict(sp), "return_logprob": want, "top_logprobs_num": top,
-                                "logprob_start_len": -1, "return_text_in_logprobs": True}))
+            items.append(request_input(rid, p, sp, logprob, body.get("extra_key")))
             prompt_of.append(i)
     job = _Job(job_id, chat, items, prompt_of, want, top)
     if not chat and body.get("echo"):
-        job.echo_texts = [p["prompt"] if "prompt" in p else await state.engine.call("detokenize", p["input_ids"])
+        job.echo_texts = [p["text"] if "text" in p else await state.engine.call(DetokenizeReq(p["input_ids"]))
                           for p in prompts]
     return job
 
@@ -185,7 +187,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 def _model_card(state: ServerState) -> dict:
     return {"id": state.model_name, "object": "model", "created": int(state.started_at), "owned_by": "sglpy",
-            "root": state.info.get("model_path"), "max_model_len": state.info.get("context_len")}
+            "root": state.info.model_path, "max_model_len": state.info.context_len}
 
 
 async def models(request: web.Request) -> web.Response:

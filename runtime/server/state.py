@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import AsyncIterator
 
-from ..messages import EngineError
+from ..messages import EngineError, EngineInfo, GenerateReqInput, GetServerInfoReq
 from .engine_client import EngineClient
 from .http_common import ApiError
 from .metrics import PoolStats, ServerMetrics
@@ -36,11 +36,13 @@ class ServerState:
     @property
     def model_name(self) -> str:
         """The id reported by /v1/models and in OpenAI responses."""
-        return self.config.served_model_name or self.engine.info.get("model_path") or "default"
+        return self.config.served_model_name or (self.engine.info.model_path if self.engine.info else "default")
 
     @property
-    def info(self) -> dict:
+    def info(self) -> EngineInfo:
         """What the engine reported at startup (model path, context, template, special tokens)."""
+        if self.engine.info is None:
+            raise ApiError(503, "the engine is still starting", headers={"Retry-After": str(self.config.retry_after)})
         return self.engine.info
 
     @property
@@ -67,12 +69,13 @@ class ServerState:
     async def pool_stats(self, timeout: float = 5.0) -> PoolStats | None:
         """The engine's current pool/scheduler numbers, or None when it does not answer."""
         try:
-            return PoolStats(await self.engine.call("get_server_info", timeout=timeout))
+            return PoolStats(await self.engine.call(GetServerInfoReq(), timeout=timeout))
         except EngineError:
             return None
 
-    async def run_one(self, rid: str, kwargs: dict, route: str) -> AsyncIterator[dict]:
+    async def run_one(self, inp: GenerateReqInput, route: str) -> AsyncIterator[dict]:
         """Stream one generation's cumulative chunks, recording metrics and one log line at the end."""
+        rid = inp.rid
         t0 = time.perf_counter()
         first = last_t = None
         last_n = 0
@@ -80,7 +83,7 @@ class ServerState:
         outcome = "ok"
         m = self.metrics
         try:
-            async with contextlib.aclosing(self.engine.generate(rid, kwargs)) as gen:
+            async with contextlib.aclosing(self.engine.generate(inp)) as gen:
                 async for chunk in gen:
                     now = time.perf_counter()
                     n = int(chunk.get("meta_info", {}).get("completion_tokens") or 0)
@@ -106,8 +109,7 @@ class ServerState:
             reason = meta.get("finish_reason") or {}
             aborted = outcome != "ok" or (isinstance(reason, dict) and reason.get("type") == "abort")
             if final is not None or outcome.startswith("client"):
-                sp = kwargs.get("sampling_params") or {}
-                m.record_finished(meta, aborted, any(sp.get(k) for k in ("regex", "json_schema", "ebnf")))
+                m.record_finished(meta, aborted, inp.sampling.constraint is not None)
                 m.e2e.observe(e2e)
             if self.config.log_requests:
                 ttft = f"{first - t0:.3f}s" if first is not None else "-"
@@ -117,40 +119,40 @@ class ServerState:
                     reason.get("type") if isinstance(reason, dict) else reason, meta.get("prompt_tokens", "-"),
                     meta.get("completion_tokens", "-"), meta.get("cached_tokens", "-"), ttft, e2e)
 
-    async def run_to_end(self, rid: str, kwargs: dict, route: str) -> dict:
+    async def run_to_end(self, inp: GenerateReqInput, route: str) -> dict:
         """The final (complete) object of one generation."""
         final = None
-        async with contextlib.aclosing(self.run_one(rid, kwargs, route)) as gen:
+        async with contextlib.aclosing(self.run_one(inp, route)) as gen:
             async for chunk in gen:
                 final = chunk
         if final is None:
             raise EngineError(500, "the engine finished the request without output")
         return final
 
-    async def run_many(self, items: list[tuple[str, dict]], route: str) -> list[dict]:
+    async def run_many(self, items: list[GenerateReqInput], route: str) -> list[dict]:
         """Run several generations concurrently; the first failure aborts the others."""
-        tasks = [asyncio.ensure_future(self.run_to_end(rid, kw, route)) for rid, kw in items]
+        tasks = [asyncio.ensure_future(self.run_to_end(inp, route)) for inp in items]
         try:
             return list(await asyncio.gather(*tasks))
         finally:
             for t in tasks:
                 t.cancel()
 
-    async def merge_streams(self, items: list[tuple[str, dict]], route: str) -> AsyncIterator[tuple[int, dict]]:
+    async def merge_streams(self, items: list[GenerateReqInput], route: str) -> AsyncIterator[tuple[int, dict]]:
         """Interleave the chunk streams of several generations as (index, chunk) in arrival order."""
         queue: asyncio.Queue = asyncio.Queue()
         done_marker = object()
 
-        async def pump(i, rid, kw):
+        async def pump(i, inp):
             try:
-                async with contextlib.aclosing(self.run_one(rid, kw, route)) as gen:
+                async with contextlib.aclosing(self.run_one(inp, route)) as gen:
                     async for chunk in gen:
                         await queue.put((i, chunk))
                 await queue.put((i, done_marker))
             except BaseException as e:  # noqa: BLE001 - forwarded to the consumer
                 await queue.put((i, e))
 
-        tasks = [asyncio.ensure_future(pump(i, rid, kw)) for i, (rid, kw) in enumerate(items)]
+        tasks = [asyncio.ensure_future(pump(i, inp)) for i, inp in enumerate(items)]
         remaining = len(tasks)
         try:
             while remaining:

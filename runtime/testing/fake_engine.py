@@ -1,19 +1,28 @@
-"""A small fake of the Engine contract (docs/architecture.md) for server tests: fast, deterministic, breakable.
+"""FakeEngine: a model-free EngineProtocol implementation for server tests (fast, deterministic, breakable).
 
-Outputs are letters derived from the prompt ids, one per `token_delay` seconds; it keeps KV accounting
-(prompt + output tokens held while a request runs) so tests can check nothing leaks. Special prompts:
-"__die__" kills the engine process (os._exit), "__crash__" raises a RuntimeError inside generate.
+`sglpy serve --engine-factory sglpy.runtime.testing.fake_engine:FakeEngine` serves it. It shares the real
+engine's request building, stop rules and output shaping (engine/request_builder.py, stops.py, output.py)
+around a byte-level tokenizer, and runs one step loop: every `token_delay` seconds each running request
+gets one letter derived from its prompt ids, and each sink gets that step's outputs. It keeps KV
+accounting (prompt + output tokens held while a request runs) so tests can check nothing leaks.
+Constraints are refused (it cannot enforce them). Special prompts: "__die__" kills the engine process
+(os._exit), "__crash__" raises a RuntimeError while building the request, "__stall__" stops the step loop.
+Environment: SGLPY_FAKE_TOKEN_DELAY (s per token), SGLPY_FAKE_STARTUP_DELAY, SGLPY_FAKE_STARTUP_FAIL.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 
 from sglpy.runtime.config import EngineConfig
-from sglpy.runtime.sampling_params import SamplingParams
+from sglpy.runtime.core import FinishReason, OutputSink, Req, TokenLogprob
+from sglpy.runtime.engine.output import build_output
+from sglpy.runtime.engine.request_builder import RequestLimits, build_request
+from sglpy.runtime.engine.stops import append_text, check_token_stop
+from sglpy.runtime.engine.tokenizer_ops import TokenizerOps
+from sglpy.runtime.messages import EngineInfo, GenerateReq, GenerateReqInput, StepOutputs
 
 OFFSET = 4  # ids 0-3 are special; id = byte + 4
 EOS_ID = 1
@@ -34,7 +43,7 @@ class FakeTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [b + OFFSET for b in text.encode()]
 
-    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+    def decode(self, ids, skip_special_tokens: bool = False, spaces_between_special_tokens: bool = True) -> str:
         return bytes(i - OFFSET for i in ids if i >= OFFSET).decode(errors="replace")
 
     def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True,
@@ -48,7 +57,7 @@ class FakeTokenizer:
 
 
 class FakeEngine:
-    """Same public surface as sglpy.runtime.engine.Engine; every request runs on its own timer."""
+    """Implements EngineProtocol like sglpy.runtime.engine.Engine, with letters instead of a model."""
 
     def __init__(self, model=None, **fields):
         self.config = EngineConfig(model=model, **fields)
@@ -59,112 +68,110 @@ class FakeEngine:
         self.context_len = self.config.max_context_len or 4096
         self.token_delay = float(os.environ.get("SGLPY_FAKE_TOKEN_DELAY", "0.005"))
         self.tokenizer = FakeTokenizer()
+        self.text = TokenizerOps(self.tokenizer)
+        self.limits = RequestLimits(len(self.tokenizer), self.context_len, self.config.max_total_tokens)
         self._lock = threading.Lock()
-        self._used = 0
-        self._active: dict[str, bool] = {}  # rid -> abort requested
-        self._loop_alive = True
+        self._running: dict[str, Req] = {}
+        self._used = 0  # KV tokens held by running requests
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="fake-engine", daemon=True)
+        self._thread.start()
 
-    def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
-                 logprob_start_len=-1, top_logprobs_num=0, return_text_in_logprobs=False, rid=None, stream=False):
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("give exactly one of prompt or input_ids")
-        sp = SamplingParams.from_dict(sampling_params)
-        if sp.regex is not None:
-            try:
-                re.compile(sp.regex)
-            except re.error as e:
-                raise ValueError(f"invalid regex: {e}") from None
-        if prompt == "__die__":
+    # ---- EngineProtocol ----
+    def info(self) -> EngineInfo:
+        return EngineInfo(model_path=self.model_path, context_len=self.context_len, vocab_size=len(self.tokenizer),
+                          chat_template=self.text.chat_template(), special_tokens=self.text.special_tokens(),
+                          supports_constraints=False)
+
+    def build_request(self, inp: GenerateReqInput) -> GenerateReq:
+        if inp.text == "__die__":
             os._exit(3)
-        if prompt == "__crash__":
+        if inp.text == "__crash__":
             raise RuntimeError("the fake engine crashed on purpose")
-        if prompt == "__stall__":  # the step loop dies: this request (and any other) would wait forever
-            self._loop_alive = False
+        if inp.text == "__stall__":  # the step loop dies: this request (and any other) would wait forever
+            self._stop.set()
             threading.Event().wait()
-        ids = list(input_ids) if input_ids is not None else self.tokenizer.encode(prompt)
-        if any(not 0 <= i < len(self.tokenizer) for i in ids):
-            raise ValueError("input_ids out of vocabulary range")
-        gen = self._run(ids, sp, rid or f"fake-{time.time_ns()}", return_logprob, logprob_start_len,
-                        top_logprobs_num, return_text_in_logprobs)
-        if stream:
-            return gen
-        last = None
-        for last in gen:
-            pass
-        return last
+        return build_request(inp, self.text, self.limits, compile_guide=None)
 
-    def _triple(self, lp, tid, with_text):
-        return [lp, tid, self.tokenizer.decode([tid]) if with_text else None]
-
-    def _run(self, ids, sp, rid, want_lp, lp_start, top_n, with_text):
-        t0 = time.perf_counter()
+    def submit(self, req: GenerateReq, sink: OutputSink) -> None:
+        r = Req(rid=req.rid, input_ids=req.input_ids, sampling=req.sampling, extra_key=req.extra_key, sink=sink,
+                stream=req.stream, **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})
+        if r.logprob_start_len >= 0:  # every prompt token but the first is "scored" -1.0
+            r.input_logprobs = [TokenLogprob(-1.0, t) for t in r.input_ids[max(r.logprob_start_len, 1):]]
         with self._lock:
-            if rid in self._active:
-                raise ValueError(f"duplicate rid {rid}")
-            self._active[rid] = False
-            self._used += len(ids)
-        out: list[int] = []
-        try:
-            finish = {"type": "length", "length": sp.max_new_tokens} if sp.max_new_tokens == 0 else None
-            while finish is None:
-                time.sleep(self.token_delay)
-                with self._lock:
-                    aborted = self._active[rid]
-                if aborted:
-                    finish = {"type": "abort", "message": "aborted"}
-                    break
-                out.append(OFFSET + ord("a") + (sum(ids) + len(out)) % 26)
-                with self._lock:
-                    self._used += 1
-                text = self.tokenizer.decode(out)
-                hit = next((s for s in sp.stop if s in text), None)
-                if hit is not None:
-                    finish = {"type": "stop", "matched": hit}
-                elif len(out) >= sp.max_new_tokens:
-                    finish = {"type": "length", "length": sp.max_new_tokens}
-                if finish is None:
-                    yield self._chunk(rid, ids, out, None, t0, want_lp, lp_start, top_n, with_text, sp)
-            yield self._chunk(rid, ids, out, finish, t0, want_lp, lp_start, top_n, with_text, sp)
-        finally:
-            with self._lock:
-                self._used -= len(ids) + len(out)
-                self._active.pop(rid, None)
+            if req.rid in self._running:
+                raise ValueError(f"duplicate rid {req.rid}")
+            self._running[req.rid] = r
+            self._used += len(r.input_ids)
 
-    def _chunk(self, rid, ids, out, finish, t0, want_lp, lp_start, top_n, with_text, sp):
-        text = self.tokenizer.decode(out)
-        if finish and finish["type"] == "stop" and not sp.no_stop_trim:
-            text = text[: text.index(finish["matched"])]
-        meta = {"id": rid, "finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": len(out),
-                "cached_tokens": 0, "e2e_latency": time.perf_counter() - t0}
-        if want_lp:
-            start = 0 if lp_start < 0 else lp_start
-            meta["input_token_logprobs"] = [self._triple(None if p == 0 else -1.0, ids[p], with_text)
-                                            for p in range(start, len(ids))] if lp_start >= 0 else []
-            meta["output_token_logprobs"] = [self._triple(-0.5, t, with_text) for t in out]
-            if top_n:
-                meta["output_top_logprobs"] = [[self._triple(-0.5 - k, t + k, with_text) for k in range(top_n)]
-                                               for t in out]
-        return {"text": text, "output_ids": list(out), "meta_info": meta}
-
-    def is_alive(self) -> bool:
-        return self._loop_alive
-
-    def abort(self, rid):
+    def abort(self, rid: str) -> None:
         with self._lock:
-            if rid in self._active:
-                self._active[rid] = True
+            r = self._running.get(rid)
+            if r is not None and not r.finished:
+                r.finish_reason = FinishReason("abort", message="aborted")
 
     def flush_cache(self) -> bool:
         with self._lock:
-            return not self._active
+            return not self._running
 
     def get_server_info(self) -> dict:
         with self._lock:
             total = self.config.max_total_tokens
             return {"model_path": self.model_path, "max_total_num_tokens": total, "max_context_len": self.context_len,
                     "kv_free": total - self._used, "kv_evictable": 0, "kv_used": self._used,
-                    "num_running_reqs": len(self._active), "num_waiting_reqs": 0, "prompt_tokens": 0,
+                    "num_running_reqs": len(self._running), "num_waiting_reqs": 0, "prompt_tokens": 0,
                     "cached_tokens": 0}
 
-    def shutdown(self):
-        pass
+    def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        return self.text.tokenize(texts, add_special_tokens)
+
+    def detokenize(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.text.detokenize(ids, skip_special_tokens)
+
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, template_kwargs: dict | None = None) -> str:
+        return self.text.chat_prompt(messages, add_generation_prompt, continue_final_message, template_kwargs)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    # ---- the step loop ----
+    def _loop(self) -> None:
+        while not self._stop.wait(self.token_delay):
+            with self._lock:
+                reqs = list(self._running.values())
+                for r in reqs:
+                    if not r.finished:
+                        self._append(r)
+                done = [r for r in reqs if r.finished]
+                for r in done:
+                    del self._running[r.rid]
+                    self._used -= len(r.input_ids) + len(r.output_ids)
+            by_sink: dict[int, tuple[OutputSink, list]] = {}
+            for r in reqs:
+                if r.finished or r.stream:
+                    by_sink.setdefault(id(r.sink), (r.sink, []))[1].append(build_output(r, self.tokenizer))
+            for sink, outs in by_sink.values():
+                sink(StepOutputs(outs))
+
+    def _append(self, r: Req) -> None:
+        """One fake token: a letter from the prompt ids, then the real stop rules."""
+        if r.sampling.max_new_tokens == 0:
+            r.finish_reason = FinishReason("length", length=0)
+            return
+        token = OFFSET + ord("a") + (sum(r.input_ids) + len(r.output_ids)) % 26
+        r.output_ids.append(token)
+        self._used += 1
+        if r.first_token_time is None:
+            r.first_token_time = time.perf_counter()
+        if r.return_logprob:
+            r.output_logprobs.append(TokenLogprob(-0.5, token, tuple((-0.5 - k, token + k)
+                                                                     for k in range(r.top_logprobs_num))))
+        reason = check_token_stop(r, token, {EOS_ID}, self.context_len)
+        reason = append_text(r, self.tokenizer.decode([token])) or reason
+        if reason is not None:
+            r.finish_reason = reason
