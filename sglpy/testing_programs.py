@@ -344,5 +344,3 @@ PROGRAMS = {p.__name__.removeprefix("program_"): p for p in (
     program_json_schema, program_expert_answer, program_tool_use, program_react, program_parallel_decoding,
     program_parallel_encoding, program_stream, program_regex, program_dtype_gen, program_gen_min_new_tokens,
     program_run_batch_progress_bar, program_run_async)}
-# Programs whose assertions hold only if the backend enforces regex / JSON-schema constraints.
-CONSTRAINED_PROGRAMS = {"decode_int", "decode_json_regex", "json_schema", "tool_use", "regex", "dtype_gen"}

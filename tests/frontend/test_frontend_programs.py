@@ -37,15 +37,7 @@ def http_runtime():
     runtime.shutdown()
 
 
-def _constraints_supported(backend) -> bool:
-    if hasattr(backend, "engine"):
-        return getattr(backend.engine, "constrained", None) is not None
-    return bool(backend.model_info.get("supports_constraints"))
-
-
 def _run(backend, name):
-    if name in programs.CONSTRAINED_PROGRAMS and not _constraints_supported(backend):
-        pytest.skip("the runtime has no constrained-decoding hook yet (regex/json_schema would be ignored)")
     old = sgl.global_config.default_backend
     sgl.set_default_backend(backend)
     try:

@@ -21,5 +21,6 @@ def test_serving_benchmark_smoke(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [(r["cache"], r["offered_rps"]) for r in rows] == [("on", 2.0), ("on", 8.0), ("off", 2.0), ("off", 8.0)]
     assert all(r["errors"] == 0 and r["requests"] >= 1 and r["ttft_p50"] > 0 for r in rows)
+    assert all(r["health_p50_ms"] > 0 and r["health_max_ms"] >= r["health_p50_ms"] for r in rows)
     assert "cache on:" in proc.stdout and "cache off:" in proc.stdout
     assert pathlib.Path(out.with_suffix(".svg")).read_text().startswith("<svg")
