@@ -234,7 +234,7 @@ class StreamExecutor:
             raise TypeError(f"unknown program node {type(node).__name__}")
 
     def _execute_gen(self, node: SglGen) -> None:
-        params = self.default_sampling.resolve(node.overrides, self.chat_template.stop_str).lowered()
+        params = self.default_sampling.resolve(node.overrides, self.chat_template.stop_str)  # dtype lowered
         self._reset_buffer(node.name)
         n = params.sampling.n
         if self.stream and n == 1:

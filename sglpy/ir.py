@@ -53,8 +53,9 @@ class GenParams:
         return {n: getattr(self, n) for n in LogprobOptions.field_names() if getattr(self, n) is not None}
 
     def resolve(self, overrides: dict, extra_stops: tuple = ()) -> "GenParams":
-        """These defaults overridden by every gen keyword that is set (None = inherit), then the template's stops."""
-        sampling, options = {}, {}
+        """These defaults overridden by every gen keyword that is set (None = inherit), the template's stops
+        appended, and dtype lowered to a regex plus its stops: one SamplingParams built (validated) once."""
+        fields, options = {}, {}
         for key, value in overrides.items():
             if value is None:
                 continue
@@ -62,24 +63,26 @@ class GenParams:
             if name in self.OPTIONS:
                 options[name] = value
             elif name in SamplingParams.field_names():
-                sampling[name] = value
+                fields[name] = value
             else:
                 raise TypeError(f"unknown gen keyword {key!r}")
-        sp = dataclasses.replace(self.sampling, **sampling) if sampling else self.sampling
-        extra = tuple(s for s in extra_stops if s not in sp.stop)
-        if extra:
-            sp = dataclasses.replace(sp, stop=sp.stop + extra)
-        return dataclasses.replace(self, sampling=sp, **options)
+        dtype = options.pop("dtype", self.dtype)
+        stops = tuple(extra_stops)
+        if dtype is not None:
+            regex, dtype_stops = dtype_to_regex(dtype)  # dtype wins over an explicit regex, like SGLang
+            fields.update(regex=regex, json_schema=None, ebnf=None, choices=None)
+            stops += dtype_stops
+        if stops:
+            stop = fields.get("stop", self.sampling.stop)
+            stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+            fields["stop"] = stop + tuple(dict.fromkeys(s for s in stops if s not in stop))
+        sp = dataclasses.replace(self.sampling, **fields) if fields else self.sampling
+        return dataclasses.replace(self, sampling=sp, dtype=None, **options)
 
     def lowered(self) -> "GenParams":
-        """dtype turned into a regex plus stops (dtype wins over an explicit regex, like SGLang)."""
-        if self.dtype is None:
-            return self
-        regex, stops = dtype_to_regex(self.dtype)
-        sp = self.sampling
-        sp = dataclasses.replace(sp, regex=regex, json_schema=None, ebnf=None, choices=None,
-                                 stop=sp.stop + tuple(s for s in stops if s not in sp.stop))
-        return dataclasses.replace(self, sampling=sp, dtype=None)
+        """dtype turned into a regex plus stops (resolve() already does this; for params built directly)."""
+        return self if self.dtype is None else GenParams(self.sampling, **self.logprob_fields()).resolve(
+            {"dtype": self.dtype})
 
 
 # ---------------------------------------------------------------- expression nodes
