@@ -1,5 +1,6 @@
 """Guards for the package-dir mapping (runtime/ grammar/ kernels/ -> sglpy.*)."""
 
+import ast
 import os
 import pathlib
 import re
@@ -44,7 +45,23 @@ def test_every_listed_package_has_a_package_dir_entry():
 
 
 def test_tests_folder_is_not_a_package():
-    assert not (ROOT / "tests" / "__init__.py").exists()
+    assert not list((ROOT / "tests").rglob("__init__.py"))
+    assert {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))} == {
+        "frontend", "runtime", "grammar", "kernels", "server"}
+
+
+def test_every_module_says_what_it_owns():
+    missing = [str(p.relative_to(ROOT)) for folder in ("sglpy", "runtime", "grammar", "kernels")
+               for p in (ROOT / folder).rglob("*.py") if not ast.get_docstring(ast.parse(p.read_text(encoding="utf-8")))]
+    assert missing == []
+
+
+def test_shared_types_fake_engine_and_server_import_without_torch():
+    code = ("import sys, sglpy.runtime.sampling_params, sglpy.runtime.messages, sglpy.runtime.core, "
+            "sglpy.runtime.engine, sglpy.runtime.engine.request_builder, sglpy.runtime.engine.stops, "
+            "sglpy.runtime.server, sglpy.runtime.testing.fake_engine; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_no_top_level_imports_of_mapped_folders():
