@@ -7,6 +7,10 @@ reports a regex stop by its pattern. A streamed chunk never shows text that a la
 for a stop string, the longest suffix that is a prefix of it is held back; for a stop_regex, everything
 from the earliest position where a match could still start (a partial match reaching the end of the text,
 found with the `regex` module's partial matching) is held back.
+
+A stop_regex is matched by the `regex` module (VERSION0: Python `re` syntax and semantics) with a time
+limit per search, STOP_REGEX_TIMEOUT_S: a pattern that backtracks catastrophically on the output ends its
+own request (StopRegexTimeout, isolated by the step loop) instead of stalling every request in the batch.
 """
 
 from __future__ import annotations
@@ -32,6 +36,33 @@ def check_token_stop(req: Req, token: int, eos_ids: set[int], max_context: int) 
     return None
 
 
+STOP_REGEX_TIMEOUT_S = 0.05
+
+
+class StopRegexTimeout(ValueError):
+    """A stop_regex search ran past STOP_REGEX_TIMEOUT_S on a request's output (the request's own pattern)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _search_pattern(pattern: str):
+    """The stop_regex compiled by the `regex` module (time-limited searches), or None if it reads it differently."""
+    try:
+        return regex.compile(pattern, flags=regex.VERSION0)
+    except regex.error:
+        return None
+
+
+def _search(pattern: str, compiled_re, text: str, partial: bool = False):
+    compiled = _search_pattern(pattern)
+    if compiled is None:
+        return None if partial else compiled_re.search(text)  # rare: only Python's `re` reads it (no time limit)
+    try:
+        return compiled.search(text, partial=partial, timeout=STOP_REGEX_TIMEOUT_S)
+    except TimeoutError:
+        raise StopRegexTimeout(f"stop_regex {pattern!r} took more than {STOP_REGEX_TIMEOUT_S * 1000:.0f} ms on "
+                               f"{len(text)} characters of output (catastrophic backtracking)") from None
+
+
 def _first_text_stop(text: str, s: SamplingParams, old_len: int) -> tuple[int, int, str] | None:
     """(start, end, matched) of the earliest stop string (in the new text's window) or stop_regex match."""
     best = None
@@ -42,7 +73,7 @@ def _first_text_stop(text: str, s: SamplingParams, old_len: int) -> tuple[int, i
             if idx != -1 and (best is None or idx < best[0]):
                 best = (idx, idx + len(stop), stop)
     for pattern, compiled in zip(s.stop_regex, s.compiled_stop_regex()):
-        m = compiled.search(text)
+        m = _search(pattern, compiled, text)
         if m is not None and (best is None or m.start() < best[0]):
             best = (m.start(), m.end(), pattern)
     return best
@@ -65,15 +96,6 @@ def append_text(req: Req, delta: str) -> FinishReason | None:
     return FinishReason("stop", matched=matched)
 
 
-@functools.lru_cache(maxsize=256)
-def _partial_pattern(pattern: str):
-    """The stop_regex for partial matching, or None if the `regex` module reads it differently from `re`."""
-    try:
-        return regex.compile(pattern, flags=regex.VERSION0)
-    except regex.error:
-        return None
-
-
 def visible_text(req: Req) -> str:
     """Text safe to stream: withholds a tail that a stop string or stop_regex could still cut off."""
     s = req.sampling
@@ -87,10 +109,9 @@ def visible_text(req: Req) -> str:
                 cut = min(cut, len(text) - k)
                 break
     for pattern in s.stop_regex:
-        compiled = _partial_pattern(pattern)
-        if compiled is None:
+        if _search_pattern(pattern) is None:
             return ""  # cannot tell where a match could start: show nothing until the request ends
-        m = compiled.search(text, partial=True)
+        m = _search(pattern, None, text, partial=True)
         if m is not None:
             cut = min(cut, m.start())
     return text[:cut]

@@ -135,3 +135,23 @@ def test_unvalidated_values_abort_only_their_request(engine, baseline, field, va
     for name, _, _, _ in NEIGHBOURS:
         _same(out[name], baseline[name])
     _assert_no_leak(engine)
+
+
+def test_a_catastrophic_stop_regex_ends_its_own_request(tiny_model_path):
+    """(x|x)+z backtracks exponentially on a run of x: the search is time-limited, the request ends alone."""
+    eng = Engine(tiny_model_path, max_total_tokens=4096, debug_invariants=True, disable_jump_forward=True)
+    try:
+        import concurrent.futures
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            bad = pool.submit(eng.generate, "x", {"max_new_tokens": 80, "temperature": 0, "regex": "x{60,80}",
+                                                  "stop_regex": [r"(x|x)+z"]})
+            good = [pool.submit(eng.generate, p, sp) for _, p, sp, _ in NEIGHBOURS[:2]]
+            reason = bad.result(timeout=300)["meta_info"]["finish_reason"]
+            assert reason["type"] == "abort" and "stop_regex" in reason["message"], reason
+            for g in good:
+                assert g.result(timeout=300)["meta_info"]["finish_reason"]["type"] == "length"
+        info = eng.get_server_info()
+        assert info["kv_used"] == 0 and info["num_running_reqs"] == 0
+    finally:
+        eng.shutdown()
