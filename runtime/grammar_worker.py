@@ -1,7 +1,7 @@
 """The grammar compile worker process: compiles one constraint at a time, off the engine's GIL. Torch-free.
 
-Started by the engine's GrammarService (engine/grammar_service.py) as `python -m sglpy.runtime.grammar_worker
-READ_FD WRITE_FD`: a fresh interpreter (no fork of the engine, no re-import of the caller's __main__). It
+Started by the engine's GrammarService (engine/grammar_service.py) as this module run as __main__ with
+READ_FD WRITE_FD (after `os.nice`, before any import): a fresh interpreter (no fork of the engine, no re-import of the caller's __main__). It
 receives a `WorkerInit` (the tokenizer's vocabulary and the compile limits), warms its tables, then
 answers `CompileJob`s with `CompileDone` (the guide pickled without its TokenizerInfo: `pack_guide` /
 `unpack_guide`). A `CancelJob` sets the running compile's cancel flag (honoured where the grammar
@@ -173,9 +173,7 @@ def worker_main(read_fd: int, write_fd: int) -> None:
     _die_with_parent()
     parent = os.getppid()
     conn_in, conn_out = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
-    init: WorkerInit = conn_in.recv()
-    if init.nice:
-        os.nice(init.nice)
+    init: WorkerInit = conn_in.recv()  # (the launcher already lowered this process's priority by init.nice)
     from sglpy.grammar import GrammarCompiler, GrammarError, TokenizerInfo
     from sglpy.grammar.ebnf_imports import bundled_grammars
 

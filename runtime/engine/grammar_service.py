@@ -67,8 +67,11 @@ class _Worker:
         r_cmd, w_cmd = os.pipe()
         r_out, w_out = os.pipe()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self.proc = subprocess.Popen([sys.executable, "-m", "sglpy.runtime.grammar_worker", str(r_cmd), str(w_out)],
-                                     pass_fds=(r_cmd, w_out), stdin=subprocess.DEVNULL, env=env)
+        # lower the priority before any import, so even the worker's startup yields the CPU to the engine
+        boot = (f"import os, runpy, sys; os.nice({init.nice}); sys.argv[1:] = [{r_cmd}, {w_out}]; "
+                "runpy.run_module('sglpy.runtime.grammar_worker', run_name='__main__', alter_sys=True)")
+        self.proc = subprocess.Popen([sys.executable, "-c", boot], pass_fds=(r_cmd, w_out), stdin=subprocess.DEVNULL,
+                                     env=env)
         os.close(r_cmd)
         os.close(w_out)
         self.send_conn, self.recv_conn = Connection(w_cmd, readable=False), Connection(r_out, writable=False)
