@@ -173,7 +173,10 @@ def worker_main(read_fd: int, write_fd: int) -> None:
     _die_with_parent()
     parent = os.getppid()
     conn_in, conn_out = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
-    init: WorkerInit = conn_in.recv()  # (the launcher already lowered this process's priority by init.nice)
+    try:
+        init: WorkerInit = conn_in.recv()  # (the launcher already lowered this process's priority by init.nice)
+    except (EOFError, OSError):
+        os._exit(0)  # the engine went away before this worker started
     from sglpy.grammar import GrammarCompiler, GrammarError, TokenizerInfo
     from sglpy.grammar.ebnf_imports import bundled_grammars
 
