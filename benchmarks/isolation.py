@@ -1,7 +1,8 @@
 """Isolation benchmark: a plain request's latency alone, during a worst-case compile, and during a fault storm.
 
 Starts `sglpy serve` (default model unless --model) and measures, over HTTP, the end-to-end latency of a
-plain greedy request (16 tokens) sent one after another:
+plain greedy request (16 tokens) sent one after another. Other jobs share the CPU, so every case is
+bracketed by plain runs just before and just after it, and its ratio is against their median:
   alone                 nothing else running
   compile (process)     while another client's worst-case regex compiles in the compile workers
   compile (thread)      the same with --grammar-workers 0: the compile runs on a thread of the engine
@@ -110,7 +111,7 @@ def main() -> None:
         results["cold_start_s"] = time.monotonic() - t0
         plain_latencies(s, 2)  # warm-up
         alone = plain_latencies(s, args.requests)
-        rows.append(("alone", summary(alone), load(), ""))
+        rows.append(("alone", summary(alone), alone, load(), ""))
         for regex in WORST:
             box: dict = {}
             th = hostile_compile(s, regex, box)
@@ -118,9 +119,11 @@ def main() -> None:
             lat = plain_latencies(s, args.requests, stop_when=lambda: not th.is_alive())
             still = th.is_alive()
             th.join()
-            rows.append((f"compile (process) {regex}", summary(lat), load(),
+            after = plain_latencies(s, args.requests)
+            rows.append((f"compile (process) {regex}", summary(lat), alone + after, load(),
                          f"compile {box['status']} after {box['seconds']:.1f} s; still compiling when the plain "
                          f"requests ended: {still}"))
+            alone = after
         stop, counts = threading.Event(), {}
         storms = [threading.Thread(target=storm, args=(s, stop, counts), daemon=True) for _ in range(4)]
         for th in storms:
@@ -130,7 +133,8 @@ def main() -> None:
         stop.set()
         for th in storms:
             th.join(120)
-        rows.append(("fault storm (4 clients)", summary(lat), load(), f"hostile answers: {counts}"))
+        after = plain_latencies(s, args.requests)
+        rows.append(("fault storm (4 clients)", summary(lat), alone + after, load(), f"hostile answers: {counts}"))
         # restart: kill the engine process, time until it serves again
         pid = s.get("/get_server_info").json()["engine_pid"]
         t1 = time.monotonic()
@@ -148,24 +152,24 @@ def main() -> None:
     with run_server(*common, "--grammar-workers", "0", startup_timeout=600) as s:
         plain_latencies(s, 2)
         alone_t = plain_latencies(s, args.requests)
-        rows.append(("alone (thread mode server)", summary(alone_t), load(), ""))
+        rows.append(("alone (thread mode server)", summary(alone_t), alone_t, load(), ""))
         for regex in WORST[:1]:
             box = {}
             th = hostile_compile(s, regex, box)
             time.sleep(0.3)
             lat = plain_latencies(s, max(2, args.requests // 4), stop_when=lambda: not th.is_alive())
-            rows.append((f"compile (thread) {regex}", summary(lat), load(),
+            rows.append((f"compile (thread) {regex}", summary(lat), alone_t, load(),
                          f"compile still running: {th.is_alive()} (unbounded in thread mode; server stopped)"))
         s.proc.kill()  # the compile cannot be stopped in thread mode
 
-    base = summary(alone)["median_s"]
     print(f"\n{'case':<62} {'n':>3} {'median s':>9} {'max s':>8} {'x alone':>8}  load / notes")
-    for name, st, ld, note in rows:
-        print(f"{name:<62} {st['n']:>3} {st['median_s']:>9.3f} {st['max_s']:>8.3f} {st['median_s'] / base:>8.2f}  "
-              f"{ld}  {note}")
+    for name, st, ref, ld, note in rows:
+        ratio = st["median_s"] / statistics.median(ref)
+        print(f"{name:<62} {st['n']:>3} {st['median_s']:>9.3f} {st['max_s']:>8.3f} {ratio:>8.2f}  {ld}  {note}")
     print(f"\ncold start (spawn -> /health 200): {results['cold_start_s']:.1f} s; engine SIGKILL -> /health 200: "
           f"{results['restart_to_health_s']:.1f} s, -> first answer {results['restart_to_first_answer_s']:.1f} s")
-    results["rows"] = [{"case": n, **st, "load": ld, "note": note} for n, st, ld, note in rows]
+    results["rows"] = [{"case": n, **st, "x_alone": st["median_s"] / statistics.median(ref), "load": ld, "note": note}
+                       for n, st, ref, ld, note in rows]
     results["load_after"] = load()
     if args.json:
         with open(args.json, "w") as f:

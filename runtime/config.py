@@ -29,7 +29,7 @@ class EngineConfig:
     seed: int = 0
     debug_invariants: bool = False  # check KV accounting after every step (tests)
     grammar_workers: int = 2  # compile worker processes; 0 = compile on a thread of the engine (holds its GIL)
-    grammar_compile_timeout: float = 5.0  # CPU seconds one constraint compile may use (wall cap: 4x + 5 s)
+    grammar_compile_timeout: float = 5.0  # CPU seconds one constraint compile may use (wall cap: 10x + 10 s)
     grammar_max_states: int = 20_000  # largest automaton one constraint (or EBNF terminal) may compile to
 
     def __post_init__(self):

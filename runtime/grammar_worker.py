@@ -1,8 +1,8 @@
 """The grammar compile worker process: compiles one constraint at a time, off the engine's GIL. Torch-free.
 
 Started by the engine's GrammarService (engine/grammar_service.py) as this module run as __main__ with
-READ_FD WRITE_FD (after `os.nice`, before any import): a fresh interpreter (no fork of the engine, no re-import of the caller's __main__). It
-receives a `WorkerInit` (the tokenizer's vocabulary and the compile limits), warms its tables, then
+READ_FD WRITE_FD (after `os.nice`, before any import): a fresh interpreter (no fork of the engine, no
+re-import of the caller's __main__). It receives a `WorkerInit` (the tokenizer's vocabulary and the compile limits), warms its tables, then
 answers `CompileJob`s with `CompileDone` (the guide pickled without its TokenizerInfo: `pack_guide` /
 `unpack_guide`). A `CancelJob` sets the running compile's cancel flag (honoured where the grammar
 package checks a budget); the service kills a worker that does not stop in time.

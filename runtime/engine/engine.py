@@ -153,7 +153,7 @@ class Engine(OfflineAPI):
         self._inbox.put(_Submit(r))
 
     def abort(self, rid: str) -> None:
-        """Abort a compiling, waiting or running request (its compile stops, its KV is freed); unknown rids are ignored."""
+        """Abort a compiling, waiting or running request (its compile stops, its KV is freed); unknown rids: no-op."""
         fut = self._compiling.pop(rid, None)
         if fut is not None:
             fut.cancel()

@@ -2,8 +2,9 @@
 
 Every per-request phase after a forward (input logprobs, grammar mask, sampling, output logprobs, grammar
 advance, stop checks, detokenization, stop strings / stop_regex, jump-forward, output shaping) catches its
-exceptions per request and calls `Isolation.fail`; batched phases (mask + sampling, logprobs) are tried for the whole batch first and, only
-if that raises, redone row by row so the culprit is found and the rest of the batch goes on.
+exceptions per request and calls `Isolation.fail`; batched phases (mask + sampling, logprobs) are tried
+for the whole batch first and, only if that raises, redone row by row so the culprit is found and the
+rest of the batch goes on.
 `hook(phase, req)`, when set, is called at each phase for each request: tests inject a fault for one rid.
 """
 

@@ -32,7 +32,7 @@ ENGINE_FLAG_HELP = {
     "grammar_workers": "constraint compile worker processes (0: compile on a thread of the engine process, "
     "which stalls the step loop while it runs)",
     "grammar_compile_timeout": "CPU seconds one regex / json_schema / ebnf / choices compile may use before it "
-    "is refused with 400 (wall-clock cap: 4x this + 5 s)",
+    "is refused with 400 (wall-clock cap: 10x this + 10 s)",
     "grammar_max_states": "largest automaton (DFA states) one constraint may compile to; larger ones get 400",
 }
 
@@ -94,7 +94,8 @@ class ServerConfig:
         if not isinstance(self.max_queued_requests, int) or self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be an int >= 0, got {self.max_queued_requests!r}")
         if not isinstance(self.engine_restart_attempts, int) or not 0 <= self.engine_restart_attempts <= 1000:
-            raise ValueError(f"engine_restart_attempts must be an int in [0, 1000], got {self.engine_restart_attempts!r}")
+            raise ValueError(f"engine_restart_attempts must be an int in [0, 1000], "
+                             f"got {self.engine_restart_attempts!r}")
         for name in ("graceful_shutdown_timeout", "engine_startup_timeout", "health_generate_timeout",
                      "health_stall_timeout", "engine_restart_backoff"):
             v = getattr(self, name)
