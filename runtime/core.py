@@ -94,6 +94,7 @@ class Req:
     num_jumped_tokens: int = 0  # tokens appended by jump-forward (no model step)
     grammar: Any = None  # per-request guide state holder (constrained decoding)
     generator: Any = None  # torch.Generator of a seeded request (created on first sample)
+    logit_bias_rows: Any = None  # (token ids, biases) tensors of sampling.logit_bias (built on first sample)
 
     @property
     def all_ids(self) -> list[int]:

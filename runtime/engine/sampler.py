@@ -78,9 +78,12 @@ class Sampler:
                     counts = counts[:vocab].to(logits.dtype)
                     logits[i] -= s.frequency_penalty * counts + s.presence_penalty * (counts > 0).to(logits.dtype)
             if s.logit_bias:
-                for tok, bias in s.logit_bias.items():
-                    if 0 <= tok < vocab:
-                        logits[i, tok] += bias
+                if r.logit_bias_rows is None:  # once per request: a vocabulary-sized bias must not cost every step
+                    items = [(t, b) for t, b in s.logit_bias.items() if 0 <= t < vocab]
+                    r.logit_bias_rows = (torch.tensor([t for t, _ in items], dtype=torch.int64, device=logits.device),
+                                         torch.tensor([b for _, b in items], dtype=logits.dtype, device=logits.device))
+                ids, values = r.logit_bias_rows
+                logits[i, ids] += values  # ids are distinct (dict keys)
             if len(r.output_ids) < s.min_new_tokens and r.grammar is None:  # the constraint wins
                 # below min_new_tokens nothing may end the request
                 stop_ids = [t for t in (eos_ids | set(s.stop_token_ids)) if 0 <= t < vocab]

@@ -155,3 +155,16 @@ def test_a_catastrophic_stop_regex_ends_its_own_request(tiny_model_path):
         assert info["kv_used"] == 0 and info["num_running_reqs"] == 0
     finally:
         eng.shutdown()
+
+
+def test_a_vocabulary_sized_logit_bias_is_applied_exactly(engine):
+    """Built once per request as tensors (a per-step loop over 49k entries cost ~0.5 s per step for the batch)."""
+    vocab = engine.limits.vocab_size
+    target = 1234
+    bias = {t: -50.0 for t in range(vocab)}
+    bias[target] = 50.0
+    out = engine.generate("Anything", {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True, "logit_bias": bias})
+    assert out["output_ids"] == [target] * 5
+    small = engine.generate("Anything", {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True,
+                                         "logit_bias": {"77": 100.0}})
+    assert small["output_ids"] == [77] * 3
