@@ -35,9 +35,14 @@ logger = logging.getLogger(__name__)
 GRACE_S = 1.0  # a cancelled worker that is still busy after this is killed and replaced
 CACHE_BYTES = 1 << 30  # compiled guides kept at most (a 20k-state guide is tens of MB)
 # Worker priority. Measured on the 2-core box (plain request during a 5 s compile, vs alone): nice 0
-# 1.27-1.67x, nice 10 0.92-1.15x, nice 19 0.7-1.0x, but at nice 19 ordinary compiles starved behind other
-# jobs on a busy shared box (a 1 s compile ran past a 25 s wall cap); nice 10 keeps about a tenth of a core.
-NICE = 10
+# 1.27-1.67x, nice 10 0.92-1.48x, nice 19 0.7-1.0x, but at nice 19 ordinary compiles starved behind other
+# jobs on a busy shared box (a 1 s compile ran past a 25 s wall cap; at load 6 even nice 10 got ~4% of a
+# core). So a compile starts at nice 5 and, once it has used DEMOTE_S of CPU (ordinary compiles take well
+# under a second), drops to nice 19 for the rest of its budget; a demoted worker is replaced after that job
+# (an unprivileged process cannot raise its priority back).
+NICE = 5
+DEMOTED_NICE = 19
+DEMOTE_S = 1.0
 WALL_FACTOR = 10.0  # a starved worker (busy box) still gets budget * 10 + 10 s of wall time
 _CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -82,6 +87,8 @@ class _Worker:
         self.ready = False
         self.job: _Job | None = None
         self.kill_at: float | None = None
+        self.demoted = False  # reniced to DEMOTED_NICE during a long compile: replaced once it is free
+        self.refused = 0  # file opens its sandbox refused so far
         self.send_conn.send(init)
 
     def kill(self) -> None:
@@ -201,7 +208,9 @@ class GrammarService:
                     if obj == self._wake_r:
                         os.read(self._wake_r, 4096)
                     else:
-                        self._receive(next(w for w in self._workers if w.recv_conn is obj))
+                        w = next((w for w in self._workers if w.recv_conn is obj), None)
+                        if w is not None:  # (a worker replaced earlier in this round is gone)
+                            self._receive(w)
                 self._check_budgets()
         except Exception:  # noqa: BLE001 - keep callers from waiting forever
             logger.exception("grammar service failed")
@@ -256,7 +265,10 @@ class GrammarService:
             w.ready, self._start_failures = True, 0
         elif isinstance(msg, CompileDone) and w.job is not None and msg.job_id == w.job.job_id:
             job, w.job, w.kill_at = w.job, None, None
-            self.stats["refused_opens"] = max(self.stats["refused_opens"], msg.refused_opens)
+            if w.demoted:
+                self._lost(w, "")  # its priority stays low: a fresh worker takes its place
+            self.stats["refused_opens"] += msg.refused_opens - w.refused
+            w.refused = msg.refused_opens
             self.stats["compile_s"] += msg.seconds
             if job.over:
                 return
@@ -284,6 +296,12 @@ class GrammarService:
                 continue
             cpu = _cpu_seconds(w.proc.pid)
             used = cpu - job.cpu0 if cpu is not None and job.cpu0 is not None else now - job.started
+            if used > DEMOTE_S and not w.demoted:
+                w.demoted = True
+                try:
+                    os.setpriority(os.PRIO_PROCESS, w.proc.pid, DEMOTED_NICE)
+                except (OSError, AttributeError):
+                    pass
             if used > self.timeout_s or now - job.started > self.wall_s:
                 self.stats["timeouts"] += 1
                 self._finish(job, error=f"{job.kind} constraint ran past its compile budget ({self.timeout_s:g} s "
