@@ -78,8 +78,8 @@ STORM = [
 ]
 
 
-def storm(s, stop: threading.Event, counts: dict) -> None:
-    i = 0
+def storm(s, stop: threading.Event, counts: dict, first: int) -> None:
+    i = first  # clients start at different kinds, so every kind is in the storm
     while not stop.is_set():
         body = dict(STORM[i % len(STORM)])
         timeout = body.pop("timeout", 120)
@@ -125,11 +125,11 @@ def main() -> None:
                          f"requests ended: {still}"))
             alone = after
         stop, counts = threading.Event(), {}
-        storms = [threading.Thread(target=storm, args=(s, stop, counts), daemon=True) for _ in range(4)]
+        storms = [threading.Thread(target=storm, args=(s, stop, counts, 2 * k), daemon=True) for k in range(4)]
         for th in storms:
             th.start()
         time.sleep(1.0)
-        lat = plain_latencies(s, args.requests)
+        lat = plain_latencies(s, 2 * args.requests)
         stop.set()
         for th in storms:
             th.join(120)
