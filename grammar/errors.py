@@ -1,5 +1,9 @@
-"""The one exception type of the grammar package."""
+"""The exception types of the grammar package."""
 
 
 class GrammarError(ValueError):
-    """A constraint cannot be compiled: bad syntax, an unsupported construct/keyword, or a size limit."""
+    """A constraint cannot be compiled: bad syntax, an unsupported construct/keyword, or a size/time limit."""
+
+
+class CompileCancelled(GrammarError):
+    """The compile was cancelled from outside (its cancel flag was set) before it finished."""

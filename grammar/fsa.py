@@ -1,0 +1,118 @@
+"""Boolean algebra on byte DFAs: intersection, union, difference (product construction), then trim + minimise."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .budget import CompileBudget
+from .dfa import DEAD, ByteDFA, _minimise, _trim
+
+_OPS = {
+    "and": lambda a, b: a & b,
+    "or": lambda a, b: a | b,
+    "diff": lambda a, b: a & ~b,
+}
+
+
+def empty_dfa() -> ByteDFA:
+    """The automaton of the empty language (only the dead state)."""
+    return ByteDFA(np.zeros((1, 256), np.int32), np.zeros(1, bool), DEAD)
+
+
+def is_empty(dfa: ByteDFA) -> bool:
+    """No string is accepted (DFAs from this package are trimmed, so acceptance = some accepting state)."""
+    return not bool(dfa.accepting.any())
+
+
+def _joint_classes(a: ByteDFA, b: ByteDFA) -> tuple[np.ndarray, np.ndarray]:
+    """One representative byte per class of bytes on which both automata behave alike, and the class of each byte."""
+    cols = np.concatenate([a.trans, b.trans], axis=0).T  # [256, na+nb]
+    _, first, class_of = np.unique(cols, axis=0, return_index=True, return_inverse=True)
+    return first, class_of.reshape(-1)
+
+
+def product(a: ByteDFA, b: ByteDFA, op: str, max_states: int = 20_000, budget: CompileBudget | None = None,
+            what: str = "a combination of subschemas") -> ByteDFA:
+    """Minimal DFA of L(a) op L(b) for op in and / or / diff, exploring only reachable state pairs."""
+    if op not in _OPS:
+        raise ValueError(f"unknown product op {op!r}")
+    if op == "and" and (is_empty(a) or is_empty(b)):
+        return empty_dfa()
+    if op == "diff" and is_empty(b):
+        return a
+    if op == "or" and is_empty(b):
+        return a
+    if op == "or" and is_empty(a):
+        return b
+    reps, class_of = _joint_classes(a, b)
+    ta, tb = a.trans[:, reps], b.trans[:, reps]  # [states, classes]
+    acc_a, acc_b = a.accepting, b.accepting
+    need_a = op in ("and", "diff")  # a DEAD left side makes the pair dead
+    need_b = op == "and"
+    ids: dict[tuple[int, int], int] = {(DEAD, DEAD): DEAD}
+    pairs: list[tuple[int, int]] = [(DEAD, DEAD)]
+    rows: list[np.ndarray] = [np.zeros(len(reps), np.int32)]
+    start = (int(a.initial), int(b.initial))
+    ids[start] = 1
+    pairs.append(start)
+    rows.append(None)  # type: ignore[arg-type]
+    work = [start]
+    while work:
+        p, q = work.pop()
+        if budget is not None and len(pairs) % 256 == 0:
+            budget.check(what)
+        np_, nq = ta[p], tb[q]
+        row = np.zeros(len(reps), np.int32)
+        for c in range(len(reps)):
+            x, y = int(np_[c]), int(nq[c])
+            if (need_a and x == DEAD) or (need_b and y == DEAD) or (x == DEAD and y == DEAD):
+                continue
+            key = (x, y)
+            sid = ids.get(key)
+            if sid is None:
+                sid = ids[key] = len(pairs)
+                if sid > max_states:
+                    raise_too_large(max_states, what)
+                pairs.append(key)
+                rows.append(None)  # type: ignore[arg-type]
+                work.append(key)
+            row[c] = sid
+        rows[ids[(p, q)]] = row
+    ctrans = np.stack(rows).astype(np.int32)
+    pa = np.array([p for p, _ in pairs], np.int64)
+    pb = np.array([q for _, q in pairs], np.int64)
+    accepting = _OPS[op](acc_a[pa], acc_b[pb])
+    accepting[DEAD] = False
+    ctrans, accepting, initial = _trim(ctrans, accepting, 1)
+    ctrans, accepting, initial = _minimise(ctrans, accepting, initial, budget, what)
+    return ByteDFA(np.ascontiguousarray(ctrans[:, class_of]), accepting, initial)
+
+
+def raise_too_large(max_states: int, what: str) -> None:
+    from .errors import GrammarError
+
+    raise GrammarError(f"automaton too large: {what} needs more than {max_states} DFA states "
+                       "(raise max_states, or simplify the constraint)")
+
+
+def intersect_all(dfas: list[ByteDFA], max_states: int = 20_000, budget: CompileBudget | None = None,
+                  what: str = "allOf") -> ByteDFA:
+    """Intersection of several automata (smallest first, so empty results are found early)."""
+    if not dfas:
+        raise ValueError("intersect_all needs at least one automaton")
+    order = sorted(dfas, key=lambda d: d.num_states)
+    out = order[0]
+    for d in order[1:]:
+        if is_empty(out):
+            break
+        out = product(out, d, "and", max_states, budget, what)
+    return out
+
+
+def union_all(dfas: list[ByteDFA], max_states: int = 20_000, budget: CompileBudget | None = None,
+              what: str = "anyOf") -> ByteDFA:
+    """Union of several automata."""
+    out = empty_dfa()
+    for d in dfas:
+        out = product(out, d, "or", max_states, budget, what)
+    return out
