@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import CompileCancelled, GrammarError
+from .errors import BudgetExceeded, CompileCancelled, GrammarError
 
 
 @dataclass
@@ -42,7 +42,7 @@ class CompileBudget:
         if self.cancel is not None and self.cancel.is_set():
             raise CompileCancelled(f"compile cancelled while building {what}")
         if self.time_s is not None and time.perf_counter() - self.started > self.time_s:
-            raise GrammarError(f"compile time budget ({self.time_s:g} s) exceeded while building {what}")
+            raise BudgetExceeded(f"compile time budget ({self.time_s:g} s) exceeded while building {what}")
 
     def check_states(self, n: int, what: str) -> None:
         """Raise a GrammarError naming `what` when an automaton grows past max_states."""
@@ -50,5 +50,3 @@ class CompileBudget:
             raise GrammarError(f"automaton too large: {what} needs more than {self.max_states} DFA states "
                                "(raise max_states, or simplify the constraint)")
 
-
-UNLIMITED = CompileBudget(time_s=None, max_states=1 << 30)

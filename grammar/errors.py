@@ -7,3 +7,12 @@ class GrammarError(ValueError):
 
 class CompileCancelled(GrammarError):
     """The compile was cancelled from outside (its cancel flag was set) before it finished."""
+
+
+class BudgetExceeded(GrammarError):
+    """The compile ran past its time budget (CompileBudget.time_s)."""
+
+
+def is_fatal(e: Exception) -> bool:
+    """Errors that end the whole compile (time budget, cancellation), as opposed to one construct's refusal."""
+    return isinstance(e, (BudgetExceeded, CompileCancelled))

@@ -1,7 +1,7 @@
 """JSON numbers as automata: the number texts we generate, exact ranges under float parsing, multipleOf residues.
 
 Number texts in generated output: integers `-?(0|[1-9][0-9]*)` (any size: Python parses them exactly) and
-decimals `-?(0|[1-9][0-9]*)\\.[0-9]+` with at most 15 digits in all (no exponent). Fifteen digits survive the
+decimals with at most 9 integer and 6 fraction digits (no exponent). Fifteen digits survive the
 round trip through a double, so comparisons of such decimals with a schema bound b after `json.loads` are
 exactly decimal comparisons with repr(b) (or with b's exact binary value when repr(b) needs more digits).
 Inside that universe every range, `type: integer` and integer `multipleOf` is exact (so it can be negated).
@@ -19,13 +19,13 @@ from .errors import GrammarError
 from .json_formats import integer_range
 
 MAX_DIGITS = 15
+INT_DIGITS, FRAC_DIGITS = 9, 6  # decimals with a fraction: at most 9 + 6 = 15 digits
 INT_RE = r"(?:0|-?[1-9][0-9]*)"
 _UINT = r"(?:0|[1-9][0-9]*)"
-# decimals with a fraction and at most MAX_DIGITS digits in all
-DEC_RE = "-?(?:" + "|".join(
-    (r"0" if k == 1 else f"[1-9][0-9]{{{k - 2}}}" if k > 2 else "[1-9]") + rf"\.[0-9]{{1,{MAX_DIGITS - k}}}"
-    for k in range(1, MAX_DIGITS)) + ")"
+DEC_RE = rf"-?(?:0|[1-9][0-9]{{0,{INT_DIGITS - 1}}})\.[0-9]{{1,{FRAC_DIGITS}}}"
 NUMBER_RE = f"(?:{INT_RE}|{DEC_RE})"
+ANY_NUMBER_RE = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?"  # unconstrained numbers: fraction of any length
+ANY_DEC_RE = r"-?(?:0|[1-9][0-9]*)\.[0-9]+"
 ZERO_FRAC_RE = r"-?(?:0|[1-9][0-9]*)\.0+"  # integral decimals such as 3.0 (integers in draft 6+); cut to 15 digits
 
 
@@ -101,7 +101,7 @@ def decimal_range_dfa(lo, lo_excl: bool, hi, hi_excl: bool, max_states: int = 20
     """Decimal texts (fraction present, at most 15 digits) within the bounds, as compared after json.loads."""
     from .fsa import product
 
-    grid = MAX_DIGITS - 1  # our decimals have at most 14 fraction digits
+    grid = FRAC_DIGITS  # the fraction digits of generated decimals
     out = regex_to_dfa(DEC_RE, max_states, budget=budget)
     if lo is not None:
         B = _as_fraction(lo, True)
@@ -162,3 +162,178 @@ def residue_dfa(d: int, with_zero_fraction: bool) -> ByteDFA:
     return ByteDFA(np.ascontiguousarray(ct[:, cls]), acc, init)
 
 
+
+
+def _tightest(bounds: list, lower: bool):
+    """(bound, exclusive) that implies the others (ties: the exclusive one), or (None, False)."""
+    best = None
+    for v, excl in bounds:
+        f = _as_fraction(v, True)
+        if best is None:
+            best = (v, excl, f)
+            continue
+        bf = best[2]
+        if (f > bf if lower else f < bf) or (f == bf and excl):
+            best = (v, excl, f)
+    return (None, False) if best is None else (best[0], best[1])
+
+
+def _plain_decimal(v: float) -> str | None:
+    """A finite float as a plain decimal text (no exponent) with at most 15 digits, else None."""
+    from decimal import Decimal
+
+    if not math.isfinite(v):
+        return None
+    text = format(Decimal(repr(v)), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".") if not v.is_integer() else text
+    digits = sum(c.isdigit() for c in text)
+    return text if digits <= MAX_DIGITS else None
+
+
+class NumbersMixin:
+    """Number typing for the schema converter (needs atom, to_dfa, budget, max_states, refuse, draft)."""
+
+    def number_any(self) -> str:
+        return ANY_NUMBER_RE
+
+    def _long_decimals(self) -> str:
+        """Decimals outside the 9+6-digit universe: over-approximations keep them all (no exact float check)."""
+        got = self.dfa_cache.get("longdec")
+        if got is None:
+            from .fsa import product
+
+            d = product(regex_to_dfa(ANY_DEC_RE, self.max_states, budget=self.budget),
+                        regex_to_dfa(DEC_RE, self.max_states, budget=self.budget), "diff", self.max_states,
+                        self.budget, "numbers")
+            got = self.dfa_cache["longdec"] = self.atom(d)
+        return got
+
+    def float_text(self, v: float) -> str | None:
+        """Regex for the texts we emit for a float const/enum value (None: no exact text in our universe)."""
+        import re
+
+        if not math.isfinite(v):
+            return None
+        if v.is_integer():
+            i = str(int(v))
+            return f"(?:{i}|{i}\\.0)" if len(i) < MAX_DIGITS else i
+        text = _plain_decimal(v)
+        return None if text is None else re.escape(text)
+
+    def number_equal(self, v) -> str | None:
+        """Over-approximation of the texts whose value equals v."""
+        import re
+
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, int) or v.is_integer():
+            i = str(int(v))
+            return f"{re.escape(i)}(?:\\.0+)?" if i != "0" else "-?0(?:\\.0+)?"
+        text = _plain_decimal(v)
+        return None if text is None else re.escape(text) + "0*"
+
+    def number_re(self, n, integer_only: bool, mode: str) -> str | None:
+        from .fsa import intersect_all, product
+
+        lo, lo_x = _tightest(n.num_lo, True)
+        hi, hi_x = _tightest(n.num_hi, False)
+        ints = [m for m in n.multiple_of if isinstance(m, int)]
+        integral = [int(m) for m in n.multiple_of if isinstance(m, float) and m.is_integer()]
+        fractional = [m for m in n.multiple_of if isinstance(m, float) and not m.is_integer()]
+        what = "a number's range/multipleOf"
+        if not n.num_lo and not n.num_hi and not n.multiple_of:
+            if not integer_only:
+                return ANY_NUMBER_RE
+            if mode == "under" or self.draft == "4":
+                return INT_RE
+            return f"(?:{INT_RE}|{ZERO_FRAC_RE}|{self._long_decimals()})"
+        if fractional and mode == "under":
+            return self._enumerated(n, lo, lo_x, hi, hi_x, fractional, integer_only)
+        fractional = []  # over: dropping the float-division divisors keeps a superset
+        parts = []
+        # integer texts
+        a, b = integer_bounds(lo, lo_x, hi, hi_x)
+        if a is None or b is None or a <= b:
+            rng = integer_range(a, b)
+            if ints or integral:
+                dfas = [regex_to_dfa(rng, self.max_states, budget=self.budget, what=what)]
+                dfas += [residue_dfa(m, False) for m in ints + integral if m <= 10_000]
+                if any(m > 10_000 for m in ints + integral):
+                    if mode == "under":
+                        self.refuse("multipleOf", "divisors above 10000 are not supported")
+                if integral:  # float division: exact below 2**53, so stay within 15 digits
+                    cap = regex_to_dfa(r"-?[0-9]{1,15}", self.max_states, budget=self.budget)
+                    if mode == "under":
+                        dfas.append(cap)
+                d = intersect_all(dfas, self.max_states, self.budget, what)
+                if integral and mode == "over":
+                    big = regex_to_dfa(r"-?[1-9][0-9]{15,}", self.max_states, budget=self.budget)
+                    d = product(d, big, "or", self.max_states, self.budget, what)
+                parts.append(self.atom(d) if d.accepting.any() else None)
+            else:
+                parts.append(rng)
+        # decimal texts (a fraction part): numbers, and draft 6+ integers written as N.0 (over only)
+        want_dec = not integer_only or (mode == "over" and self.draft != "4")
+        if want_dec:
+            if (ints or integral) and mode == "under":
+                pass  # under: multiples are written as integers
+            else:
+                d = decimal_range_dfa(lo, lo_x, hi, hi_x, self.max_states, self.budget)
+                if integer_only or ints or integral:
+                    zf = regex_to_dfa(ZERO_FRAC_RE, self.max_states, budget=self.budget)
+                    d = product(d, zf, "and", self.max_states, self.budget, what)
+                    for m in ints + integral:
+                        if m <= 10_000:
+                            d = product(d, residue_dfa(m, True), "and", self.max_states, self.budget, what)
+                parts.append(self.atom(d) if d.accepting.any() else None)
+        if want_dec and mode == "over":
+            parts.append(self._long_decimals())
+        parts = [p for p in parts if p is not None]
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+
+    def _enumerated(self, n, lo, lo_x, hi, hi_x, divisors, integers_only: bool) -> str | None:
+        """Non-integer multipleOf: the finitely many candidates in the bounds that jsonschema's check accepts."""
+        import json
+        import re
+        from decimal import Decimal
+
+        if lo is None or hi is None:
+            self.refuse("multipleOf", f"a non-integer divisor ({divisors[0]}) needs both minimum and maximum "
+                                      "(float division is not a regular language)")
+            return self.number_re(type(n)(num_lo=n.num_lo, num_hi=n.num_hi), integers_only, "under")
+        step = Decimal(repr(divisors[0]))
+        k0, k1 = math.ceil(Decimal(repr(float(lo))) / step), math.floor(Decimal(repr(float(hi))) / step)
+        if k1 - k0 > 20_000:
+            self.refuse("multipleOf", f"{k1 - k0} multiples of {divisors[0]} between the bounds (limit 20000)")
+            return self.number_re(type(n)(num_lo=n.num_lo, num_hi=n.num_hi), integers_only, "under")
+        texts = []
+        for k in range(k0, k1 + 1):
+            self.budget.check("multipleOf") if k % 1000 == 0 else None
+            t = format((step * k).normalize(), "f")
+            if integers_only and "." in t:
+                continue
+            x = json.loads(t)
+            if not ((x > lo if lo_x else x >= lo) and (x < hi if hi_x else x <= hi)):
+                continue
+            if sum(c.isdigit() for c in t) > MAX_DIGITS and "." in t:
+                continue
+            if all(_jsonschema_multiple(x, m) for m in divisors + list(n.multiple_of)):
+                texts.append(re.escape(t))
+        if not texts:
+            return None
+        return self.atom(regex_to_dfa("(?:" + "|".join(texts) + ")", self.max_states, budget=self.budget,
+                                      what="multipleOf"))
+
+
+def _jsonschema_multiple(x, m) -> bool:
+    """jsonschema's multipleOf check (float division for float divisors)."""
+    if isinstance(m, float):
+        q = x / m
+        try:
+            return int(q) == q
+        except OverflowError:
+            return (Fraction(x) / Fraction(m)).denominator == 1
+    return x % m == 0

@@ -203,6 +203,17 @@ class _Builder:
         if op == sre_c.ANY:
             return self.cpset(((0, utf8.MAX_CP),) if self.dotall else utf8.complement(((10, 10),)))
         if op == sre_c.IN:
+            marks = [a for o, a in av if o == sre_c.LITERAL and a in self.atoms]
+            if marks:  # the parser folds `(?:A|B)` of one-character atoms into a class: split them back out
+                if any(o == sre_c.NEGATE for o, _ in av):
+                    raise GrammarError("internal: an embedded automaton inside a negated class")
+                rest = [(o, a) for o, a in av if not (o == sre_c.LITERAL and a in self.atoms)]
+                s, e = nfa.new(), nfa.new()
+                frags = [self.atom(m) for m in marks] + ([self.cpset(self.class_items(rest))] if rest else [])
+                for a, b in frags:
+                    nfa.eps[s].append(a)
+                    nfa.eps[b].append(e)
+                return s, e
             return self.cpset(self.class_items(av))
         if op == sre_c.SUBPATTERN:
             _group, add_flags, del_flags, sub = av
