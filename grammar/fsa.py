@@ -45,43 +45,43 @@ def product(a: ByteDFA, b: ByteDFA, op: str, max_states: int = 20_000, budget: C
     if op == "or" and is_empty(a):
         return b
     reps, class_of = _joint_classes(a, b)
-    ta, tb = a.trans[:, reps], b.trans[:, reps]  # [states, classes]
-    acc_a, acc_b = a.accepting, b.accepting
+    ta, tb = a.trans[:, reps].astype(np.int64), b.trans[:, reps].astype(np.int64)  # [states, classes]
+    nb = np.int64(tb.shape[0])
     need_a = op in ("and", "diff")  # a DEAD left side makes the pair dead
     need_b = op == "and"
-    ids: dict[tuple[int, int], int] = {(DEAD, DEAD): DEAD}
-    pairs: list[tuple[int, int]] = [(DEAD, DEAD)]
-    rows: list[np.ndarray] = [np.zeros(len(reps), np.int32)]
-    start = (int(a.initial), int(b.initial))
-    ids[start] = 1
-    pairs.append(start)
-    rows.append(None)  # type: ignore[arg-type]
-    work = [start]
-    while work:
-        p, q = work.pop()
-        if budget is not None and len(pairs) % 256 == 0:
+    ids: dict[int, int] = {0: DEAD}  # pair key p * nb + q -> product state
+    keys = [0, int(a.initial) * int(nb) + int(b.initial)]
+    ids[keys[1]] = 1
+    rows: list[np.ndarray] = [np.zeros(len(reps), np.int64)]
+    frontier = np.array([keys[1]], np.int64)
+    while len(frontier):  # breadth-first, one vectorised step per layer of new pairs
+        if budget is not None:
             budget.check(what)
-        np_, nq = ta[p], tb[q]
-        row = np.zeros(len(reps), np.int32)
-        for c in range(len(reps)):
-            x, y = int(np_[c]), int(nq[c])
-            if (need_a and x == DEAD) or (need_b and y == DEAD) or (x == DEAD and y == DEAD):
-                continue
-            key = (x, y)
-            sid = ids.get(key)
-            if sid is None:
-                sid = ids[key] = len(pairs)
-                if sid > max_states:
-                    raise_too_large(max_states, what)
-                pairs.append(key)
-                rows.append(None)  # type: ignore[arg-type]
-                work.append(key)
-            row[c] = sid
-        rows[ids[(p, q)]] = row
-    ctrans = np.stack(rows).astype(np.int32)
-    pa = np.array([p for p, _ in pairs], np.int64)
-    pb = np.array([q for _, q in pairs], np.int64)
-    accepting = _OPS[op](acc_a[pa], acc_b[pb])
+        nxt = ta[frontier // nb] * nb + tb[frontier % nb]  # [frontier, classes] successor pair keys
+        dead = np.zeros(nxt.shape, bool)
+        if need_a:
+            dead |= ta[frontier // nb] == DEAD
+        if need_b:
+            dead |= tb[frontier % nb] == DEAD
+        nxt[dead] = 0
+        new = []
+        for k in np.unique(nxt).tolist():
+            if k not in ids:
+                ids[k] = len(keys)
+                keys.append(k)
+                new.append(k)
+        if len(keys) > max_states + 1:
+            raise_too_large(max_states, what)
+        lookup = np.array(list(ids.keys()), np.int64)
+        order = np.argsort(lookup)
+        vals = np.array(list(ids.values()), np.int64)[order]
+        rows.append(vals[np.searchsorted(lookup[order], nxt)])
+        frontier = np.array(new, np.int64)
+    # rows[0] is the dead row, then one block per layer in the order states were numbered
+    ctrans = np.concatenate([r.reshape(-1, len(reps)) for r in rows]).astype(np.int32)
+    karr = np.array(keys, np.int64)
+    pa, pb = karr // nb, karr % nb
+    accepting = _OPS[op](a.accepting[pa], b.accepting[pb])
     accepting[DEAD] = False
     ctrans, accepting, initial = _trim(ctrans, accepting, 1)
     ctrans, accepting, initial = _minimise(ctrans, accepting, initial, budget, what)

@@ -44,7 +44,7 @@ class ArraysMixin:
             elif not rest:
                 rest = uneval
         pre = [self._item(p, ctx.level + 1, mode) for p in pos]
-        item = self._item(rest, ctx.level + 1, mode)
+        item = self.compact(self._item(rest, ctx.level + 1, mode), "items", 200)  # it is written twice
         out = self._sequence(pre, item, lo, hi)
         for c, cmin, cmax in n.contains:
             if out is None:

@@ -82,6 +82,7 @@ class ObjectsMixin:
                 if name in n.required:
                     return None
                 continue
+            value = self.compact(value, f"property {name!r}", 200)  # optional slots are written more than once
             slots.append((re.escape(json.dumps(name, ensure_ascii=False)) + self.colon + value, name in n.required))
         extra = self._extra_pair(n, names, uneval, ctx)
         many = n.min_props < 2  # duplicate free-form keys would not count twice after json.loads

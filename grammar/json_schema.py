@@ -147,6 +147,13 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
                                                        atoms=self.atoms, what=what, allow_empty=True)
         return got
 
+    def compact(self, regex: str | None, what: str, limit: int = 2000) -> str | None:
+        """Long regexes become one atom (their minimal DFA), so repeating them does not multiply text."""
+        if regex is None or len(regex) <= limit:
+            return regex
+        d = self.to_dfa(regex, what)
+        return None if is_empty(d) else self.atom(d)
+
     def combine(self, a: str | None, b: str | None, op: str, what: str) -> str | None:
         """Regex (an atom) for L(a) op L(b) with op in and / or / diff; None when empty."""
         if a is None:
@@ -235,7 +242,7 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         out = self.typed_under(n, ctx)
         for kind, payload in n.apps:  # only `not` is left
             out = self.combine(out, self.over(payload), "diff", "not")
-        return out
+        return self.compact(out, "a subschema")
 
     def distribute(self, kind: str, payload, rest: Norm, ctx: Ctx) -> str | None:
         """anyOf / oneOf / if / dependentSchemas: one alternative per branch, each merged with the rest."""
@@ -389,7 +396,7 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
                 name, dep = payload
                 other = alt([self.lacks_key(name), self.over(dep)])
             out = self.combine(out, other, "and", kind)
-        return out
+        return self.compact(out, "a subschema")
 
     def safe_diff(self, universe: str, sub: Sub) -> str | None:
         """universe minus under(sub); when under(sub) is refused, the whole universe (still a superset)."""
