@@ -138,8 +138,8 @@ def _keyword(conv, n: Norm, s: dict, key: str, v: Any, ctx: Ctx, top: bool) -> N
         n.types = ts if n.types is None else n.types & ts
     elif key in ("enum", "const"):
         vals = [v] if key == "const" else v
-        if not isinstance(vals, list) or (key == "enum" and not vals):
-            raise GrammarError("enum must be a non-empty array")
+        if not isinstance(vals, list):
+            raise GrammarError("'enum' must be an array")
         n.enum = vals if n.enum is None else [x for x in n.enum if any(conv.json_eq(x, y) for y in vals)]
     elif key in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
         if isinstance(v, bool) and draft == "4":

@@ -191,6 +191,8 @@ class ObjectsMixin:
         lp, c, cl, loose = self._lp(), self.comma, self.colon, self.loose()
         for name, subs in n.props.items():
             x = self.over_norm(self.norm(subs), subs[0].ctx)
+            if x == loose:
+                continue  # any value: no constraint on this property
             key = self._key(name)
             other = '"' + self.atom(self._not_key_body(name)) + '"' + cl + loose
             last = f"(?:{lp}{c})*{key}{cl}{x}(?:{c}{other})*" if x is not None else None

@@ -41,6 +41,8 @@ class SchemaRegistry:
         self.dynamic: dict[str, dict[str, Any]] = {}  # resource URI -> {$dynamicAnchor name -> subschema}
         self.recursive: set[str] = set()  # resources whose root has $recursiveAnchor: true
         self.base_of: dict[int, str] = {}
+        self.depth = 0  # deepest subschema nesting of the document
+        self.ref_count = 0  # $ref / $dynamicRef / $recursiveRef occurrences
         self._walk(root)
 
     def _walk(self, root: Any) -> None:
@@ -53,6 +55,8 @@ class SchemaRegistry:
                 raise GrammarError(f"json_schema is nested too deeply (more than {MAX_SCHEMA_DEPTH} levels)")
             if not isinstance(node, dict):
                 continue
+            self.depth = max(self.depth, depth)
+            self.ref_count += sum(k in node for k in ("$ref", "$dynamicRef", "$recursiveRef"))
             ident = node.get(idk)
             if isinstance(ident, str) and not ("$ref" in node and ref_overrides_siblings(self.draft)):
                 full = _join(base, ident)

@@ -8,6 +8,7 @@ under(A) minus over(B). Annotations and keywords unknown to the draft are ignore
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import warnings
@@ -21,7 +22,7 @@ from .errors import GrammarError, is_fatal
 from .fsa import is_empty, product
 from .json_arrays import ArraysMixin
 from .json_normal import TYPES, Ctx, Norm, Sub, add_part
-from .json_numbers import NumbersMixin
+from .json_numbers import ANY_NUMBER_RE, NumbersMixin
 from .json_objects import ObjectsMixin
 from .json_refs import ROOT_URI, SchemaRegistry
 from .json_strings import StringsMixin
@@ -30,7 +31,7 @@ from .regex_nfa import ATOM_BASE, ATOM_END
 
 ANY_DEPTH = 2  # nesting of unconstrained values ({} / true / missing items) below where they start
 MAX_DEPTH = 16  # instance nesting the converter generates; deeper optional parts are dropped
-MAX_BRANCHES = 512  # anyOf / oneOf / if combinations explored at one position
+MAX_BRANCHES = 128  # anyOf / oneOf / if combinations explored at one position
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,12 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         if _has_marker(root):
             raise GrammarError("json_schema contains private-use characters U+F0000..U+FFFFD, which the "
                                "compiler reserves")
+        # instances nest at most this deep (schema nesting, times $ref hops, capped): the universe's depth
+        hops = 1 + self.registry.ref_count * max_recursion_depth
+        self.max_level = min(MAX_DEPTH, (self.registry.depth + 1) * hops)
         self.root_ctx = Ctx(self.registry.base(root, ROOT_URI), (self.registry.base(root, ROOT_URI),), (), 0)
         self.atoms: dict[int, ByteDFA] = {}
+        self._atom_of: dict[int, str] = {}  # id(dfa) -> marker (the dfa stays alive in self.atoms)
         self.dfa_cache: dict = {}
         self.ignored: set[str] = set()
         self.relaxed: list[str] = []
@@ -134,13 +139,19 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
     # ---- automata ------------------------------------------------------------------------------------
     def atom(self, dfa: ByteDFA) -> str:
         """A one-character regex standing for `dfa` (registered for build_nfa)."""
+        known = self._atom_of.get(id(dfa))
+        if known is not None:
+            return known
         code = ATOM_BASE + len(self.atoms)
         if code > ATOM_END:
             raise GrammarError("json_schema needs too many sub-automata")
         self.atoms[code] = dfa
+        self._atom_of[id(dfa)] = chr(code)
         return chr(code)
 
     def to_dfa(self, regex: str, what: str) -> ByteDFA:
+        if len(regex) == 1 and ord(regex) in self.atoms:  # an atom is its own automaton
+            return self.atoms[ord(regex)]
         got = self.dfa_cache.get(regex)
         if got is None:
             got = self.dfa_cache[regex] = regex_to_dfa(regex, self.max_states, budget=self.budget,
@@ -233,8 +244,10 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
 
     # ---- under-approximation ---------------------------------------------------------------------------
     def under_norm(self, n: Norm, ctx: Ctx) -> str | None:
-        if n.false or n.cut or ctx.level > MAX_DEPTH:
+        if n.false or n.cut or ctx.level > self.max_level:
             return None
+        if n == Norm():
+            return self.any_value(ctx.level)
         for i, (kind, payload) in enumerate(n.apps):
             if kind != "not":
                 rest = replace(n, apps=n.apps[:i] + n.apps[i + 1:])
@@ -334,45 +347,27 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
 
     def any_value(self, level: int) -> str:
         """An unconstrained value ({} / true) starting at `level`: at most ANY_DEPTH more levels of nesting."""
-        return self._any(min(ANY_DEPTH, max(0, MAX_DEPTH + ANY_DEPTH - level)))
+        return self._any(min(ANY_DEPTH, max(0, self.max_level + ANY_DEPTH - level)))
 
     def free_value(self, level: int) -> str:
         """A member of a container the schema leaves open (no items / no additionalProperties schema)."""
-        return self._any(min(ANY_DEPTH - 1, max(0, MAX_DEPTH + ANY_DEPTH - level)))
+        return self._any(min(ANY_DEPTH - 1, max(0, self.max_level + ANY_DEPTH - level)))
+
+    def _layout(self) -> tuple:
+        return (self.open_obj, self.close_obj, self.open_arr, self.close_arr, self.comma, self.colon)
 
     def _any(self, depth: int) -> str:
-        key = ("any", depth)
-        got = self.dfa_cache.get(key)
-        if got is None:
-            alts = [F.STRING, self.number_any(), F.BOOLEAN, F.NULL]
-            if depth > 0:
-                inner = self._any(depth - 1)
-                alts.append(self.open_arr + f"(?:{inner}(?:{self.comma}{inner})*)?" + self.close_arr)
-                pair = F.STRING + self.colon + inner
-                alts.append(self.open_obj + f"(?:{pair}(?:{self.comma}{pair})*)?" + self.close_obj)
-            got = self.dfa_cache[key] = self.atom(self.to_dfa("(?:" + "|".join(alts) + ")", "any value"))
-        return got
+        return self.atom(_any_dfa(self._layout(), depth))
 
     # ---- over-approximation ----------------------------------------------------------------------------
     def loose(self) -> str:
         """Every text the converter can generate (bracket nesting counted, not matched by kind)."""
-        got = self.dfa_cache.get("loose")
-        if got is None:
-            scalar = "(?:" + "|".join([F.STRING, self.number_any(), F.BOOLEAN, F.NULL]) + ")"
-            level = scalar
-            opn = f"(?:{self.open_obj}|{self.open_arr})"
-            cls = f"(?:{self.close_obj}|{self.close_arr})"
-            for _ in range(MAX_DEPTH + ANY_DEPTH + 1):
-                item = f"(?:{F.STRING}{self.colon})?{level}"
-                level = self.atom(self.to_dfa(f"(?:{scalar}|{opn}(?:{item}(?:{self.comma}{item})*)?{cls})",
-                                              "the universe of JSON values"))
-            got = self.dfa_cache["loose"] = level
-        return got
+        return self.atom(_loose_dfa(self._layout(), self.max_level + ANY_DEPTH + 1))
 
     def over_norm(self, n: Norm, ctx: Ctx) -> str | None:
         if n.false:
             return None
-        if n.cut or ctx.level > MAX_DEPTH + ANY_DEPTH:
+        if n.cut or ctx.level > self.max_level + ANY_DEPTH or n == Norm():
             return self.loose()
         try:
             out = self.typed_over(n, ctx)
@@ -446,6 +441,34 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         n = Norm(types={"object"}, props={k: [Sub({"const": x}, ctx)] for k, x in v.items()},
                  required=dict.fromkeys(v), groups=[(frozenset(v), {}, Sub(False, ctx), True)])
         return self.object_over(n, ctx)
+
+
+@functools.lru_cache(maxsize=64)
+def _any_dfa(layout: tuple, depth: int) -> ByteDFA:
+    """Any JSON value nested at most `depth` levels, in a layout (open/close object/array, comma, colon)."""
+    oo, co, oa, ca, comma, colon = layout
+    alts = [F.STRING, ANY_NUMBER_RE, F.BOOLEAN, F.NULL]
+    atoms = {}
+    if depth > 0:
+        atoms[ATOM_BASE] = _any_dfa(layout, depth - 1)
+        inner = chr(ATOM_BASE)
+        alts.append(oa + f"(?:{inner}(?:{comma}{inner})*)?" + ca)
+        pair = F.STRING + colon + inner
+        alts.append(oo + f"(?:{pair}(?:{comma}{pair})*)?" + co)
+    return regex_to_dfa("(?:" + "|".join(alts) + ")", 1 << 20, atoms=atoms, what="any value")
+
+
+@functools.lru_cache(maxsize=64)
+def _loose_dfa(layout: tuple, depth: int) -> ByteDFA:
+    """Superset of every generated value nested at most `depth` levels: brackets counted, not matched by kind."""
+    oo, co, oa, ca, comma, colon = layout
+    scalar = "(?:" + "|".join([F.STRING, ANY_NUMBER_RE, F.BOOLEAN, F.NULL]) + ")"
+    if depth == 0:
+        return regex_to_dfa(scalar, 1 << 20, what="the universe of JSON values")
+    inner = chr(ATOM_BASE)
+    item = f"(?:{F.STRING}{colon})?{inner}"
+    return regex_to_dfa(f"(?:{scalar}|(?:{oo}|{oa})(?:{item}(?:{comma}{item})*)?(?:{co}|{ca}))", 1 << 20,
+                        atoms={ATOM_BASE: _loose_dfa(layout, depth - 1)}, what="the universe of JSON values")
 
 
 def _copy(v):

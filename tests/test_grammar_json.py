@@ -144,7 +144,7 @@ def _serialize(data):
         ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "admits no document"),
         ({"type": "integer", "minimum": 5, "maximum": 2}, "admits no document"),
         ({"type": "string", "minLength": -1}, "minLength"),
-        ({"enum": []}, "enum"),
+        ({"enum": []}, "admits no document"),
         ({"type": "string", "pattern": "a(?=b)"}, "lookahead"),
         ({"type": "string", "pattern": "(a)\\1"}, "backreference"),
         ({"allOf": [{"unevaluatedProperties": False}], "properties": {"a": {}}}, "'unevaluatedProperties'"),
