@@ -24,11 +24,24 @@ def is_empty(dfa: ByteDFA) -> bool:
     return not bool(dfa.accepting.any())
 
 
+_W = np.random.default_rng(7).integers(1, 2**63, size=(2, 1 << 16), dtype=np.uint64) | np.uint64(1)
+
+
 def _joint_classes(a: ByteDFA, b: ByteDFA) -> tuple[np.ndarray, np.ndarray]:
     """One representative byte per class of bytes on which both automata behave alike, and the class of each byte."""
-    cols = np.concatenate([a.trans, b.trans], axis=0).T  # [256, na+nb]
-    _, first, class_of = np.unique(cols, axis=0, return_index=True, return_inverse=True)
-    return first, class_of.reshape(-1)
+    cols = np.concatenate([a.trans, b.trans], axis=0)  # [na+nb, 256]
+    n = cols.shape[0]
+    if n > _W.shape[1]:
+        _, first, class_of = np.unique(cols.T, axis=0, return_index=True, return_inverse=True)
+        return first, class_of.reshape(-1)
+    c = cols.astype(np.uint64)
+    keys = np.stack([(c * _W[0, :n, None]).sum(axis=0), (c * _W[1, :n, None]).sum(axis=0)], axis=1)  # [256, 2]
+    _, first, class_of = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    class_of = class_of.reshape(-1)
+    if not (cols == cols[:, first[class_of]]).all():  # a hash collision merged different columns: redo exactly
+        _, first, class_of = np.unique(cols.T, axis=0, return_index=True, return_inverse=True)
+        class_of = class_of.reshape(-1)
+    return first, class_of
 
 
 def product(a: ByteDFA, b: ByteDFA, op: str, max_states: int = 20_000, budget: CompileBudget | None = None,

@@ -17,6 +17,7 @@ from .errors import GrammarError
 from .json_normal import Norm
 
 MAX_PATTERN_REGIONS = 3  # patterns whose every combination gets its own key region
+MAX_OVER_FILTERS = 6  # over-approximation: constraints kept per object (the rest dropped: still a superset)
 
 
 class ObjectsMixin:
@@ -187,9 +188,11 @@ class ObjectsMixin:
         if n.max_props is not None and n.max_props < n.min_props:
             return None
         out = self._loose_obj()
-        filters = [self._has(r) for r in n.required]
+        filters = [self._has(r) for r in list(n.required)[:MAX_OVER_FILTERS]]
         lp, c, cl, loose = self._lp(), self.comma, self.colon, self.loose()
         for name, subs in n.props.items():
+            if len(filters) >= MAX_OVER_FILTERS:
+                break
             x = self.over_norm(self.norm(subs), subs[0].ctx)
             if x == loose:
                 continue  # any value: no constraint on this property
@@ -222,7 +225,7 @@ class ObjectsMixin:
             for d in deps:
                 need = self.combine(need, self._has(d), "and", "dependentRequired")
             filters.append(self.combine(self.lacks_key(name), need, "or", "dependentRequired"))
-        for f in filters:
+        for f in filters[:MAX_OVER_FILTERS + 2]:
             out = self.combine(out, f, "and", "an object's keywords")
             if out is None:
                 return None

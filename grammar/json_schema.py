@@ -31,6 +31,7 @@ from .regex_nfa import ATOM_BASE, ATOM_END
 
 ANY_DEPTH = 2  # nesting of unconstrained values ({} / true / missing items) below where they start
 MAX_DEPTH = 16  # instance nesting the converter generates; deeper optional parts are dropped
+OVER_LEVELS = 2  # over-approximations look this many nesting levels below where the negation applies
 MAX_BRANCHES = 128  # anyOf / oneOf / if combinations explored at one position
 
 
@@ -123,6 +124,7 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         self.ignored: set[str] = set()
         self.relaxed: list[str] = []
         self._branches = 0
+        self._over_origin: int | None = None  # instance level where the current over-approximation started
         if ws is None:
             self.open_obj, self.close_obj, self.open_arr, self.close_arr = r"\{", r"\}", r"\[", r"\]"
             self.comma, self.colon = ", ", ": "
@@ -240,7 +242,13 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
     def over(self, sub: Sub) -> str | None:
         if sub.schema is True:
             return self.loose()
-        return self.over_norm(self.norm([sub]), sub.ctx)
+        if self._over_origin is not None:
+            return self.over_norm(self.norm([sub]), sub.ctx)
+        self._over_origin = sub.ctx.level
+        try:
+            return self.over_norm(self.norm([sub]), sub.ctx)
+        finally:
+            self._over_origin = None
 
     # ---- under-approximation ---------------------------------------------------------------------------
     def under_norm(self, n: Norm, ctx: Ctx) -> str | None:
@@ -369,6 +377,8 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
             return None
         if n.cut or ctx.level > self.max_level + ANY_DEPTH or n == Norm():
             return self.loose()
+        if self._over_origin is not None and ctx.level > self._over_origin + OVER_LEVELS:
+            return self.loose()  # deeper detail only sharpens the superset; it costs products
         try:
             out = self.typed_over(n, ctx)
         except GrammarError as e:
