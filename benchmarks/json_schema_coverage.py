@@ -152,9 +152,9 @@ def _real_tokenizer_info():
     from transformers import AutoTokenizer
 
     from sglpy.grammar import TokenizerInfo
+    from sglpy.runtime.model_loader import resolve_model_path
 
-    path = os.environ.get("SGLPY_TOKENIZER", "HuggingFaceTB/SmolLM2-135M-Instruct")
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(None))  # the default model's tokenizer
     return TokenizerInfo.from_hf(tok)
 
 
