@@ -114,6 +114,13 @@ class ScoringPlan:
 
     @property
     def logprob_start_len(self) -> int:
+        """Where to ask prompt logprobs from: one position before the earliest window, because the entry at the
+        start position carries no logprob (SGLang's rule), so every window token gets a value."""
+        return max(min(self.window_starts) - 1, 0)
+
+    @property
+    def shared_prefix_len(self) -> int:
+        """Tokens every choice shares before its window: prefilled once so the scoring requests reuse their KV."""
         return min(self.window_starts)
 
 

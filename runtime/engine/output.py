@@ -29,11 +29,12 @@ def build_output(req: Req, tokenizer) -> ReqOutput:
         "ttft": None if req.first_token_time is None else req.first_token_time - req.created,
     }
     if req.return_logprob:
-        inp = list(req.input_logprobs)
-        if req.logprob_start_len == 0 and req.input_ids:
-            inp.insert(0, TokenLogprob(None, req.input_ids[0]))
+        # SGLang: one entry per prompt position from the start on; the first has no logprob (null), for any start
+        start = req.input_logprob_start()
+        inp = ([TokenLogprob(None, req.input_ids[start])] if start < len(req.input_ids) else []) + req.input_logprobs
         meta["input_token_logprobs"] = _triples(inp, tokenizer, return_text_in_logprobs)
         meta["output_token_logprobs"] = _triples(req.output_logprobs, tokenizer, return_text_in_logprobs)
+        meta["output_token_logprobs_length"] = len(req.output_logprobs)
         if req.top_logprobs_num > 0:
             def tops(recs):
                 return [None if r.logprob is None else

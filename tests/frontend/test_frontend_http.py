@@ -87,8 +87,10 @@ class Stub:
                         "finish_reason": {"type": "length", "length": 0}}
                 if body.get("return_logprob"):
                     start = body.get("logprob_start_len", -1)
+                    start = len(ids) - 1 if start == -1 else start
+                    # SGLang's rule: entries from the start position on, the first one without a logprob
                     meta["input_token_logprobs"] = [
-                        [None if i == 0 else (-0.1 if chr(t) in stub.liked else -2.0), t, chr(t)]
+                        [None if i == start else (-0.1 if chr(t) in stub.liked else -2.0), t, chr(t)]
                         for i, t in enumerate(ids) if i >= start]
                 text = "" if sp.get("max_new_tokens") == 0 else stub.answer
                 return {"text": text, "output_ids": [], "meta_info": meta}
@@ -201,7 +203,7 @@ def test_select_uses_tokenize_and_scores_exactly_the_choice_tokens(stub):
     cache, batch = stub.posts()
     assert cache == {"input_ids": [ord(c) for c in "Pick: "], "sampling_params": {"max_new_tokens": 0}}
     assert batch["input_ids"] == [[ord(c) for c in "Pick: " + ch] for ch in ["AAA", "BB", "ABA"]]
-    assert batch["logprob_start_len"] == len("Pick: ") and batch["return_logprob"] is True
+    assert batch["logprob_start_len"] == len("Pick: ") - 1 and batch["return_logprob"] is True
 
 
 def test_select_without_tokenize_falls_back_to_text_requests():
