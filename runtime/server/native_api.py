@@ -12,7 +12,7 @@ from ..messages import EngineError, GenerateReqInput
 from ..sampling_params import LogprobOptions, SamplingParams
 from .http_common import ApiError, error_body, read_json_object, send_sse, start_sse
 from .state import ServerState, new_rid
-from .wire_tables import GENERATE, MAX_STOP_REGEX_BYTES, MAX_TOP_LOGPROBS_NUM, SAMPLING, TOP_K_ALL
+from .wire_tables import GENERATE, MAX_TOP_LOGPROBS_NUM, SAMPLING, TOP_K_ALL
 
 
 def check_token_ids(ids, vocab_size: int, param: str) -> None:
@@ -23,13 +23,9 @@ def check_token_ids(ids, vocab_size: int, param: str) -> None:
 
 
 def check_sampling(sp: SamplingParams, vocab_size: int, param: str) -> SamplingParams:
-    """Checks that need the model: token ids inside the vocabulary; stop_regex size (SGLang's limit)."""
+    """Checks that need the model: token ids inside the vocabulary."""
     check_token_ids(sp.stop_token_ids, vocab_size, f"{param}.stop_token_ids")
     check_token_ids(list(sp.logit_bias or {}), vocab_size, f"{param}.logit_bias")
-    for pattern in sp.stop_regex:
-        if len(pattern.encode()) > MAX_STOP_REGEX_BYTES:
-            raise ApiError(400, f"{param}.stop_regex: a pattern is {len(pattern.encode())} bytes, over the "
-                                f"{MAX_STOP_REGEX_BYTES}-byte limit", param="stop_regex")
     return sp
 
 
