@@ -1,4 +1,4 @@
-"""HTTP plumbing shared by the native and OpenAI routes: errors, auth, body parsing, field checks, SSE."""
+"""HTTP plumbing shared by the native and OpenAI routes: errors, auth, body parsing (valid UTF-8), SSE."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from aiohttp import web
 from ..messages import EngineError
 
 logger = logging.getLogger("sglpy.server")
+request_log = logging.getLogger("sglpy.server.requests")
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
@@ -41,6 +42,11 @@ async def error_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     except ApiError as e:
+        config = request.app.get("config")
+        if e.status != 401 and (config is None or config.log_requests):
+            # one line per request refused at the door (engine-side failures are logged by the request log)
+            request_log.info("rejected route=%s status=%d param=%s message=%s", request.path, e.status, e.param,
+                             " ".join(e.message.split())[:300])
         return error_response(e.status, e.message, e.param, e.headers)
     except EngineError as e:
         return error_response(e.status, e.message)

@@ -62,7 +62,8 @@ class ProbeLogFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None and type(exc).__name__ == "BadHttpMessage" and "PRI" in str(exc):
-            record.msg, record.args = "refused a non-HTTP/1.1 connection (an HTTP/2 or gRPC probe): %s", (exc,)
+            record.msg = "refused a non-HTTP/1.1 connection (an HTTP/2 or gRPC probe): %s"
+            record.args = (" ".join(str(exc).split()),)
             record.exc_info, record.exc_text, record.levelno, record.levelname = None, None, logging.INFO, "INFO"
         return True
 
