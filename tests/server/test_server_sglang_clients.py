@@ -6,7 +6,11 @@ constrained ones. Programs that cannot pass for reasons in the clients or the ro
 reason: they alert when they start passing. No request from either client may be refused by the server.
 """
 
+import threading
+import time
+
 import pytest
+import requests
 
 from sglpy import testing_programs
 from sglpy.runtime.testing.router_cluster import router_missing_reason, run_router
@@ -64,7 +68,23 @@ def fake_router(tools):
     env = {"SGLPY_FAKE_TOKEN_DELAY": "0.002"}
     with run_server("--engine-factory", FAKE, env=env) as w1, run_server("--engine-factory", FAKE, env=env) as w2:
         with run_router([w1.url, w2.url]) as router:
-            yield run_programs(router.url, LIGHT, timeout=15), (w1, w2)  # 15 s: a hang is the expected failure
+            results = run_programs(router.url, LIGHT, timeout=15)  # 15 s: a hang is the expected failure
+            yield results, (w1, w2), _router_view(router.url)
+
+
+def _router_view(url: str) -> dict:
+    """The router's /workers and, while one long generation runs, its /get_loads (which polls our /get_load)."""
+    long = threading.Thread(target=requests.post, args=(url + "/generate",),
+                            kwargs={"json": {"text": "a long one", "sampling_params": {"max_new_tokens": 1000}},
+                                    "timeout": 120})
+    long.start()
+    loads = {}
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(loads.values()):
+        loads = {w["worker"]: w["load"] for w in requests.get(url + "/get_loads", timeout=10).json()["workers"]}
+        time.sleep(0.1)
+    long.join()
+    return {"workers": requests.get(url + "/workers", timeout=10).json()["workers"], "loads": loads}
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +129,14 @@ def test_constrained_program_via_sglang_router(real, name):
     if real[1] is None:
         pytest.skip(router_missing_reason())
     _check(real[1][name])
+
+
+def test_router_reads_worker_metadata_and_load(fake_router):
+    view = fake_router[2]
+    for w in view["workers"]:
+        assert w["is_healthy"] and w["model_id"] == "fake-model"
+        assert {k: w["metadata"].get(k) for k in ("tp_size", "dp_size")} == {"tp_size": "1", "dp_size": "1"}
+    assert sorted(view["loads"].values())[-1] > 0  # KV tokens of the running request, from /get_load
 
 
 def test_no_request_of_sglangs_frontend_is_refused(fake_direct):
