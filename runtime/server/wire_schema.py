@@ -33,6 +33,7 @@ class Check:
 
     pred: Callable[[Any], bool]
     desc: str
+    plural: str = ""  # how a list of these is described ("ints"); empty: "(desc) items"
 
     def __call__(self, v) -> bool:
         return self.pred(v)
@@ -46,11 +47,11 @@ def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
 
 
-BOOL = Check(lambda v: isinstance(v, bool), "a bool (true or false)")
-INT = Check(_is_int, "an int")
-NUM = Check(_is_num, "a finite number")
-STR = Check(lambda v: isinstance(v, str), "a string")
-DICT = Check(lambda v: isinstance(v, dict), "an object")
+BOOL = Check(lambda v: isinstance(v, bool), "a bool (true/false)", "bools")
+INT = Check(_is_int, "an int", "ints")
+NUM = Check(_is_num, "a finite number", "numbers")
+STR = Check(lambda v: isinstance(v, str), "a string", "strings")
+DICT = Check(lambda v: isinstance(v, dict), "an object", "objects")
 LIST = Check(lambda v: isinstance(v, list), "a list")
 ANY = Check(lambda v: True, "any JSON value")
 
@@ -66,12 +67,10 @@ def int_range(lo: int | None = None, hi: int | None = None) -> Check:
 
 def list_of(item: Check, max_len: int | None = None, non_empty: bool = False) -> Check:
     """A list whose items all pass `item` (at most `max_len`)."""
-    desc = f"a list of {item.desc.removeprefix('a ').removeprefix('an ')}s" if item.desc.startswith(("a ", "an ")) \
-        else f"a list of ({item.desc})"
-    if max_len is not None:
-        desc += f" (at most {max_len})"
+    what = item.plural or f"({item.desc}) items"
+    desc = f"a {'non-empty ' if non_empty else ''}list of {what}" + (f" (at most {max_len})" if max_len else "")
     return Check(lambda v: isinstance(v, list) and all(item(x) for x in v) and (max_len is None or len(v) <= max_len)
-                 and (not non_empty or len(v) > 0), ("a non-empty " + desc[2:]) if non_empty else desc)
+                 and (not non_empty or len(v) > 0), desc, f"lists of {what}")
 
 
 def dict_of(key: Check, value: Check, desc: str) -> Check:
@@ -82,12 +81,6 @@ def dict_of(key: Check, value: Check, desc: str) -> Check:
 def one_of(*checks: Check) -> Check:
     """Any of `checks`."""
     return Check(lambda v: any(c(v) for c in checks), " or ".join(c.desc for c in checks))
-
-
-def literal(*values) -> Check:
-    """One of the given JSON values."""
-    return Check(lambda v: any(v == x and type(v) is type(x) for x in values),
-                 "one of " + ", ".join(json.dumps(x) for x in values))
 
 
 INT_LIST = list_of(INT)

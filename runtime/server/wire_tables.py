@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..sampling_params import MAX_STOP_REGEX_BYTES, MAX_STOPS
 from .wire_schema import (ANY, BOOL, BOOL_OR_LIST, DICT, IDS, INT, INT_LIST, INT_OR_LIST, LIST, NUM, REQUIRED,
                           STR, STR_DICT, STR_LIST, STR_OR_LIST, Check, Schema, Support, WireField, dict_of,
-                          int_range, list_of, literal, one_of)
+                          int_range, list_of, one_of)
 
 IMPL, NOOP, DEFAULT_ONLY = Support.IMPL, Support.NOOP, Support.DEFAULT_ONLY
 MAX_TOP_LOGPROBS_NUM = 256  # /generate top_logprobs_num cap (also bounded by the vocabulary)
@@ -33,7 +33,8 @@ DP_RANK = int_range(0, 0)
 STOPS = one_of(STR, list_of(STR, MAX_STOPS))
 LOGIT_BIAS = dict_of(Check(lambda k: k.lstrip("-").isdigit(), "token id"), NUM,
                      "an object {\"token id\": number}")
-STR_OR_OPT_LIST = one_of(STR, list_of(one_of(STR, literal(None))))
+STR_OR_OPT_LIST = one_of(STR, list_of(Check(lambda v: v is None or isinstance(v, str), "a string or null",
+                                             "strings or nulls")))
 DICT_OR_LIST = one_of(DICT, list_of(DICT))
 
 # ------------------------------------------------------------------ POST /generate sampling_params
