@@ -114,9 +114,8 @@ class ScoringPlan:
 
     @property
     def logprob_start_len(self) -> int:
-        """Where to ask prompt logprobs from: one position before the earliest window, because the entry at the
-        start position carries no logprob (SGLang's rule), so every window token gets a value."""
-        return max(min(self.window_starts) - 1, 0)
+        """Where to ask prompt logprobs from: the earliest window (every entry after position 0 has a value)."""
+        return min(self.window_starts)
 
     @property
     def shared_prefix_len(self) -> int:

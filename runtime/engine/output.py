@@ -29,9 +29,11 @@ def build_output(req: Req, tokenizer) -> ReqOutput:
         "ttft": None if req.first_token_time is None else req.first_token_time - req.created,
     }
     if req.return_logprob:
-        # SGLang: one entry per prompt position from the start on; the first has no logprob (null), for any start
+        # one entry per prompt position from the start on (the rule SGLang's frontend select was written for):
+        # position 0 has nothing to be scored against, and -1 gives one null entry for the last prompt token
         start = req.input_logprob_start()
-        inp = ([TokenLogprob(None, req.input_ids[start])] if start < len(req.input_ids) else []) + req.input_logprobs
+        nulls = [TokenLogprob(None, req.input_ids[start])] if start == 0 or req.logprob_start_len < 0 else []
+        inp = nulls + req.input_logprobs
         meta["input_token_logprobs"] = _triples(inp, tokenizer, return_text_in_logprobs)
         meta["output_token_logprobs"] = _triples(req.output_logprobs, tokenizer, return_text_in_logprobs)
         meta["output_token_logprobs_length"] = len(req.output_logprobs)

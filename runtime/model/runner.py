@@ -45,11 +45,11 @@ class ModelRunner:
             ids.extend(all_ids[e.prefix_len:end])
             pos.extend(range(e.prefix_len, end))
             loc.extend(r.slots[e.prefix_len:end])
-            # prompt logprobs (SGLang): entries for positions start .. P-1, the first one without a value, so
-            # logits at positions start .. P-2 score prompt tokens start+1 .. P-1
+            # prompt logprobs: logits at positions start-1 .. P-2 score prompt tokens start .. P-1 (position 0 has
+            # no logit before it: its entry is null)
             lo = hi = 0
             if r.wants_input_logprobs():
-                lo = max(r.logprob_start_len, e.prefix_len)
+                lo = max(max(r.logprob_start_len, 1) - 1, e.prefix_len)
                 hi = min(len(r.input_ids) - 1, end)
             n_in = max(hi - lo, 0)
             rows.extend(range(offset + lo - e.prefix_len, offset + lo - e.prefix_len + n_in))

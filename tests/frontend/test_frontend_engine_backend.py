@@ -79,7 +79,7 @@ def test_select_prefills_prefix_then_scores_choice_windows():
     prefill, batch, uncond = rt.calls
     assert prefill["input_ids"] == [ord(c) for c in "Q? "] and prefill["sampling_params"] == {"max_new_tokens": 0}
     assert batch["input_ids"] == [[ord(c) for c in "Q? ab"], [ord(c) for c in "Q? c"]]
-    assert batch["logprob_start_len"] == 2 and batch["return_text_in_logprobs"] is True  # one before the window
+    assert batch["logprob_start_len"] == 3 and batch["return_text_in_logprobs"] is True  # the window start
     assert uncond["input_ids"] == [[ord("a"), ord("b")], [ord("c")]] and uncond["logprob_start_len"] == 0
     windows = st.get_meta_info("x")["input_token_logprobs"]
     assert [[e[2] for e in w] for w in windows] == [["a", "b"], ["c"]]

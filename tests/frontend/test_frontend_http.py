@@ -203,7 +203,7 @@ def test_select_uses_tokenize_and_scores_exactly_the_choice_tokens(stub):
     cache, batch = stub.posts()
     assert cache == {"input_ids": [ord(c) for c in "Pick: "], "sampling_params": {"max_new_tokens": 0}}
     assert batch["input_ids"] == [[ord(c) for c in "Pick: " + ch] for ch in ["AAA", "BB", "ABA"]]
-    assert batch["logprob_start_len"] == len("Pick: ") - 1 and batch["return_logprob"] is True
+    assert batch["logprob_start_len"] == len("Pick: ") and batch["return_logprob"] is True
 
 
 def test_select_without_tokenize_falls_back_to_text_requests():

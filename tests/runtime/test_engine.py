@@ -153,9 +153,10 @@ def test_prompt_logprobs_for_select_style_scoring(engine, tiny_model_path):
     _assert_no_leak(engine)
 
 
-def test_prompt_logprobs_follow_sglangs_start_rule(engine, tiny_model_path):
-    """logprob_start_len k >= 0: entries for positions k..P-1, the first one null (SGLang 0.5.23, also for k > 0);
-    -1 with return_logprob: one null entry for the last prompt token (the pre-0.5 rule, docs/server.md)."""
+def test_prompt_logprobs_follow_the_frontend_start_rule(engine, tiny_model_path):
+    """logprob_start_len k >= 0: entries for positions k..P-1 with values, null only for position 0 (the rule
+    SGLang's frontend select was written for; SGLang 0.5.23 nulls the first entry for every k, docs/server.md);
+    -1 with return_logprob: one null entry for the last prompt token."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -169,10 +170,11 @@ def test_prompt_logprobs_follow_sglangs_start_rule(engine, tiny_model_path):
                                logprob_start_len=k, top_logprobs_num=1)["meta_info"]
         lps = meta["input_token_logprobs"]
         assert [e[1] for e in lps] == ids[k:]
-        if k < len(ids):
+        first = 1 if k == 0 else k
+        if k == 0:
             assert lps[0][0] is None and meta["input_top_logprobs"][0] is None
-        assert [e[0] for e in lps[1:]] == pytest.approx([ref[p - 1, ids[p]].item() for p in range(k + 1, len(ids))],
-                                                        abs=1e-3)
+        assert [e[0] for e in lps[first - k:]] == pytest.approx(
+            [ref[p - 1, ids[p]].item() for p in range(first, len(ids))], abs=1e-3)
         assert meta["output_token_logprobs"] == [] and meta["output_token_logprobs_length"] == 0
     for start in (None, -1):
         out = engine.generate(input_ids=[ids, ids[:4]], sampling_params={"max_new_tokens": 2, "temperature": 0},

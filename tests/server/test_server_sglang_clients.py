@@ -23,9 +23,6 @@ HEAVY = sorted(CONSTRAINED)
 # Why a program cannot pass through SGLang's frontend, whatever this server does.
 CLIENT_CAUSES = {
     "run_async": "SGLang's frontend has no SglFunction.run_async",
-    "select": "SGLang's select averages (greedy_token_selection) or subtracts (unconditional_likelihood_normalized) "
-              "the first input_token_logprobs entry, which SGLang 0.5.23's rule (followed here) sends as null for "
-              "logprob_start_len > 0: TypeError in its numpy code, against SGLang 0.5.23 too",
 }
 # ... and through sglang-router 0.3.2 (observed: /work/notes/sglang_wire.md section 8.3)
 ROUTER_CAUSES = {
