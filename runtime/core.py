@@ -122,8 +122,15 @@ class Req:
         return self.finish_reason is not None
 
     def wants_input_logprobs(self) -> bool:
-        """Prompt-token logprobs requested (logprob_start_len >= 0)."""
-        return self.return_logprob and self.logprob_start_len >= 0 and not self.input_logprobs_done
+        """Prompt-token logprobs still to compute: some entry from logprob_start_len on carries a value."""
+        return (self.return_logprob and 0 <= self.logprob_start_len < len(self.input_ids)
+                and (self.logprob_start_len > 0 or len(self.input_ids) > 1) and not self.input_logprobs_done)
+
+    def input_logprob_start(self) -> int:
+        """First prompt position with an input_token_logprobs entry: logprob_start_len, or for -1 the last
+        prompt token (the pre-0.5 SGLang rule its frontend's select relies on; docs/server.md). Only the entry
+        of position 0 and the single entry of -1 carry no logprob."""
+        return self.logprob_start_len if self.logprob_start_len >= 0 else len(self.input_ids) - 1
 
 
 @dataclass(frozen=True)

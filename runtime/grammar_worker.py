@@ -158,7 +158,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _compile(compiler, job: CompileJob, cancel: threading.Event, timeout_s: float | None):
+def compile_with_budget(compiler, job: CompileJob, cancel: threading.Event, timeout_s: float | None):
     """compiler.compile with the budget arguments when this grammar package has them."""
     value = list(job.value) if job.kind == "choices" else job.value
     if {"cancel", "timeout_s"} <= set(inspect.signature(compiler.compile).parameters):
@@ -212,7 +212,7 @@ def worker_main(read_fd: int, write_fd: int) -> None:
         t0 = time.perf_counter()
         payload = error = None
         try:
-            payload = pack_guide(_compile(compiler, job, cancels[job.job_id], init.timeout_s), info)
+            payload = pack_guide(compile_with_budget(compiler, job, cancels[job.job_id], init.timeout_s), info)
         except GrammarError as e:
             error = str(e)
         except RecursionError:

@@ -191,8 +191,8 @@ class RuntimeEndpoint(BaseBackend):
         table = dict(zip(texts, ids))
         plan = plan_scoring(lambda t: table[t] if t else [], prefix, choices)
         start = plan.logprob_start_len
-        if start > 0:  # prefill the shared prefix once; the choices then hit the radix cache
-            self.client.post("/generate", {"input_ids": plan.prefix_ids[:start],
+        if plan.shared_prefix_len > 0:  # prefill the shared prefix once; the choices then hit the radix cache
+            self.client.post("/generate", {"input_ids": plan.prefix_ids[:plan.shared_prefix_len],
                                            "sampling_params": {"max_new_tokens": 0}})
         metas = self._prompt_metas(plan.full_ids, start)
         uncond = None

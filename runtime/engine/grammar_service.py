@@ -28,7 +28,8 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from sglpy.grammar import GrammarCompiler, GrammarError, Guide, TokenizerInfo
-from ..grammar_worker import CancelJob, CompileDone, CompileJob, WorkerInit, WorkerReady, unpack_guide
+from ..grammar_worker import (CancelJob, CompileDone, CompileJob, WorkerInit, WorkerReady, compile_with_budget,
+                              unpack_guide)
 
 logger = logging.getLogger(__name__)
 
@@ -157,9 +158,9 @@ class GrammarService:
         if not fut.set_running_or_notify_cancel():
             return
         t0 = time.perf_counter()
-        try:
-            value = list(key[1]) if key[0] == "choices" else key[1]
-            fut.set_result(self._compiler.compile(key[0], value))
+        try:  # the grammar package's own (wall-clock) budget is the only bound on a thread
+            fut.set_result(compile_with_budget(self._compiler, CompileJob(0, key[0], key[1]), threading.Event(),
+                                               self.timeout_s))
         except RecursionError:
             fut.set_exception(GrammarError(f"{key[0]} constraint is nested too deeply to compile"))
         except Exception as e:  # noqa: BLE001 - delivered to the caller

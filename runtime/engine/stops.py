@@ -7,10 +7,8 @@ reports a regex stop by its pattern. A streamed chunk never shows text that a la
 for a stop string, the longest suffix that is a prefix of it is held back; for a stop_regex, everything
 from the earliest position where a match could still start (a partial match reaching the end of the text,
 found with the `regex` module's partial matching) is held back.
-
-A stop_regex is matched by the `regex` module (VERSION0: Python `re` syntax and semantics) with a time
-limit per search, STOP_REGEX_TIMEOUT_S (20 ms): a pattern that backtracks catastrophically on the output ends its
-own request (StopRegexTimeout, isolated by the step loop) instead of stalling every request in the batch.
+Patterns run on the `regex` module (Python `re` syntax, VERSION0) with a time budget per search, so a
+pattern that backtracks catastrophically aborts its own request instead of stalling the step loop.
 """
 
 from __future__ import annotations
@@ -36,31 +34,26 @@ def check_token_stop(req: Req, token: int, eos_ids: set[int], max_context: int) 
     return None
 
 
-STOP_REGEX_TIMEOUT_S = 0.02  # legitimate searches take microseconds on outputs of a few KB
+STOP_REGEX_BUDGET = 0.05  # seconds one stop_regex search may take before its request is aborted
 
 
-class StopRegexTimeout(ValueError):
-    """A stop_regex search ran past STOP_REGEX_TIMEOUT_S on a request's output (the request's own pattern)."""
+class StopRegexTimeout(Exception):
+    """A stop_regex search ran over STOP_REGEX_BUDGET."""
+
+    def __init__(self, pattern: str):
+        super().__init__(pattern)
+        self.pattern = pattern
 
 
-@functools.lru_cache(maxsize=256)
-def _search_pattern(pattern: str):
-    """The stop_regex compiled by the `regex` module (time-limited searches), or None if it reads it differently."""
+def _search(pattern: str, compiled, text: str, partial: bool = False):
+    """One search, on the `regex` module with the time budget (Python's `re` when `regex` reads it differently)."""
+    fast = _partial_pattern(pattern)
+    if fast is None:
+        return None if partial else compiled.search(text)
     try:
-        return regex.compile(pattern, flags=regex.VERSION0)
-    except regex.error:
-        return None
-
-
-def _search(pattern: str, compiled_re, text: str, partial: bool = False):
-    compiled = _search_pattern(pattern)
-    if compiled is None:
-        return None if partial else compiled_re.search(text)  # rare: only Python's `re` reads it (no time limit)
-    try:
-        return compiled.search(text, partial=partial, timeout=STOP_REGEX_TIMEOUT_S)
+        return fast.search(text, partial=partial, timeout=STOP_REGEX_BUDGET)
     except TimeoutError:
-        raise StopRegexTimeout(f"stop_regex {pattern!r} took more than {STOP_REGEX_TIMEOUT_S * 1000:.0f} ms on "
-                               f"{len(text)} characters of output (catastrophic backtracking)") from None
+        raise StopRegexTimeout(pattern) from None
 
 
 def _first_text_stop(text: str, s: SamplingParams, old_len: int) -> tuple[int, int, str] | None:
@@ -88,12 +81,25 @@ def append_text(req: Req, delta: str) -> FinishReason | None:
     s = req.sampling
     if (not s.stop and not s.stop_regex) or len(req.output_ids) < s.min_new_tokens:
         return None
-    hit = _first_text_stop(req.text, s, old_len)
+    try:
+        hit = _first_text_stop(req.text, s, old_len)
+    except StopRegexTimeout as e:
+        return FinishReason("abort", message=f"stop_regex {e.pattern!r} took over {STOP_REGEX_BUDGET * 1000:.0f} ms "
+                                             "to search the output (catastrophic backtracking); simplify it")
     if hit is None:
         return None
     start, end, matched = hit
     req.text = req.text[: end if s.no_stop_trim else start]
     return FinishReason("stop", matched=matched)
+
+
+@functools.lru_cache(maxsize=256)
+def _partial_pattern(pattern: str):
+    """The stop_regex for partial matching, or None if the `regex` module reads it differently from `re`."""
+    try:
+        return regex.compile(pattern, flags=regex.VERSION0)
+    except regex.error:
+        return None
 
 
 def visible_text(req: Req) -> str:
@@ -109,9 +115,12 @@ def visible_text(req: Req) -> str:
                 cut = min(cut, len(text) - k)
                 break
     for pattern in s.stop_regex:
-        if _search_pattern(pattern) is None:
+        if _partial_pattern(pattern) is None:
             return ""  # cannot tell where a match could start: show nothing until the request ends
-        m = _search(pattern, None, text, partial=True)
+        try:
+            m = _search(pattern, None, text, partial=True)
+        except StopRegexTimeout:
+            return ""  # the request is being aborted (append_text hit the same budget)
         if m is not None:
             cut = min(cut, m.start())
     return text[:cut]

@@ -17,17 +17,17 @@ import time
 
 from aiohttp import web
 
-from . import native_api, openai_api
+from . import native_api, openai_api, sglang_routes
 from ..messages import (DetokenizeReq, EngineError, FlushCacheReq, GenerateReqInput, GetServerInfoReq,
                         TokenizeReq)
 from ..sampling_params import SamplingParams
 from .engine_client import EngineClient
-from .http_common import (ApiError, auth_middleware, check_fields, error_middleware, error_response, is_bool, is_int_list,
-                          is_str, is_str_list, one_of, read_json_object)
+from .http_common import ApiError, auth_middleware, error_middleware, error_response, read_json_object
 from .metrics import CONTENT_TYPE_LATEST, PoolStats
 from .config import ServerConfig, config_from_args
 from .state import ServerState
 from .supervisor import stall_reason, supervise
+from .wire_tables import ABORT, DETOKENIZE, TOKENIZE
 
 logger = logging.getLogger("sglpy.server")
 
@@ -99,9 +99,11 @@ async def server_info(request: web.Request) -> web.Response:
         "internal_states": [engine_state],
         "kv_pool": {"total": stats.total_tokens, "used": stats.used_tokens, "cached": stats.cached_tokens,
                     "free": stats.free_tokens},
-        "num_inflight_requests": state.engine.num_inflight, "engine_restarts": state.engine_restarts,
-        "engine_pid": state.engine.pid,
-        "version": __version__}, dumps=_dumps)
+        "num_inflight_requests": state.engine.num_inflight, "version": __version__,
+        "engine_restarts": state.engine_restarts, "engine_pid": state.engine.pid,
+        # what sglang-router reads as worker metadata (one GPU-less process: no tensor or data parallelism)
+        "tp_size": 1, "dp_size": 1, "served_model_name": state.model_name, "disaggregation_mode": "null"},
+        dumps=_dumps)
 
 
 def _dumps(obj) -> str:
@@ -118,8 +120,7 @@ async def flush_cache(request: web.Request) -> web.Response:
 async def abort_request(request: web.Request) -> web.Response:
     """POST /abort_request {"rid": str} or {"abort_all": true}."""
     state: ServerState = request.app["state"]
-    body = await read_json_object(request)
-    check_fields(body, {"rid": (is_str, "a string"), "abort_all": (is_bool, "a bool")}, "request")
+    body = ABORT.validate(await read_json_object(request))
     rids = state.engine.inflight_rids() if body.get("abort_all") else [body.get("rid")]
     if rids == [None]:
         raise ApiError(400, "give rid or abort_all", param="rid")
@@ -130,11 +131,7 @@ async def abort_request(request: web.Request) -> web.Response:
 async def tokenize(request: web.Request) -> web.Response:
     """POST /tokenize {"text": str | [str], "add_special_tokens": bool} -> {"tokens", "count", "max_model_len"}."""
     state: ServerState = request.app["state"]
-    body = await read_json_object(request)
-    check_fields(body, {"text": (one_of(is_str, is_str_list), "a string or a list of strings"),
-                        "add_special_tokens": (is_bool, "a bool"), "model": (is_str, "a string")}, "request")
-    if "text" not in body:
-        raise ApiError(400, "text is required", param="text")
+    body = TOKENIZE.validate(await read_json_object(request))
     texts = body["text"] if isinstance(body["text"], list) else [body["text"]]
     ids = await state.engine.call(TokenizeReq(texts, body.get("add_special_tokens", True)))
     single = not isinstance(body["text"], list)
@@ -146,11 +143,7 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     """POST /detokenize {"tokens": [int], "skip_special_tokens": bool} -> {"text"}."""
     state: ServerState = request.app["state"]
-    body = await read_json_object(request)
-    check_fields(body, {"tokens": (is_int_list, "a list of ints"), "skip_special_tokens": (is_bool, "a bool"),
-                        "model": (is_str, "a string")}, "request")
-    if "tokens" not in body:
-        raise ApiError(400, "tokens is required", param="tokens")
+    body = DETOKENIZE.validate(await read_json_object(request))
     text = await state.engine.call(DetokenizeReq(body["tokens"], body.get("skip_special_tokens", False)))
     return web.json_response({"text": text})
 
@@ -189,6 +182,7 @@ def build_app(state: ServerState) -> web.Application:
     r.add_get("/v1/models/{model:.+}", openai_api.model)  # ids may be paths
     r.add_post("/v1/completions", openai_api.completions)
     r.add_post("/v1/chat/completions", openai_api.chat_completions)
+    sglang_routes.add_routes(r)
     return app
 
 
@@ -257,5 +251,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    sglang_routes.install_probe_log_filter()
     return asyncio.run(serve(config))
 

@@ -87,8 +87,10 @@ class Stub:
                         "finish_reason": {"type": "length", "length": 0}}
                 if body.get("return_logprob"):
                     start = body.get("logprob_start_len", -1)
+                    start = len(ids) - 1 if start == -1 else start
+                    # SGLang's rule: entries from the start position on, the first one without a logprob
                     meta["input_token_logprobs"] = [
-                        [None if i == 0 else (-0.1 if chr(t) in stub.liked else -2.0), t, chr(t)]
+                        [None if i == start else (-0.1 if chr(t) in stub.liked else -2.0), t, chr(t)]
                         for i, t in enumerate(ids) if i >= start]
                 text = "" if sp.get("max_new_tokens") == 0 else stub.answer
                 return {"text": text, "output_ids": [], "meta_info": meta}

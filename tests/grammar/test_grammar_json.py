@@ -6,7 +6,6 @@ import os
 import random
 import re
 import time
-from fractions import Fraction
 from typing import Literal, Optional
 
 import jsonschema
@@ -17,9 +16,20 @@ from hypothesis import strategies as st
 
 from sglpy.grammar import GrammarCompiler, GrammarError
 from sglpy.grammar.dfa import regex_to_dfa
-from sglpy.grammar.json_formats import integer_range, number_range
-from sglpy.grammar.json_schema import schema_to_regex
+from sglpy.grammar.json_formats import integer_range
+from sglpy.grammar.json_numbers import DEC_RE, decimal_range_dfa
+from sglpy.grammar.json_schema import compile_schema, schema_to_regex
 from sglpy.grammar.testing import random_walk, small_vocab_info
+
+
+class _Matcher:
+    """fullmatch over a compiled schema's automaton (re.compile-like, for the exactness tests)."""
+
+    def __init__(self, schema, **kw):
+        self.dfa = compile_schema(schema, **kw).dfa
+
+    def fullmatch(self, text: str) -> bool:
+        return self.dfa.fullmatch(text.encode())
 
 INFO = small_vocab_info()
 COMPILER = GrammarCompiler(INFO)
@@ -77,17 +87,20 @@ SCHEMAS = {
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
-@settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1))
-def test_walks_validate(name, seed):
+def test_walks_validate(name):
+    """Random walks that finish validate; enough of them finish for the check to mean something."""
     schema = SCHEMAS[name]
     guide = COMPILER.compile_json_schema(schema)
-    rng = random.Random(seed)
-    walk = random_walk(guide, rng, max_steps=300, eos_bias=0.7, prefer=CLOSERS, prefer_bias=0.35)
-    if walk.finished:
-        doc = json.loads(walk.data.decode("utf-8"))
-        V = jsonschema.Draft202012Validator
-        jsonschema.validate(doc, schema, cls=V, format_checker=V.FORMAT_CHECKER)
+    rng = random.Random(sorted(SCHEMAS).index(name))
+    V = jsonschema.Draft202012Validator
+    finished = 0
+    for _ in range(24):
+        walk = random_walk(guide, rng, max_steps=300, eos_bias=0.7, prefer=CLOSERS, prefer_bias=0.35)
+        if walk.finished:
+            finished += 1
+            jsonschema.validate(json.loads(walk.data.decode("utf-8")), schema, cls=V,
+                                format_checker=V.FORMAT_CHECKER)
+    assert finished >= 5, (name, finished)
 
 
 def test_walks_finish_often():
@@ -120,47 +133,21 @@ def _serialize(data):
     return json.dumps(data, separators=(", ", ": "), ensure_ascii=False).encode()
 
 
-def test_json_schema_test_suite_is_sound():
-    """Every compiled suite schema rejects all of its invalid instances (no silent under-constraint)."""
-    files = sorted(glob.glob(os.path.join(SUITE, "*.json")))
-    if not files:
-        pytest.skip("JSON-Schema-Test-Suite not available")
-    compiled = accepted = false_pos = 0
-    for f in files:
-        for case in json.load(open(f)):
-            try:
-                dfa = regex_to_dfa(schema_to_regex(case["schema"]))
-            except GrammarError:
-                continue
-            compiled += 1
-            for t in case["tests"]:
-                ok = dfa.fullmatch(_serialize(t["data"]))
-                if ok and not t["valid"]:
-                    false_pos += 1
-                accepted += ok and t["valid"]
-    assert false_pos == 0
-    assert compiled >= 140 and accepted >= 200  # ratchet: measured 150 schemas, 208 valid instances accepted
-
-
 @pytest.mark.parametrize(
     "schema,match",
     [
-        ({"type": "string", "not": {"maxLength": 2}}, "'not'"),
-        ({"type": "array", "uniqueItems": True}, "'uniqueItems'"),
-        ({"type": "integer", "multipleOf": 3}, "'multipleOf'"),
-        ({"type": "object", "patternProperties": {"^a": {}}}, "'patternProperties'"),
-        ({"if": {"type": "string"}}, "'if'"),
-        ({"type": "string", "format": "hostname"}, "'format'.*hostname"),
-        ({"$ref": "http://example.com/s.json"}, "only local references"),
+        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "'uniqueItems'"),
+        ({"type": "number", "multipleOf": 0.1}, "'multipleOf'"),
+        ({"$ref": "http://example.com/s.json"}, "remote references"),
         ({"$ref": "#/$defs/missing"}, "does not resolve"),
         ({"type": "strnig"}, "invalid 'type'"),
-        ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "'oneOf'.*overlap"),
-        ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "do not intersect"),
-        ({"type": "integer", "minimum": 5, "maximum": 2}, "empty"),
+        ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "admits no document"),
+        ({"type": "integer", "minimum": 5, "maximum": 2}, "admits no document"),
         ({"type": "string", "minLength": -1}, "minLength"),
-        ({"enum": []}, "enum"),
+        ({"enum": []}, "admits no document"),
         ({"type": "string", "pattern": "a(?=b)"}, "lookahead"),
-        ({"type": "string", "pattern": 'x"'}, "'pattern'"),
+        ({"type": "string", "pattern": "(a)\\1"}, "backreference"),
+        ({"allOf": [{"unevaluatedProperties": False}], "properties": {"a": {}}}, "'unevaluatedProperties'"),
         ('{"type": ', "not valid JSON"),
         (42, "object or boolean"),
         (False, "admits no document"),
@@ -181,6 +168,17 @@ def test_deep_nesting_is_a_clear_error():
         COMPILER.compile_json_schema(schema)
 
 
+def test_deep_nesting_1000_levels_is_a_grammar_error():
+    schema: dict = {"type": "string"}
+    for _ in range(1000):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    with pytest.raises(GrammarError, match="nested too deeply"):
+        COMPILER.compile_json_schema(schema)
+    text = '{"type": "object", "required": ["a"], "properties": {"a": ' * 1000 + '{"type": "string"}' + "}}" * 1000
+    with pytest.raises(GrammarError, match="nested too deeply"):
+        COMPILER.compile_json_schema(text)
+
+
 def test_non_strict_warns_and_ignores():
     with pytest.warns(UserWarning, match="uniqueItems"):
         g = COMPILER.compile_json_schema({"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
@@ -191,10 +189,10 @@ def test_non_strict_warns_and_ignores():
 def test_recursion_depth_is_bounded():
     schema = SCHEMAS["recursive"]
     deep = {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3, "kids": [{"v": 4}]}]}]}
-    r = re.compile(schema_to_regex(schema, max_recursion_depth=3))
+    r = _Matcher(schema, max_recursion_depth=3)
     assert r.fullmatch(_serialize({"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]}).decode())
     assert not r.fullmatch(_serialize(deep).decode())
-    assert re.fullmatch(schema_to_regex(schema, max_recursion_depth=4), _serialize(deep).decode())
+    assert _Matcher(schema, max_recursion_depth=4).fullmatch(_serialize(deep).decode())
 
 
 @settings(max_examples=60, deadline=None)
@@ -208,23 +206,24 @@ def test_integer_range_exact(lo, span, probe):
     assert not r.fullmatch("-0") and not r.fullmatch("01")
 
 
+_BOUNDS = st.one_of(st.none(), st.integers(-50, 50), st.floats(-60, 60, allow_nan=False).map(lambda x: round(x, 3)),
+                    st.sampled_from([0.1, 0.3, 0.30000000000000004, -2.5, 1e-5]))
+
+
 @settings(max_examples=60, deadline=None)
-@given(lo=st.one_of(st.none(), st.integers(-50, 50)), hi=st.one_of(st.none(), st.integers(-50, 50)),
-       le=st.booleans(), he=st.booleans(),
-       probe=st.lists(st.decimals(-60, 60, places=2, allow_nan=False), min_size=5, max_size=30))
-def test_number_range_sound(lo, hi, le, he, probe):
-    try:
-        r = re.compile(number_range(lo, le, hi, he))
-    except GrammarError:
-        return
-    for d in probe:
-        text = str(d)
-        v = Fraction(text)
-        inside = (lo is None or (v > lo if le else v >= lo)) and (hi is None or (v < hi if he else v <= hi))
-        if r.fullmatch(text):
-            assert inside, (text, lo, le, hi, he)
-        elif inside and text.lstrip("-") != "0.00" and not text.startswith("-0.00"):
-            assert False, ("missed", text, lo, le, hi, he)
+@given(lo=_BOUNDS, hi=_BOUNDS, le=st.booleans(), he=st.booleans(),
+       probe=st.lists(st.decimals(-60, 60, places=4, allow_nan=False,
+                                  allow_infinity=False), min_size=5, max_size=30))
+def test_decimal_range_exact_under_float_parsing(lo, hi, le, he, probe):
+    """Decimal texts (<= 9 + 6 digits) are accepted iff json.loads(text) is within the bounds (as jsonschema sees)."""
+    d = decimal_range_dfa(lo, le, hi, he)
+    extra = [repr(float(b)) for b in (lo, hi) if b is not None and "e" not in repr(float(b))]
+    for text in [str(x) for x in probe if "E" not in str(x)] + extra:
+        if "." not in text or not re.fullmatch(DEC_RE, text):
+            continue
+        x = json.loads(text)
+        inside = (lo is None or (x > lo if le else x >= lo)) and (hi is None or (x < hi if he else x <= hi))
+        assert d.fullmatch(text.encode()) == inside, (text, lo, le, hi, he)
 
 
 class Color(str, __import__("enum").Enum):
@@ -287,7 +286,7 @@ def test_arrays_exact_for_prefix_items_and_bounds():
                     docs = [["a"] * min(n, npre) + [1] * max(0, n - npre) for n in range(7)]
                     valid = [jsonschema.Draft202012Validator(s).is_valid(d) for d in docs]
                     try:
-                        r = re.compile(schema_to_regex(s))
+                        r = _Matcher(s)
                     except GrammarError:
                         assert not any(valid), s
                         continue
@@ -301,21 +300,21 @@ def test_optional_properties_exact():
     for req in subsets:
         s = {"type": "object", "properties": {n: {"type": "integer"} for n in names}, "required": list(req)}
         for ws in (None, "[ ]?"):
-            r = re.compile(schema_to_regex(s, whitespace_pattern=ws))
+            r = _Matcher(s, whitespace_pattern=ws)
             for present in subsets:
                 doc = {n: 1 for n in present}
                 text = _serialize(doc).decode() if ws is None else json.dumps(doc)
                 assert bool(r.fullmatch(text)) == (set(req) <= set(present)), (req, present, ws)
 
 
-def test_length_bounds_next_to_pattern_or_format():
-    """Bounds implied by the pattern/format are accepted; others are an error naming them."""
-    ok = {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$", "minLength": 5, "maxLength": 10}
-    assert re.fullmatch(schema_to_regex(ok), '"ABC12"')
-    assert re.fullmatch(schema_to_regex({"type": "string", "format": "uuid", "maxLength": 36}),
-                        '"123e4567-e89b-12d3-a456-426614174000"')
-    for bad in ({"type": "string", "pattern": "^[A-Z]+$", "maxLength": 10},
-                {"type": "string", "format": "email", "maxLength": 50},
-                {"type": "string", "pattern": "ab", "maxLength": 50}):
-        with pytest.raises(GrammarError, match="minLength/maxLength"):
-            schema_to_regex(bad)
+def test_length_bounds_next_to_pattern_or_format_are_intersected():
+    """minLength/maxLength next to a pattern or format: the automata are intersected, exactly."""
+    cases = [({"type": "string", "pattern": "^[A-Z]+$", "maxLength": 3}, ["A", "ABC"], ["ABCD", "", "a"]),
+             ({"type": "string", "format": "email", "maxLength": 8}, ["a@bc.de"], ["abc@de.fgh", "a"]),
+             ({"type": "string", "pattern": "ab", "minLength": 3, "maxLength": 4}, ["abx", "xabx"], ["ab", "xxabx"])]
+    for schema, good, bad in cases:
+        r = _Matcher(schema)
+        for t in good:
+            assert r.fullmatch(json.dumps(t)), (schema, t)
+        for t in bad:
+            assert not r.fullmatch(json.dumps(t)), (schema, t)
