@@ -43,11 +43,12 @@ STOP_WAIT_S = 15.0  # beyond a child's own grace period, before SIGKILL
 
 @dataclass(frozen=True)
 class Child:
-    """One launched process: its role name ("worker 0", "router"), URL and handle."""
+    """One launched process: its role name ("worker 0", "router"), URL, handle and output copier."""
 
     name: str
     url: str
     proc: subprocess.Popen
+    pump: threading.Thread
 
 
 def router_missing_reason() -> str | None:
@@ -109,9 +110,10 @@ def _spawn(name: str, url: str, cmd: list[str]) -> Child:
             sys.stdout.write(f"[{name}] {ANSI_COLOUR.sub('', raw.decode(errors='replace'))}")
             sys.stdout.flush()
 
-    threading.Thread(target=pump, name=f"log-{name}", daemon=True).start()
+    thread = threading.Thread(target=pump, name=f"log-{name}", daemon=True)
+    thread.start()
     logger.info("%s: pid %d, %s", name, proc.pid, url)
-    return Child(name, url, proc)
+    return Child(name, url, proc, thread)
 
 
 def _get(url: str, timeout: float = 2.0) -> tuple[int, str]:
@@ -175,7 +177,8 @@ class Launcher:
                  "--shutdown-grace-period-secs", str(max(1, round(c.graceful_shutdown_timeout))))
         if c.api_key:
             extra += ("--api-key", c.api_key)
-        url = f"http://{'127.0.0.1' if c.host in ('0.0.0.0', '::') else c.host}:{c.port}"
+        host = "127.0.0.1" if c.host in ("0.0.0.0", "::") else c.host
+        url = f"http://{f'[{host}]' if ':' in host else host}:{c.port}"
         cmd = router_command(c.host, c.port, [w.url for w in workers], c.router_policy, c.port + n + 1, extra)
         self.children.append(_spawn("router", url, cmd))
 
@@ -207,6 +210,8 @@ class Launcher:
                     logger.warning("%s did not stop within %.0f s: killing it", c.name, grace)
                     c.proc.kill()
                     c.proc.wait(5)
+        for c in self.children:  # their last lines ("stopped") before ours
+            c.pump.join(2.0)
 
     def run(self) -> int:
         """Launch, watch until a stop signal (exit 0) or a child's death (exit 1), then stop everything."""
