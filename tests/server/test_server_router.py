@@ -138,6 +138,19 @@ def test_flush_cache_fans_out_and_info_routes(cache_aware, workers):
     assert all(f'worker_addr="{w.url}"' in metrics for w in workers)
 
 
+def test_flush_while_busy_is_a_partial_success_and_opens_no_circuit(cache_aware):
+    """A worker with requests running refuses /flush_cache (400, SGLang's rule); the router reports 206
+    partial_success and does not count it toward the circuit breaker (11 > its threshold of 10)."""
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(generate, cache_aware.url, "keep a worker busy", max_new_tokens=300)
+        time.sleep(0.5)
+        flushes = [requests.post(cache_aware.url + "/flush_cache", timeout=60) for _ in range(11)]
+        assert busy.result().status_code == 200
+    assert {r.status_code for r in flushes} == {206}
+    assert all(r.json()["status"] == "partial_success" and len(r.json()["failed"]) == 1 for r in flushes)
+    assert "closed -> open" not in cache_aware.log()
+
+
 def test_routes_the_router_does_not_forward(cache_aware):
     """Pinned router limits (docs/server.md): /tokenize and /abort_request are 404 at the router; a batch `text`
     is refused with 422 before any worker."""
