@@ -159,10 +159,10 @@ class Launcher:
     def _start(self) -> bool:
         c = self.config
         n = c.dp_size
-        busy = [p for p in range(c.port + 1, c.port + n + 2) if _port_taken(p)]
+        busy = [p for p in range(c.port, c.port + n + 2) if _port_taken(p)]
         if busy:
-            logger.error("ports %s are in use (workers use PORT+1..PORT+%d, the router's metrics PORT+%d)",
-                         busy, n, n + 1)
+            logger.error("ports %s are in use (the router uses PORT, workers PORT+1..PORT+%d, the router's "
+                         "metrics PORT+%d)", busy, n, n + 1)
             return False
         for i in range(n):
             args = worker_args(c, i)

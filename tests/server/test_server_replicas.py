@@ -185,3 +185,16 @@ def test_a_dead_worker_stops_the_launcher_with_a_non_zero_exit(launched):
     assert launched.proc.wait(60) == 1
     assert "worker 1 exited with code -9: stopping the others" in launched.log()
     assert _wait_gone([pids["worker 0"], pids["router"]]) == []
+
+
+def test_a_busy_port_is_a_clear_error_before_anything_starts():
+    if replicas.router_missing_reason():
+        pytest.skip(replicas.router_missing_reason())
+    port = _base_port(2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port + 2))
+        taken.listen()
+        p = subprocess.run([sys.executable, "-m", "sglpy.runtime.server", "--port", str(port), "--dp-size", "2",
+                            "--engine-factory", FAKE], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    assert f"ports [{port + 2}] are in use" in p.stderr + p.stdout and "worker 0: pid" not in p.stderr + p.stdout
