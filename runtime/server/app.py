@@ -251,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if config.dp_size > 1:
+        from .replicas import launch  # N workers behind sglang-router; this process serves nothing itself
+
+        return launch(config)
     sglang_routes.install_probe_log_filter()
     return asyncio.run(serve(config))
 

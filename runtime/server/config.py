@@ -11,6 +11,7 @@ from ..config import EngineConfig
 
 DEFAULT_ENGINE_FACTORY = "sglpy.runtime.engine:Engine"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")  # sglang-router's --policy values
 
 # One help line per EngineConfig field; a field added later still gets a flag (with a generic help).
 ENGINE_FLAG_HELP = {
@@ -56,6 +57,9 @@ SERVER_FLAG_HELP = {
     "log_requests": "log one line per finished request (id, route, tokens, latency)",
     "engine_factory": "import path 'module:callable' that builds the engine in the engine process "
     "(tests swap in a fake engine; operators keep the default)",
+    "dp_size": "data-parallel replicas: N > 1 starts N workers on 127.0.0.1 ports PORT+1..PORT+N (torch threads "
+    "split between them) behind sglang-router on HOST:PORT; the launcher exits non-zero if any of them dies",
+    "router_policy": "sglang-router's --policy when --dp-size > 1",
 }
 
 
@@ -79,6 +83,8 @@ class ServerConfig:
     log_level: str = "info"
     log_requests: bool = True
     engine_factory: str = DEFAULT_ENGINE_FACTORY
+    dp_size: int = 1  # > 1: runtime/server/replicas.py launches workers + sglang-router instead of serving
+    router_policy: str = "cache_aware"
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self):
@@ -105,6 +111,13 @@ class ServerConfig:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if ":" not in self.engine_factory:
             raise ValueError(f"engine_factory must look like 'module:callable', got {self.engine_factory!r}")
+        if not isinstance(self.dp_size, int) or self.dp_size < 1:
+            raise ValueError(f"dp_size must be an int >= 1, got {self.dp_size!r}")
+        if self.dp_size > 1 and not 0 < self.port <= 65535 - self.dp_size - 1:
+            raise ValueError(f"with dp_size {self.dp_size}, port must leave room for the workers' ports "
+                             f"PORT+1..PORT+{self.dp_size} and the router's metrics port, got {self.port}")
+        if self.router_policy not in ROUTER_POLICIES:
+            raise ValueError(f"router_policy must be one of {ROUTER_POLICIES}, got {self.router_policy!r}")
         if not isinstance(self.engine, EngineConfig):
             raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
 
@@ -144,6 +157,8 @@ def _add_fields(group, cls, helps: dict, skip=()):
                                default=default, help=f"{text} (default: {default})")
             continue
         kw = {"choices": LOG_LEVELS} if f.name == "log_level" else {}
+        if f.name == "router_policy":
+            kw = {"choices": ROUTER_POLICIES}
         if cls is EngineConfig and f.name == "dtype":
             from ..config import DTYPES
             kw = {"choices": DTYPES}
@@ -170,3 +185,19 @@ def config_from_args(argv: list[str] | None = None) -> ServerConfig:
     engine = EngineConfig(**{k: v for k, v in ns.items() if k in engine_names})
     server = {k: v for k, v in ns.items() if k not in engine_names}
     return ServerConfig(engine=engine, **server)
+
+
+def config_to_args(config: ServerConfig) -> list[str]:
+    """The `sglpy serve` flags that rebuild `config` (only fields that differ from their defaults)."""
+    args = []
+    for cls, obj in ((ServerConfig, config), (EngineConfig, config.engine)):
+        default = cls() if cls is EngineConfig else ServerConfig(engine=config.engine)
+        for f in dataclasses.fields(cls):
+            value = getattr(obj, f.name)
+            if f.name == "engine" or value == getattr(default, f.name):
+                continue
+            if isinstance(value, bool):
+                args.append(_flag(f.name) if value else "--no-" + f.name.replace("_", "-"))
+            else:
+                args += [_flag(f.name), str(value)]
+    return args

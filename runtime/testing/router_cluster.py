@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import requests
 
+from ..server.replicas import router_command
 from .server_harness import Server, free_port, run_server
 
 
@@ -57,9 +58,7 @@ def run_router(worker_urls: list[str], policy: str = "cache_aware", extra_args: 
     """Yield a Router over `worker_urls` once it reports them all healthy; stop it (SIGTERM, then SIGKILL)."""
     port, metrics_port = free_port(), free_port()
     log_fd, log_path = tempfile.mkstemp(prefix="sglang-router-", suffix=".log")
-    cmd = [python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port), "--policy", policy,
-           "--worker-urls", *worker_urls, *extra_args]
+    cmd = router_command("127.0.0.1", port, worker_urls, policy, metrics_port, extra_args, python)
     proc = subprocess.Popen(cmd, stdout=log_fd, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "NO_COLOR": "1"})
     os.close(log_fd)

@@ -217,9 +217,11 @@ def test_select_without_tokenize_falls_back_to_text_requests():
 
         st = prog.run(backend=ep)
         assert st["x"] == "BB"
-        prefix_req, batch, uncond = stub.posts()
+        prefix_req, *per_choice, uncond = stub.posts()
         assert prefix_req == {"text": "Pick: ", "sampling_params": {"max_new_tokens": 0}}
-        assert batch["text"] == ["Pick: AAA", "Pick: BB"] and batch["logprob_start_len"] == len("Pick: ") - 2
+        # one single-text request per choice (sglang-router refuses a batch `text: [...]`), sent concurrently
+        assert sorted(r["text"] for r in per_choice) == ["Pick: AAA", "Pick: BB"]
+        assert all(r["logprob_start_len"] == len("Pick: ") - 2 and r["return_logprob"] for r in per_choice)
         assert uncond["input_ids"] == [[ord(c) for c in "AAA"], [ord(c) for c in "BB"]]
         windows = st.get_meta_info("x")["input_token_logprobs"]
         assert [[e[2] for e in w] for w in windows] == [list("AAA"), list("BB")]
