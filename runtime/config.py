@@ -9,6 +9,8 @@ from typing import Any
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZATION_MODES = ("none", "int8", "int4")  # weight-only; see runtime/quantization.py
+KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16")  # auto = the model dtype
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,8 @@ class EngineConfig:
     num_threads: int | None = None  # torch CPU threads; None = torch default
     seed: int = 0
     debug_invariants: bool = False  # check KV accounting after every step (tests)
+    quantization: str = "none"  # weight-only quantization at load (CPU): none, int8, int4
+    kv_cache_dtype: str = "auto"  # KV pool storage; 16-bit storage is converted to float32 while reading
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -42,6 +46,10 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if self.max_context_len is not None and self.max_context_len <= 1:
             raise ValueError(f"max_context_len must be > 1, got {self.max_context_len}")
+        if self.quantization not in QUANTIZATION_MODES:
+            raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, got {self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.num_threads is not None and self.num_threads <= 0:
             raise ValueError(f"num_threads must be positive, got {self.num_threads}")
 

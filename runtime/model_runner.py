@@ -12,6 +12,7 @@ from .config import EngineConfig
 from .forward_batch import ForwardBatch
 from .kv_pool import KVPool, ReqToTokenPool
 from .models.llama import LlamaForCausalLM
+from .quantization import kv_cache_torch_dtype, quantize_model
 from .request import Req
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -72,13 +73,17 @@ class ModelRunner:
             self.device = torch.device(cfg.device)
         self.dtype = _DTYPES[cfg.dtype]
         self.model = load_model(model_path, self.dtype, self.device)
+        if cfg.quantization != "none":
+            if self.device.type != "cpu":
+                raise ValueError(f"quantization={cfg.quantization!r} runs on CPU only (device is {self.device})")
+            quantize_model(self.model, cfg.quantization)
         hf = self.model.config
         self.hf_config = hf
         self.vocab_size = hf.vocab_size
         self.max_context = cfg.max_context_len or int(getattr(hf, "max_position_embeddings", 4096))
         self.model.init_rope(self.max_context, self.device, torch.float32)
         self.kv = KVPool(hf.num_hidden_layers, cfg.max_total_tokens, self.model.num_kv_heads,
-                         self.model.head_dim, self.dtype, self.device)
+                         self.model.head_dim, kv_cache_torch_dtype(cfg.kv_cache_dtype, self.dtype), self.device)
         self.req_pool = ReqToTokenPool(cfg.max_running_requests, self.max_context, self.device)
 
     def forward(self, entries: list[BatchEntry], num_decode: int) -> ForwardOutput:

@@ -147,12 +147,23 @@ class LlamaForCausalLM(nn.Module):
         attn = self.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         self.rope_cache: torch.Tensor | None = None
+        self.logits_head: nn.Module | None = None  # replaces the (tied) lm_head matmul when set (quantization)
 
     def fuse_projections(self) -> None:
         """Fuse q/k/v and gate/up weights once the HF-named weights are loaded."""
         for layer in self.model.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
+
+    def lm_head_weight(self) -> torch.Tensor:
+        """The output projection's weight [vocab, hidden]: the embedding's when tied."""
+        return self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+
+    def set_lm_head(self, head: nn.Module) -> None:
+        """Compute logits with `head` (its own copy, e.g. quantized); the embedding lookup is untouched."""
+        self.logits_head = head
+        if not self.tie_word_embeddings:
+            del self.lm_head  # the head now holds the only copy
 
     def init_rope(self, max_pos: int, device, dtype) -> None:
         """Build the cos/sin table once the model is on its device."""
@@ -167,5 +178,7 @@ class LlamaForCausalLM(nn.Module):
             x, residual = layer(x, residual, fb, kv, self.rope_cache)
         x, _ = self.model.norm(x, residual)
         x = x[fb.logits_indices]  # only the rows we sample from or score
+        if self.logits_head is not None:
+            return self.logits_head(x).float()
         w = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
         return (x @ w.t()).float()  # logits: [m, vocab]
