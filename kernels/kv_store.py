@@ -44,6 +44,13 @@ def store_kv(
 ) -> None:
     """Write k/v rows into k_cache/v_cache at slots `loc` in place (Triton on CUDA, torch otherwise)."""
     check_store_kv_args(k_cache, v_cache, loc, k, v)
+    store_kv_unchecked(k_cache, v_cache, loc, k, v)
+
+
+def store_kv_unchecked(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """store_kv without the argument checks: the model's hot path, whose shapes are fixed at load."""
     if loc.numel() == 0:
         return
     impl = triton_module("kv_store_triton", k_cache)
