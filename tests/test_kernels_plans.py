@@ -7,7 +7,7 @@ import torch
 
 from _kernel_cases import make_paged_batch
 from sglpy.kernels import apply_rotary, build_rope_cache, decode_attention_reference
-from sglpy.kernels.decode_plan import VIEW_MAX_BATCH, decode_attention_planned, plan_decode_attention
+from sglpy.kernels.decode_plan import VIEW_ANY_LEN_BATCH, VIEW_MIN_LEN, decode_attention_planned, plan_decode_attention
 from sglpy.kernels.rotary import apply_rotary_planned, plan_rotary
 
 
@@ -24,31 +24,31 @@ def _contiguous_batch(lens, kv_heads, d, dtype, gap=3):
     return k_cache, v_cache, req_to_token, rows
 
 
-@pytest.mark.parametrize("lens", [[1], [37], [5, 40, 1], [9] * VIEW_MAX_BATCH])
+@pytest.mark.parametrize("lens", [[1], [37], [5, 40, 1], [9] * VIEW_ANY_LEN_BATCH, [VIEW_MIN_LEN + 3] * 12])
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
 def test_contiguous_requests_read_views(lens, kv_dtype):
     torch.manual_seed(len(lens))
     k_cache, v_cache, r2t, rows = _contiguous_batch(lens, 3, 16, kv_dtype)
     sl = torch.tensor(lens)
     plan = plan_decode_attention(r2t, rows, sl)
-    assert plan.runs is not None and [n for _, n in plan.runs] == lens
+    assert not plan.groups and [(i, n) for i, _, n in plan.views] == list(enumerate(lens))
     q = torch.randn(len(lens), 9, 16)
     got = decode_attention_planned(q, k_cache, v_cache, plan, 0.25)
     want = decode_attention_reference(q, k_cache.float(), v_cache.float(), r2t, rows, sl, 0.25)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("lens", [[33, 1, 17], [20] * 6, [400] + [3] * 7, [9] * (VIEW_MAX_BATCH + 1)])
+@pytest.mark.parametrize("lens", [[33, 1, 17], [20] * 6, [400] + [3] * 7, [9] * (VIEW_ANY_LEN_BATCH + 1)])
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
 def test_scattered_or_large_batches_gather(lens, kv_dtype):
     pb = make_paged_batch(lens, 2, 16, kv_dtype, seed=len(lens))
-    if len(lens) == VIEW_MAX_BATCH + 1:  # contiguous, but too many requests for per-request views
+    if len(lens) == VIEW_ANY_LEN_BATCH + 1:  # contiguous, but too many short requests for per-request views
         k_cache, v_cache, r2t, rows = _contiguous_batch(lens, 2, 16, kv_dtype)
     else:
         k_cache, v_cache, r2t, rows = pb.k_cache, pb.v_cache, pb.req_to_token, pb.req_pool_indices
     sl = torch.tensor(lens)
     plan = plan_decode_attention(r2t, rows, sl)
-    assert plan.runs is None
+    assert [i for i, _, _ in plan.views] == ([1] if lens == [33, 1, 17] else [])  # length 1 is a trivial run
     if len(set(lens)) == 1:
         assert len(plan.groups) == 1 and plan.groups[0].mask is None  # equal lengths: no mask at all
     if lens[0] == 400:
@@ -56,6 +56,29 @@ def test_scattered_or_large_batches_gather(lens, kv_dtype):
     q = torch.randn(len(lens), 4, 16)
     got = decode_attention_planned(q, k_cache, v_cache, plan, 0.3)
     want = decode_attention_reference(q, k_cache.float(), v_cache.float(), r2t, rows, sl, 0.3)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_mixed_batch_views_some_requests_and_gathers_the_rest():
+    torch.manual_seed(3)
+    lens = [200, 150, 7, 300, 12, 140, 5, 9, 130, 160]  # > VIEW_ANY_LEN_BATCH requests
+    k_cache, v_cache, r2t, rows = _contiguous_batch(lens, 3, 16, torch.float32)
+    scattered = [2, 3, 7]  # these requests' slots get shuffled among themselves
+    pool = torch.cat([r2t[rows[i], :lens[i]] for i in scattered])
+    pool = pool[torch.randperm(len(pool))]
+    start = 0
+    for i in scattered:
+        r2t[rows[i], :lens[i]] = pool[start:start + lens[i]]
+        start += lens[i]
+    sl = torch.tensor(lens)
+    plan = plan_decode_attention(r2t, rows, sl)
+    viewed = sorted(i for i, _, _ in plan.views)
+    assert viewed == [i for i, n in enumerate(lens) if n >= VIEW_MIN_LEN and i not in scattered]
+    gathered = sorted(int(j) for g in plan.groups for j in g.index)
+    assert gathered == sorted(set(range(len(lens))) - set(viewed))
+    q = torch.randn(len(lens), 9, 16)
+    got = decode_attention_planned(q, k_cache, v_cache, plan, 0.25)
+    want = decode_attention_reference(q, k_cache, v_cache, r2t, rows, sl, 0.25)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
