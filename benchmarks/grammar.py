@@ -229,7 +229,7 @@ def main():
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
-    from sglpy.runtime.model_loader import resolve_model_path
+    from sglpy.runtime.model.loader import resolve_model_path
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path(None))
     t0 = time.perf_counter()

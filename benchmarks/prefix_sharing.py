@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sglpy.runtime.radix_cache import RadixCache
+from sglpy.runtime.memory.radix_cache import RadixCache
 
 WORDS = ("the a of to and in is it that was for on with as his they be at one have this from by hot "
          "word but what some we can out other were all there when up use your how said an each she "

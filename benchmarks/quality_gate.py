@@ -68,24 +68,21 @@ def text_ids(tokenizer, n_tokens: int) -> list[int]:
 
 
 @torch.inference_mode()
-def teacher_forced_scores(runner, ids: list[int], decode_tokens: int) -> Scores:
+def teacher_forced_scores(runner, ids: list[int], decode_tokens: int, kv_cache_dtype: str = "auto") -> Scores:
     """Score every next token of ids: a prefill of the first part, then one decode step per token."""
-    from sglpy.runtime.config import SamplingParams
-    from sglpy.runtime.model_runner import BatchEntry
-    from sglpy.runtime.request import Req
+    from sglpy.runtime.core import BatchEntry, Req
+    from sglpy.runtime.sampling_params import SamplingParams
+    from sglpy.runtime.testing.runner_kv import runner_kv
 
     n = len(ids)
     p = n - 1 - decode_tokens  # the prefill scores positions 0 .. p-1, decode steps p .. n-2
     if not 1 <= p <= n - 1:
         raise ValueError(f"decode_tokens must be in [0, {n - 2}], got {decode_tokens}")
+    kv = runner_kv(runner, n, 1, kv_cache_dtype)
     req = Req(rid="gate", input_ids=list(ids[:p]), sampling=SamplingParams(max_new_tokens=1),
               return_logprob=True, logprob_start_len=0)
-    req.row = runner.req_pool.alloc_row()
-    alloc = runner.kv.alloc(n)
-    if req.row is None or not alloc.ok:
-        raise ValueError("the runner has no room for the text: raise max_total_tokens")
-    req.slots = alloc.slots
-    runner.req_pool.write(req.row, 0, req.slots)
+    if not (kv.assign_row(req) and kv.grow(req, p)):
+        raise ValueError("the runner has no room for the text: raise max_context_len")
     target = torch.tensor(ids[1:])
     nll, top1 = [], []
 
@@ -98,16 +95,16 @@ def teacher_forced_scores(runner, ids: list[int], decode_tokens: int) -> Scores:
 
     t0 = time.perf_counter()
     try:
-        out = runner.forward([BatchEntry(req, 0, p, sample=True)], num_decode=0)
+        out = runner.forward([BatchEntry(req, 0, p, sample=True)], 0, kv.buffers)
         score(out.logits[list(out.input_rows[0]) + [out.sample_row[0]]], 0)
         req.return_logprob = False
         for t in range(p, n - 1):
             req.output_ids.append(ids[t])  # teacher forcing: the text's token, not a sampled one
-            out = runner.forward([BatchEntry(req, t, 1, sample=True)], num_decode=1)
+            assert kv.grow(req, 1)
+            out = runner.forward([BatchEntry(req, t, 1, sample=True)], 1, kv.buffers)
             score(out.logits[[out.sample_row[0]]], t)
     finally:
-        runner.kv.free(req.slots)
-        runner.req_pool.free_row(req.row)
+        kv.release(req)
     return Scores(torch.cat(nll), torch.cat(top1), decode_tokens, time.perf_counter() - t0)
 
 
@@ -129,14 +126,14 @@ def run_gate(model_path: str, modes: list[str], n_tokens: int = 1024, decode_tok
     from transformers import AutoTokenizer
 
     from sglpy.runtime.config import EngineConfig
-    from sglpy.runtime.model_runner import ModelRunner
+    from sglpy.runtime.model.runner import ModelRunner
 
     ids = text_ids(AutoTokenizer.from_pretrained(model_path), n_tokens)
 
     def scores(mode: str) -> Scores:
         cfg = EngineConfig(model=model_path, device="cpu", max_total_tokens=n_tokens + 16, max_running_requests=2,
                            max_context_len=max(n_tokens + 16, 64), **parse_mode(mode))
-        return teacher_forced_scores(ModelRunner(cfg, model_path), ids, decode_tokens)
+        return teacher_forced_scores(ModelRunner(cfg, model_path), ids, decode_tokens, cfg.kv_cache_dtype)
 
     ref = scores("none")
     results = [judge("none", ref, ref)]
@@ -166,7 +163,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from sglpy.runtime.model_loader import resolve_model_path
+    from sglpy.runtime.model.loader import resolve_model_path
 
     path = resolve_model_path(args.model)
     results = run_gate(path, args.modes.split(","), args.tokens, args.decode_tokens)

@@ -17,8 +17,8 @@ import random
 import sys
 from dataclasses import dataclass
 
-from sglpy.runtime.radix_cache import RadixCache
-from sglpy.runtime.schedule_policy import SchedulePolicy, order_waiting, split_in_batch_sharing
+from sglpy.runtime.memory.radix_cache import RadixCache
+from sglpy.runtime.engine.schedule_policy import SchedulePolicy, order_waiting, split_in_batch_sharing
 
 
 @dataclass

@@ -4,7 +4,9 @@ Each request is a streaming POST /generate: a shared ~150-token system prefix + 
 greedy, `ignore_eos`, a fixed number of output tokens. Arrivals do not wait for earlier requests
 (open loop), so past the server's capacity the queue, TTFT and latency grow without bound: the knee.
 Reported per rate: achieved request and output-token throughput, TTFT / inter-token latency (ITL) /
-end-to-end percentiles. The server runs twice: radix cache on, then off (`--disable-radix-cache`).
+end-to-end percentiles, and the latency of GET /health polled every 50 ms from a separate process while the
+load runs (target: under 100 ms; the server's event loop must never wait on the model). The server runs
+twice: radix cache on, then off (`--disable-radix-cache`).
 
     .venv/bin/python benchmarks/serving.py                        # default model, both cache modes
     .venv/bin/python benchmarks/serving.py --quick                # short smoke run
@@ -67,6 +69,8 @@ class RateResult:
     e2e_p50: float
     e2e_p99: float
     cached_token_share: float
+    health_p50_ms: float  # GET /health latency during the run
+    health_max_ms: float
 
 
 def pct(values: list[float], q: float) -> float:
@@ -120,6 +124,31 @@ async def one(session, url: str, prompt: str, output_len: int, cached: list) -> 
     return s
 
 
+HEALTH_PROBE = """
+import http.client, json, sys, time
+host, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+conn, lat = http.client.HTTPConnection(host, port, timeout=30), []
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    t0 = time.perf_counter()
+    try:
+        conn.request("GET", "/health")
+        conn.getresponse().read()
+    except OSError:
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+    lat.append(time.perf_counter() - t0)
+    time.sleep(0.05)
+print(json.dumps(lat))
+"""
+
+
+def start_health_probe(url: str, seconds: float) -> subprocess.Popen:
+    """GET /health every 50 ms for `seconds` from its own process (the load generator's GIL does not skew it)."""
+    host, port = url.removeprefix("http://").split(":")
+    return subprocess.Popen([sys.executable, "-c", HEALTH_PROBE, host, port, str(seconds)], stdout=subprocess.PIPE,
+                            text=True)
+
+
 async def run_rate(url: str, rate: float, duration: float, output_len: int, seed: int) -> tuple[list, float, float]:
     """Fire Poisson arrivals for `duration` s and wait for all; (samples, wall s, cached-token share)."""
     rng = random.Random(seed)
@@ -145,7 +174,8 @@ async def run_rate(url: str, rate: float, duration: float, output_len: int, seed
     return list(samples), wall, share
 
 
-def summarize(cache: str, rate: float, samples: list[Sample], wall: float, share: float) -> RateResult:
+def summarize(cache: str, rate: float, samples: list[Sample], wall: float, share: float,
+              health: list[float]) -> RateResult:
     """Percentiles and throughput of one rate."""
     ok = [s for s in samples if s.ok]
     itls = [x for s in ok for x in s.itls]
@@ -154,7 +184,8 @@ def summarize(cache: str, rate: float, samples: list[Sample], wall: float, share
         achieved_rps=len(ok) / wall if wall else 0.0, output_tok_s=sum(s.output_tokens for s in ok) / wall,
         ttft_p50=pct([s.ttft for s in ok], 50), ttft_p90=pct([s.ttft for s in ok], 90),
         ttft_p99=pct([s.ttft for s in ok], 99), itl_p50=pct(itls, 50), itl_p90=pct(itls, 90), itl_p99=pct(itls, 99),
-        e2e_p50=pct([s.e2e for s in ok], 50), e2e_p99=pct([s.e2e for s in ok], 99), cached_token_share=share)
+        e2e_p50=pct([s.e2e for s in ok], 50), e2e_p99=pct([s.e2e for s in ok], 99), cached_token_share=share,
+        health_p50_ms=pct(health, 50) * 1000, health_max_ms=max(health, default=float("nan")) * 1000)
 
 
 def knee(rows: list[RateResult]) -> str:
@@ -198,8 +229,10 @@ def bench_server(url: str, cache: str, rates: list[float], duration: float, outp
     rows = []
     for rate in rates:
         requests.post(url + "/flush_cache", timeout=60)  # every rate starts with a cold cache
+        probe = start_health_probe(url, duration)
         samples, wall, share = asyncio.run(run_rate(url, rate, duration, output_len, seed=int(rate * 1000)))
-        row = summarize(cache, rate, samples, wall, share)
+        health = json.loads(probe.communicate(timeout=120)[0] or "[]")
+        row = summarize(cache, rate, samples, wall, share, health)
         rows.append(row)
         print_row(row)
         errs = [s.error for s in samples if not s.ok]
@@ -209,14 +242,15 @@ def bench_server(url: str, cache: str, rates: list[float], duration: float, outp
 
 
 HEADER = (f"{'cache':<6}{'rate':>6}{'reqs':>6}{'err':>5}{'ach r/s':>9}{'out tok/s':>10}{'TTFT p50':>10}{'p90':>8}"
-          f"{'p99':>8}{'ITL p50':>9}{'p90':>8}{'p99':>8}{'e2e p50':>9}{'cached':>8}")
+          f"{'p99':>8}{'ITL p50':>9}{'p90':>8}{'p99':>8}{'e2e p50':>9}{'cached':>8}{'health p50/max':>16}")
 
 
 def print_row(r: RateResult) -> None:
     """One table row."""
     print(f"{r.cache:<6}{r.offered_rps:>6g}{r.requests:>6}{r.errors:>5}{r.achieved_rps:>9.2f}{r.output_tok_s:>10.1f}"
           f"{r.ttft_p50:>10.3f}{r.ttft_p90:>8.3f}{r.ttft_p99:>8.3f}{r.itl_p50 * 1000:>8.1f}m{r.itl_p90 * 1000:>7.1f}m"
-          f"{r.itl_p99 * 1000:>7.1f}m{r.e2e_p50:>9.2f}{r.cached_token_share:>8.0%}", flush=True)
+          f"{r.itl_p99 * 1000:>7.1f}m{r.e2e_p50:>9.2f}{r.cached_token_share:>8.0%}"
+          f"{r.health_p50_ms:>9.1f}/{r.health_max_ms:.0f}ms", flush=True)
 
 
 def write_svg(rows: list[RateResult], path: pathlib.Path) -> None:

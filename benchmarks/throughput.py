@@ -193,7 +193,7 @@ def main():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sglpy.runtime.engine import Engine
-    from sglpy.runtime.model_loader import resolve_model_path
+    from sglpy.runtime.model.loader import resolve_model_path
 
     path = resolve_model_path(None)
     tok = AutoTokenizer.from_pretrained(path)

@@ -8,20 +8,31 @@ import os
 import re
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable
 
+from .budget import CompileBudget
 from .dfa import regex_to_dfa
 from .errors import GrammarError
 from .guide import Guide, RegexGuide
 from .vocab import TokenizerInfo
 
-# SGLang's dtype constraints (gen(..., dtype=int/float/bool/str)), the same strings as sglpy/ir.py.
+# SGLang's dtype constraints (gen(..., dtype=int/float/bool/str)); the one definition (sglpy/ir.py uses it).
 DTYPE_REGEX = {
     "int": r"[-+]?[0-9]+[ \n]*",
     "float": r"[-+]?[0-9]*\.?[0-9]+[ \n]*",
     "bool": r"(True|False)",
     "str": r"\"[\w\d\s]*\"",
 }
+
+
+@dataclass(frozen=True)
+class SchemaInfo:
+    """What a JSON-schema compile used and ignored (for debugging a schema)."""
+
+    draft: str
+    ignored: tuple[str, ...]  # annotations, keywords unknown to the draft, unknown formats ("format:name")
+    relaxed: tuple[str, ...]  # strict=False: constraints that were not enforced
 
 
 def choices_regex(choices: list[str]) -> str:
@@ -48,10 +59,13 @@ class GrammarCompiler:
         max_recursion_depth: int = 3,
         cache_dir: str | None = None,
         unicode_classes: bool = False,
+        compile_timeout_s: float | None = 4.5,
     ):
         """cache_dir: optional folder for compiled regex/JSON guides keyed by constraint + tokenizer hash.
 
         unicode_classes: \\d \\w \\s in regexes are ASCII unless this is True (then Python's Unicode classes).
+        compile_timeout_s: wall-clock budget of one compile (token index included; deadline checks overshoot by
+        up to ~0.3 s, so 4.5 keeps compiles under 5 s); None = unlimited.
         """
         if not isinstance(tokenizer_info, TokenizerInfo):
             raise ValueError("GrammarCompiler needs a TokenizerInfo (use TokenizerInfo.from_hf(tokenizer))")
@@ -59,6 +73,9 @@ class GrammarCompiler:
             raise ValueError(f"max_states must be >= 2, got {max_states}")
         if cache_size < 0:
             raise ValueError(f"cache_size must be >= 0, got {cache_size}")
+        if compile_timeout_s is not None and not compile_timeout_s > 0:
+            raise ValueError(f"compile_timeout_s must be > 0 or None, got {compile_timeout_s}")
+        self.compile_timeout_s = compile_timeout_s
         self.info = tokenizer_info
         self.max_states = max_states
         self.cache_size = cache_size
@@ -73,6 +90,11 @@ class GrammarCompiler:
     def warmup(self) -> None:
         """Build the per-tokenizer tables now (token trie, sorted tokens: ~1-2 s at 49k) instead of on first use."""
         _ = self.info.trie, self.info.sorted_tokens, self.info.longest_token
+
+    def budget(self, cancel: Any = None, timeout_s: Any = ...) -> CompileBudget:
+        """A fresh budget with this compiler's limits (timeout_s overrides compile_timeout_s)."""
+        t = self.compile_timeout_s if timeout_s is ... else timeout_s
+        return CompileBudget(time_s=t, max_states=self.max_states, cancel=cancel)
 
     def _cached(self, key: tuple, build: Callable[[], Guide]) -> Guide:
         while True:
@@ -102,28 +124,34 @@ class GrammarCompiler:
                 del self._inflight[key]
             done.set()
 
-    def compile(self, kind: str, value: Any) -> Guide:
-        """Dispatch on kind: regex | json_schema | ebnf | choices | dtype."""
+    def compile(self, kind: str, value: Any, cancel: Any = None, timeout_s: Any = ...) -> Guide:
+        """Dispatch on kind: regex | json_schema | ebnf | choices | dtype. The one entry point for the runtime.
+
+        Raises GrammarError (a ValueError) naming the problem; BudgetExceeded (a GrammarError) past the time
+        budget; CompileCancelled (a GrammarError) once `cancel.is_set()` (any object with is_set()).
+        """
+        kw = {"cancel": cancel, "timeout_s": timeout_s}
         if kind in ("json", "json_schema"):
-            return self.compile_json_schema(value)
+            return self.compile_json_schema(value, **kw)
         if kind == "regex":
-            return self.compile_regex(value)
+            return self.compile_regex(value, **kw)
         if kind == "ebnf":
-            return self.compile_ebnf(value)
+            return self.compile_ebnf(value, **kw)
         if kind == "choices":
-            return self.compile_choices(value)
+            return self.compile_choices(value, **kw)
         if kind == "dtype":
-            return self.compile_dtype(value)
+            return self.compile_dtype(value, **kw)
         raise GrammarError(f"unknown constraint kind {kind!r} (expected one of {', '.join(self.KINDS)})")
 
-    def compile_regex(self, pattern: str) -> Guide:
+    def compile_regex(self, pattern: str, cancel: Any = None, timeout_s: Any = ...) -> Guide:
         """Guide for strings that `re.fullmatch(pattern, s)` accepts."""
         if not isinstance(pattern, str):
             raise GrammarError(f"regex must be a str, got {type(pattern).__name__}")
         return self._cached(("regex", pattern, self.max_states, self.unicode_classes),
-                            lambda: self._regex_guide(pattern))
+                            lambda: self._regex_guide(pattern, self.budget(cancel, timeout_s)))
 
-    def _regex_guide(self, pattern: str) -> RegexGuide:
+    def _regex_guide(self, pattern: str, budget: CompileBudget | None = None, make=None) -> RegexGuide:
+        """Guide for `pattern` (or for the (dfa, schema_info) that `make()` returns), via the disk cache."""
         path = None
         if self.cache_dir:
             key = hashlib.sha256(f"{self.info.key}|{self.max_states}|u{int(self.unicode_classes)}|{pattern}".encode()).hexdigest()[:40]
@@ -133,7 +161,11 @@ class GrammarCompiler:
                     return RegexGuide.load(path, self.info)
                 except (OSError, ValueError, KeyError):
                     pass  # unreadable or stale entry: rebuild and overwrite
-        guide = RegexGuide(regex_to_dfa(pattern, self.max_states, self.unicode_classes), self.info, pattern)
+        if make is None:
+            dfa, schema_info = regex_to_dfa(pattern, self.max_states, self.unicode_classes, budget=budget), None
+        else:
+            dfa, schema_info = make()
+        guide = RegexGuide(dfa, self.info, pattern, budget=budget, schema_info=schema_info)
         if path:
             os.makedirs(self.cache_dir, exist_ok=True)
             tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp.npz"
@@ -141,46 +173,61 @@ class GrammarCompiler:
             os.replace(tmp, path)  # atomic: readers never see a half-written file
         return guide
 
-    def compile_choices(self, choices: list[str]) -> Guide:
+    def compile_choices(self, choices: list[str], **kw) -> Guide:
         """Guide for exactly one of the strings."""
-        return self.compile_regex(choices_regex(choices))
+        return self.compile_regex(choices_regex(choices), **kw)
 
-    def compile_dtype(self, dtype: Any) -> Guide:
+    def compile_dtype(self, dtype: Any, **kw) -> Guide:
         """Guide for an int / float / bool / str literal (type objects or their names)."""
         name = dtype.__name__ if isinstance(dtype, type) else dtype
         if name not in DTYPE_REGEX:
             raise GrammarError(f"unsupported dtype {dtype!r} (expected int, float, bool or str)")
-        return self.compile_regex(DTYPE_REGEX[name])
+        return self.compile_regex(DTYPE_REGEX[name], **kw)
 
     def json_schema_to_regex(self, schema: Any, strict: bool = True, whitespace_pattern: Any = ...) -> str:
-        """The regex this compiler uses for a JSON schema (dict, JSON string, or pydantic model class)."""
+        """The plain regex for a JSON schema that needs no automaton algebra (GrammarError otherwise)."""
         from .json_schema import schema_to_regex
 
         ws = self.whitespace_pattern if whitespace_pattern is ... else whitespace_pattern
         return schema_to_regex(schema, whitespace_pattern=ws, strict=strict,
                                max_recursion_depth=self.max_recursion_depth)
 
-    def compile_json_schema(self, schema: Any, strict: bool = True, whitespace_pattern: Any = ...) -> Guide:
-        """Guide for JSON documents valid under `schema` (see docs/grammar.md for the supported subset).
+    def compile_json_schema(self, schema: Any, strict: bool = True, whitespace_pattern: Any = ...,
+                            cancel: Any = None, timeout_s: Any = ...) -> Guide:
+        """Guide for JSON documents valid under `schema` (see docs/grammar.md for what is enforced).
 
         whitespace_pattern overrides the compiler's default for this schema (None = compact layout).
+        `guide.schema_info` tells the draft used and the keywords ignored (annotations, unknown keywords).
         """
-        from .json_schema import normalize_schema
+        from .json_schema import compile_schema, normalize_schema
 
         norm = normalize_schema(schema)
         ws = self.whitespace_pattern if whitespace_pattern is ... else whitespace_pattern
         try:
-            text = json.dumps(norm)
-        except RecursionError:
+            text = json.dumps(norm, sort_keys=False)
+        except (RecursionError, ValueError):
             raise GrammarError("json_schema is nested too deeply to compile") from None
         key = ("json_schema", text, strict, ws, self.max_recursion_depth, self.max_states)
-        return self._cached(key, lambda: self._regex_guide(self.json_schema_to_regex(norm, strict, ws)))
 
-    def compile_ebnf(self, grammar: str, start: str = "start") -> Guide:
+        def build() -> Guide:
+            budget = self.budget(cancel, timeout_s)
+
+            def make():
+                res = compile_schema(norm, whitespace_pattern=ws, strict=strict,
+                                     max_recursion_depth=self.max_recursion_depth, budget=budget)
+                return res.dfa, SchemaInfo(res.draft, res.ignored, res.relaxed)
+
+            source = f"json_schema:{json.dumps([strict, ws, self.max_recursion_depth])}:{text}"
+            return self._regex_guide(source, budget, make=make)
+
+        return self._cached(key, build)
+
+    def compile_ebnf(self, grammar: str, start: str = "start", cancel: Any = None, timeout_s: Any = ...) -> Guide:
         """Guide for a context-free grammar in lark EBNF syntax."""
         from .ebnf import EBNFGuide
 
         if not isinstance(grammar, str):
             raise GrammarError(f"EBNF grammar must be a str, got {type(grammar).__name__}")
         return self._cached(("ebnf", grammar, start, self.max_states),
-                            lambda: EBNFGuide(grammar, self.info, start=start, max_states=self.max_states))
+                            lambda: EBNFGuide(grammar, self.info, start=start, max_states=self.max_states,
+                                              budget=self.budget(cancel, timeout_s)))

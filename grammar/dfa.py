@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .budget import CompileBudget
 from .errors import GrammarError
 from .regex_nfa import NFA, build_nfa
 
@@ -38,12 +39,19 @@ class ByteDFA:
         return s != DEAD and bool(self.accepting[s])
 
 
-def regex_to_dfa(pattern: str, max_states: int = 10_000, unicode_classes: bool = False) -> ByteDFA:
-    """Compile a Python-syntax regex into a minimal byte DFA, or raise GrammarError."""
+def regex_to_dfa(pattern: str, max_states: int = 10_000, unicode_classes: bool = False,
+                 budget: CompileBudget | None = None, atoms: dict | None = None, what: str = "",
+                 allow_empty: bool = False, search: bool = False, dollar_newline: bool = False) -> ByteDFA:
+    """Compile a Python-syntax regex into a minimal byte DFA, or raise GrammarError.
+
+    atoms: marker code point -> ByteDFA embedded where the marker appears (see regex_nfa.build_nfa);
+    what: names the construct in size/time errors; allow_empty: return the empty automaton instead of raising.
+    """
     nfa = build_nfa(pattern, max_nfa_states=min(500_000, max(100_000, 50 * max_states)),
-                    unicode_classes=unicode_classes)
-    dfa = nfa_to_dfa(nfa, max_states)
-    if not dfa.accepting.any():
+                    unicode_classes=unicode_classes, atoms=atoms, budget=budget, search=search,
+                    dollar_newline=dollar_newline)
+    dfa = nfa_to_dfa(nfa, max_states, budget=budget, what=what or f"regex {pattern[:60]!r}")
+    if not dfa.accepting.any() and not allow_empty:
         raise GrammarError(f"regex {pattern[:80]!r} matches no string")
     return dfa
 
@@ -59,8 +67,8 @@ def _byte_classes(nfa: NFA) -> tuple[np.ndarray, int]:
     return class_of.astype(np.int32), len(bounds) - 1
 
 
-def nfa_to_dfa(nfa: NFA, max_states: int) -> ByteDFA:
-    """Subset construction over byte classes, then trimming and minimisation."""
+def nfa_to_dfa(nfa: NFA, max_states: int, budget: CompileBudget | None = None, what: str = "the automaton") -> ByteDFA:
+    """Subset construction over byte classes, then trimming and minimisation (budget checked as it grows)."""
     class_of, n_classes = _byte_classes(nfa)
     cedges = [[(int(class_of[lo]), int(class_of[hi]), t) for lo, hi, t in es] for es in nfa.edges]
     eps, accept = nfa.eps, nfa.accept
@@ -86,9 +94,12 @@ def nfa_to_dfa(nfa: NFA, max_states: int) -> ByteDFA:
         if sid is None:
             if len(rows) > max_states:
                 raise GrammarError(
-                    f"automaton too large: more than {max_states} DFA states (raise max_states, or simplify "
-                    "the constraint: large bounded repeats, maxLength/maxItems and many optional parts multiply states)"
+                    f"automaton too large: {what} needs more than {max_states} DFA states (raise max_states, or "
+                    "simplify the constraint: large bounded repeats, maxLength/maxItems and many optional parts "
+                    "multiply states)"
                 )
+            if budget is not None and len(rows) % 256 == 0:
+                budget.check(what)
             sid = ids[key] = len(rows)
             rows.append([DEAD] * n_classes)
             acc.append(key[1])
@@ -96,7 +107,11 @@ def nfa_to_dfa(nfa: NFA, max_states: int) -> ByteDFA:
         return sid
 
     initial = intern(closure([nfa.start]))
+    steps = 0
     while work:
+        steps += 1
+        if budget is not None and steps % 128 == 0:
+            budget.check(what)
         key = work.pop()
         row = rows[ids[key]]
         moves: dict[int, set[int]] = {}
@@ -115,7 +130,7 @@ def nfa_to_dfa(nfa: NFA, max_states: int) -> ByteDFA:
     ctrans = np.array(rows, dtype=np.int32).reshape(len(rows), n_classes)
     accepting = np.array(acc, dtype=bool)
     ctrans, accepting, initial = _trim(ctrans, accepting, initial)
-    ctrans, accepting, initial = _minimise(ctrans, accepting, initial)
+    ctrans, accepting, initial = _minimise(ctrans, accepting, initial, budget, what)
     return ByteDFA(np.ascontiguousarray(ctrans[:, class_of]), accepting, initial)
 
 
@@ -185,7 +200,8 @@ def _is_congruence(block: np.ndarray, ctrans: np.ndarray, accepting: np.ndarray)
     return bool(((srt[1:] == srt[:-1]).all(axis=1) | ~same_block).all())
 
 
-def _minimise(ctrans: np.ndarray, accepting: np.ndarray, initial: int):
+def _minimise(ctrans: np.ndarray, accepting: np.ndarray, initial: int, budget: CompileBudget | None = None,
+              what: str = "the automaton"):
     """Moore partition refinement, vectorised: split blocks until the signatures stop changing."""
     n = ctrans.shape[0]
     start = accepting.astype(np.int64) + 1
@@ -194,18 +210,20 @@ def _minimise(ctrans: np.ndarray, accepting: np.ndarray, initial: int):
         raise GrammarError("automaton has too many byte classes")
     # Each round costs O(states); long chains (maxLength 1000) need one round per link and are usually
     # minimal already, so past the budget the trimmed automaton is kept as it is (still exact).
-    budget = max(64, _MINIMISE_WORK // max(n, 1))
+    round_budget = max(64, _MINIMISE_WORK // max(n, 1))
     for exact in (False, True):
         block = start.copy()
         count = len(np.unique(block))
         rounds = 0
         while True:
+            if budget is not None:
+                budget.check(what)
             if exact:
                 block, new_count = group_rows(np.column_stack([block, block[ctrans]]))
             else:
                 block, new_count = _hash_group(block, ctrans)
                 rounds += 1
-                if rounds > budget:
+                if rounds > round_budget:
                     return ctrans, accepting, initial
             if new_count == count:
                 break

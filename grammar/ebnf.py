@@ -31,7 +31,7 @@ def _case_insensitive(literal: str) -> str:
 class _Terminal:
     """One grammar terminal: its byte DFA, token index, live-byte table and mid-token break candidates."""
 
-    def __init__(self, term, info: TokenizerInfo, max_states: int):
+    def __init__(self, term, info: TokenizerInfo, max_states: int, budget=None):
         self.name = term.name
         pat = term.pattern
         self.is_str = pat.type == "str"
@@ -44,7 +44,7 @@ class _Terminal:
                 raise GrammarError(f"terminal {term.name}: regex flags {sorted(flags)} are not supported")
             regex = pat.to_regexp()
         try:
-            self.dfa: ByteDFA = regex_to_dfa(regex, max_states)
+            self.dfa: ByteDFA = regex_to_dfa(regex, max_states, budget=budget, what=f"terminal {term.name}")
         except GrammarError as e:
             raise GrammarError(f"terminal {term.name}: {e}") from None
         if self.dfa.accepting[self.dfa.initial]:
@@ -52,7 +52,7 @@ class _Terminal:
         self.trans = self.dfa.trans.tolist()
         self.accepting = self.dfa.accepting.tolist()
         self.live = self.dfa.trans != DEAD  # [states, 256]
-        idx = build_index(self.dfa, info, with_eos=False)
+        idx = build_index(self.dfa, info, with_eos=False, budget=budget)
         self.inside = idx.masks.view(np.uint32)[idx.mask_of[:-1]]  # [states, words]
         self.breaks = _break_candidates(self.dfa, info)
 
@@ -98,7 +98,8 @@ def _break_candidates(dfa: ByteDFA, info: TokenizerInfo) -> list[list[tuple[byte
 class EBNFGuide(Guide):
     """Guide for a lark grammar (LALR(1)); states are immutable tuples, masks cached per state."""
 
-    def __init__(self, grammar: str, info: TokenizerInfo, start: str = "start", max_states: int = 20_000):
+    def __init__(self, grammar: str, info: TokenizerInfo, start: str = "start", max_states: int = 20_000,
+                 budget=None):
         try:
             from lark import Lark
             from lark.exceptions import LarkError
@@ -121,7 +122,7 @@ class EBNFGuide(Guide):
                     row[name] = (False, arg.origin.name, len(arg.expansion))
             self._actions[s] = row
         self._ignore = set(lk.ignore_tokens)
-        self._terms = [_Terminal(t, info, max_states) for t in lk.terminals]
+        self._terms = [_Terminal(t, info, max_states, budget) for t in lk.terminals]
         self._term_index = {t.name: i for i, t in enumerate(self._terms)}
         self._ignore_idx = tuple(self._term_index[n] for n in self._ignore if n in self._term_index)
         self._fb = info.first_byte_masks

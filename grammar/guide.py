@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from array import array
 from dataclasses import dataclass
 from typing import Any, Hashable
@@ -89,9 +90,11 @@ class Guide:
 class RegexGuide(Guide):
     """A regular constraint: integer states of a minimal byte DFA, masks precomputed per state."""
 
-    def __init__(self, dfa: ByteDFA, info: TokenizerInfo, source: str = "", index: TokenIndex | None = None):
+    def __init__(self, dfa: ByteDFA, info: TokenizerInfo, source: str = "", index: TokenIndex | None = None,
+                 budget=None, schema_info=None):
         self.dfa, self.info, self.source = dfa, info, source
-        self.index: TokenIndex = build_index(dfa, info) if index is None else index
+        self.schema_info = schema_info  # JSON schemas: draft and the keywords the compile ignored
+        self.index: TokenIndex = build_index(dfa, info, budget=budget) if index is None else index
         self.initial_state: int = dfa.initial
         self.num_states = dfa.num_states
         self._term = self.index.terminated
@@ -115,7 +118,8 @@ class RegexGuide(Guide):
         ix = self.index
         np.savez(path, trans=self.dfa.trans, accepting=self.dfa.accepting, initial=self.dfa.initial,
                  masks=ix.masks, mask_of=ix.mask_of, has_token=ix.has_token, reachable=ix.reachable,
-                 source=np.array(self.source), info_key=np.array(self.info.key))
+                 source=np.array(self.source), info_key=np.array(self.info.key),
+                 schema_info=np.array(json.dumps(None if self.schema_info is None else list(self.schema_info.__dict__.values()))))
 
     @classmethod
     def load(cls, path: str, info: TokenizerInfo) -> "RegexGuide":
@@ -127,7 +131,13 @@ class RegexGuide(Guide):
             masks = z["masks"]
             masks.setflags(write=False)
             index = TokenIndex(masks, z["mask_of"], z["has_token"], z["reachable"])
-            return cls(dfa, info, str(z["source"]), index)
+            meta = json.loads(str(z["schema_info"])) if "schema_info" in z.files else None
+            g = cls(dfa, info, str(z["source"]), index)
+            if meta is not None:
+                from .compiler import SchemaInfo
+
+                g.schema_info = SchemaInfo(meta[0], tuple(meta[1]), tuple(meta[2]))
+            return g
 
     def __repr__(self) -> str:
         return f"RegexGuide(states={self.num_states}, masks={len(self._masks)}, source={self.source[:40]!r})"

@@ -37,18 +37,19 @@ def _csr_expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return owner, np.arange(int(counts.sum())) - starts[owner]
 
 
-def build_index(dfa: ByteDFA, info: TokenizerInfo, with_eos: bool = True) -> TokenIndex:
+def build_index(dfa: ByteDFA, info: TokenizerInfo, with_eos: bool = True, budget=None) -> TokenIndex:
     """Per-state masks: walk the token trie through representative DFA states at once (numpy, per depth).
 
     States that agree on which byte strings up to the longest token stay alive get identical masks,
     so only one representative per such class is walked (bounded strings: maxLength 1000 -> ~10x less).
     with_eos=False: masks without EOS bits and no vocabulary check (used for EBNF terminals).
+    budget: a CompileBudget checked between walk chunks (time limit / cancellation).
     """
     n_states = dfa.num_states
     words = info.mask_words
     rep_of = _mask_classes(dfa.trans, info.longest_token)
     reps = np.unique(rep_of[1:]) if n_states > 1 else np.zeros(0, np.int64)
-    rep_masks, _ = _walk_states(dfa, info, reps, want_edges=False)
+    rep_masks, _ = _walk_states(dfa, info, reps, want_edges=False, budget=budget)
     masks = np.zeros((n_states + 1, words), dtype=np.uint32)
     if len(reps):
         row = np.zeros(n_states, np.int64)
@@ -67,7 +68,8 @@ def build_index(dfa: ByteDFA, info: TokenizerInfo, with_eos: bool = True) -> Tok
     candidates = ~accepting[:n_states] & ~has_token[:n_states]
     candidates[DEAD] = False
     if with_eos and candidates.any():  # rare: find out whether such a state is reachable at a token boundary
-        _, edges = _walk_states(dfa, info, np.arange(1, n_states, dtype=np.int64), want_edges=True)
+        _, edges = _walk_states(dfa, info, np.arange(1, n_states, dtype=np.int64), want_edges=True,
+                                budget=budget)
         reachable = _reachable(dfa.initial, n_states, edges)
         stuck = reachable & candidates
         if stuck.any():
@@ -102,7 +104,7 @@ def _mask_classes(trans: np.ndarray, depth: int) -> np.ndarray:
     return first[block]
 
 
-def _walk_states(dfa: ByteDFA, info: TokenizerInfo, states: np.ndarray, want_edges: bool):
+def _walk_states(dfa: ByteDFA, info: TokenizerInfo, states: np.ndarray, want_edges: bool, budget=None):
     """Masks [len(states), words] of the given states, and (if asked) the token-boundary edges src*n+dst."""
     trie = info.trie
     n_states = dfa.num_states
@@ -120,6 +122,8 @@ def _walk_states(dfa: ByteDFA, info: TokenizerInfo, states: np.ndarray, want_edg
         cur = nxt[k_idx, node]
         d = 1
         while len(k_idx):
+            if budget is not None:
+                budget.check("the token index")
             tc = trie.tok_count[d][node]
             has = tc > 0
             if has.any():

@@ -23,6 +23,10 @@ _TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?(?:Z|[+-](?
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
 _URI_CHARS = r"[A-Za-z0-9._~%!$&'()*+,;=:@-]"
+_HLABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,20}[A-Za-z0-9])?"
+_H16 = r"[0-9a-fA-F]{1,4}"
+_DUR_DATE = r"[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?|[0-9]+M(?:[0-9]+D)?|[0-9]+D"
+_DUR_TIME = r"T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"
 
 # Content of the JSON string (between the quotes), all plain ASCII without characters JSON must escape.
 FORMATS = {
@@ -34,7 +38,14 @@ FORMATS = {
     "uri": r"(?:https?|ftp)://[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*(?::[0-9]{1,5})?(?:/" + _URI_CHARS + r"*)*"
     r"(?:\?(?:" + _URI_CHARS + r"|[/?])*)?(?:#(?:" + _URI_CHARS + r"|[/?])*)?",
     "ipv4": r"(?:" + _OCTET + r"\.){3}" + _OCTET,
+    # labels of at most 22 characters and 5 labels keep every name under RFC 1123's 253 characters
+    "hostname": _HLABEL + r"(?:\." + _HLABEL + r"){0,4}",
+    "ipv6": r"(?:" + _H16 + r":){7}" + _H16 + r"|(?:" + _H16 + r"(?::" + _H16 + r"){0,2})?::(?:" + _H16
+            + r"(?::" + _H16 + r"){0,2})?",
+    "duration": r"P(?:(?:" + _DUR_DATE + r")(?:" + _DUR_TIME + r")?|" + _DUR_TIME + r"|[0-9]+W)",
 }
+FORMATS["uri-reference"] = "(?:" + FORMATS["uri"] + r"|/?(?:[A-Za-z0-9._~-]+/)*[A-Za-z0-9._~-]*"  \
+    r"(?:\?[A-Za-z0-9._~=&-]*)?(?:#[A-Za-z0-9._~-]*)?)"
 
 
 def _same_length(x: str, y: str) -> list[str]:
@@ -94,48 +105,4 @@ def integer_range(lo: int | None, hi: int | None) -> str:
         alts += ["-" + r for r in _group(_naturals(neg_lo, neg_hi))]
     if hi is None or hi >= 0:
         alts += _naturals(max(lo or 0, 0), hi)
-    return "(?:" + "|".join(alts) + ")"
-
-
-_FRAC = r"(?:\.[0-9]+)?"
-_FRAC_NONZERO = r"\.[0-9]*[1-9][0-9]*"
-_FRAC_ZERO = r"(?:\.0+)?"
-
-
-def _magnitude(lo: int, lo_excl: bool, hi: int | None, hi_excl: bool) -> list[str]:
-    """Alternatives for unsigned decimals m (no exponent) with lo <(=) m <(=) hi, lo >= 0 integral."""
-    if hi is not None and (hi < lo or (hi == lo and (lo_excl or hi_excl))):
-        return []
-    if hi is not None and hi == lo:
-        return [str(lo) + _FRAC_ZERO]
-    alts = [str(lo) + (_FRAC_NONZERO if lo_excl else _FRAC)]
-    mid_hi = None if hi is None else hi - 1
-    if mid_hi is None or mid_hi >= lo + 1:
-        alts += [f"(?:{r}){_FRAC}" for r in _group(_naturals(lo + 1, mid_hi))]
-    if hi is not None and not hi_excl:
-        alts.append(str(hi) + _FRAC_ZERO)
-    return alts
-
-
-def number_range(lo: float | None, lo_excl: bool, hi: float | None, hi_excl: bool) -> str:
-    """Regex for JSON numbers within the bounds, written without exponent (a sound subset)."""
-    if lo is not None:
-        lo_excl = lo_excl and float(lo).is_integer()
-        lo = math.ceil(lo)
-    if hi is not None:
-        hi_excl = hi_excl and float(hi).is_integer()
-        hi = math.floor(hi)
-    alts: list[str] = []
-    if hi is None or hi >= 0:  # non-negative side
-        if lo is None or lo < 0:
-            alts += _magnitude(0, False, hi, hi_excl)
-        else:
-            alts += _magnitude(lo, lo_excl, hi, hi_excl)
-    if lo is None or lo < 0:  # negative side, as magnitudes
-        m_lo, m_lo_excl = (-hi, hi_excl) if hi is not None and hi < 0 else (0, True)
-        m_hi = None if lo is None else -lo
-        alts += ["-" + r for r in _group(_magnitude(m_lo, m_lo_excl, m_hi, lo_excl))] if _magnitude(
-            m_lo, m_lo_excl, m_hi, lo_excl) else []
-    if not alts:
-        raise GrammarError(f"number range is empty: minimum {lo} / maximum {hi}")
     return "(?:" + "|".join(alts) + ")"

@@ -1,21 +1,48 @@
-"""JSON Schema -> regex (fixed property order). Unsupported keywords are errors naming them, never ignored."""
+"""JSON Schema -> byte DFA: every assertion of the schema's draft enforced exactly or refused by name.
+
+Two approximations are computed per subschema: `under` (every accepted text is valid: what is generated)
+and `over` (every valid text in the generated universe is accepted: what `not`, `oneOf`'s exclusivity and
+`if`'s else-branch subtract). Negation is then exact set difference of automata: under(A and not B) =
+under(A) minus over(B). Annotations and keywords unknown to the draft are ignored and listed.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
-import math
 import re
-import urllib.parse
 import warnings
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from . import json_formats as F
-from .errors import GrammarError
-from .json_schema_util import (
-    ANNOTATIONS, SUPPORTED, TYPES, check_count, infer_types, intersects, is_type, json_eq, merge, tightest,
-)
+from .budget import CompileBudget
+from .dfa import ByteDFA, regex_to_dfa
+from .errors import GrammarError, is_fatal
+from .fsa import is_empty, product
+from .json_arrays import ArraysMixin
+from .json_normal import TYPES, Ctx, Norm, Sub, add_part
+from .json_numbers import ANY_NUMBER_RE, NumbersMixin
+from .json_objects import ObjectsMixin
+from .json_refs import ROOT_URI, SchemaRegistry
+from .json_strings import StringsMixin
+from .json_vocab import DEFAULT_DRAFT, detect_draft
+from .regex_nfa import ATOM_BASE, ATOM_END
 
-ANY_DEPTH = 2  # nesting budget of unconstrained values ({} / true / missing items)
+ANY_DEPTH = 2  # nesting of unconstrained values ({} / true / missing items) below where they start
+MAX_DEPTH = 16  # instance nesting the converter generates; deeper optional parts are dropped
+OVER_LEVELS = 2  # over-approximations look this many nesting levels below where the negation applies
+MAX_BRANCHES = 128  # anyOf / oneOf / if combinations explored at one position
+
+
+@dataclass(frozen=True)
+class CompiledSchema:
+    """A schema's automaton plus what the compile ignored (annotations, unknown keywords, unknown formats)."""
+
+    dfa: ByteDFA
+    draft: str
+    ignored: tuple[str, ...]
+    relaxed: tuple[str, ...]  # strict=False: constraints not enforced
 
 
 def normalize_schema(schema: Any) -> Any:
@@ -27,34 +54,77 @@ def normalize_schema(schema: Any) -> Any:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise GrammarError(f"json_schema is not valid JSON: {e}") from None
+        except RecursionError:
+            raise GrammarError("json_schema is nested too deeply to compile") from None
     if not isinstance(schema, (dict, bool)):
         raise GrammarError(f"json_schema must be an object or boolean, got {type(schema).__name__}")
     return schema
 
 
-def schema_to_regex(
-    schema: Any,
-    whitespace_pattern: str | None = None,
-    strict: bool = True,
-    max_recursion_depth: int = 3,
-) -> str:
-    """Regex for JSON texts valid under `schema`.
-
-    whitespace_pattern None: compact `json.dumps` layout (", " and ": ", no other whitespace);
-    otherwise the pattern (e.g. "[ ]?" or "[\\n ]{0,8}") is allowed at every structural position.
-    """
+def compile_schema(schema: Any, whitespace_pattern: str | None = None, strict: bool = True,
+                   max_recursion_depth: int = 3, budget: CompileBudget | None = None,
+                   default_draft: str = DEFAULT_DRAFT) -> CompiledSchema:
+    """Minimal DFA of the JSON texts (in the layout) valid under `schema`; GrammarError names what is refused."""
+    budget = budget or CompileBudget(time_s=None)
     schema = normalize_schema(schema)
-    out = _Converter(schema, whitespace_pattern, strict, max_recursion_depth).convert(schema, ())
-    if out is None:
-        raise GrammarError(
-            f"json_schema admits no document (false subschemas, or $ref recursion deeper than {max_recursion_depth})"
-        )
-    return out
+    draft = detect_draft(schema, default_draft)
+    conv = SchemaConverter(schema, draft, whitespace_pattern, strict, max_recursion_depth, budget)
+    try:
+        regex = conv.under(Sub(schema, conv.root_ctx))
+    except RecursionError:
+        raise GrammarError("json_schema is nested too deeply to compile") from None
+    if regex is None:
+        raise GrammarError(f"json_schema admits no document (false subschemas, contradictory keywords, or $ref "
+                           f"recursion deeper than {max_recursion_depth})")
+    dfa = conv.to_dfa(regex, "the JSON schema")
+    if is_empty(dfa):
+        raise GrammarError("json_schema admits no document (its constraints contradict each other)")
+    return CompiledSchema(dfa, draft, tuple(sorted(conv.ignored)), tuple(conv.relaxed))
 
 
-class _Converter:
-    def __init__(self, root, ws: str | None, strict: bool, max_depth: int):
-        self.root, self.strict, self.max_depth = root, strict, max_depth
+def schema_to_regex(schema: Any, whitespace_pattern: str | None = None, strict: bool = True,
+                    max_recursion_depth: int = 3) -> str:
+    """The schema as one plain regex, for schemas that need no automaton algebra (GrammarError otherwise)."""
+    schema = normalize_schema(schema)
+    conv = SchemaConverter(schema, detect_draft(schema), whitespace_pattern, strict, max_recursion_depth,
+                           CompileBudget(time_s=None))
+    regex = conv.under(Sub(schema, conv.root_ctx))
+    if regex is None:
+        raise GrammarError("json_schema admits no document")
+    if conv.atoms:
+        raise GrammarError("this schema needs automaton algebra (no plain regex): use compile_schema")
+    return regex
+
+
+def alt(parts: list[str]) -> str | None:
+    parts = list(dict.fromkeys(p for p in parts if p is not None))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+
+
+class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
+    """Walks one root schema; subschema languages are regexes whose atoms are precompiled DFAs."""
+
+    def __init__(self, root: Any, draft: str, ws: str | None, strict: bool, max_recursion_depth: int,
+                 budget: CompileBudget):
+        self.root, self.draft, self.strict, self.max_rec = root, draft, strict, max_recursion_depth
+        self.budget, self.max_states = budget, budget.max_states
+        self.registry = SchemaRegistry(root, draft)
+        if _has_marker(root):
+            raise GrammarError("json_schema contains private-use characters U+F0000..U+FFFFD, which the "
+                               "compiler reserves")
+        # instances nest at most this deep (schema nesting, times $ref hops, capped): the universe's depth
+        hops = 1 + self.registry.ref_count * max_recursion_depth
+        self.max_level = min(MAX_DEPTH, (self.registry.depth + 1) * hops)
+        self.root_ctx = Ctx(self.registry.base(root, ROOT_URI), (self.registry.base(root, ROOT_URI),), (), 0)
+        self.atoms: dict[int, ByteDFA] = {}
+        self._atom_of: dict[int, str] = {}  # id(dfa) -> marker (the dfa stays alive in self.atoms)
+        self.dfa_cache: dict = {}
+        self.ignored: set[str] = set()
+        self.relaxed: list[str] = []
+        self._branches = 0
+        self._over_origin: int | None = None  # instance level where the current over-approximation started
         if ws is None:
             self.open_obj, self.close_obj, self.open_arr, self.close_arr = r"\{", r"\}", r"\[", r"\]"
             self.comma, self.colon = ", ", ": "
@@ -68,387 +138,380 @@ class _Converter:
             self.open_arr, self.close_arr = r"\[" + w, w + r"\]"
             self.comma, self.colon = w + "," + w, w + ":" + w
 
-    # ---- helpers -------------------------------------------------------------------------------------
-    def unsupported(self, keyword: str, detail: str = "") -> None:
+    # ---- automata ------------------------------------------------------------------------------------
+    def atom(self, dfa: ByteDFA) -> str:
+        """A one-character regex standing for `dfa` (registered for build_nfa)."""
+        known = self._atom_of.get(id(dfa))
+        if known is not None:
+            return known
+        code = ATOM_BASE + len(self.atoms)
+        if code > ATOM_END:
+            raise GrammarError("json_schema needs too many sub-automata")
+        self.atoms[code] = dfa
+        self._atom_of[id(dfa)] = chr(code)
+        return chr(code)
+
+    def to_dfa(self, regex: str, what: str) -> ByteDFA:
+        if len(regex) == 1 and ord(regex) in self.atoms:  # an atom is its own automaton
+            return self.atoms[ord(regex)]
+        got = self.dfa_cache.get(regex)
+        if got is None:
+            got = self.dfa_cache[regex] = regex_to_dfa(regex, self.max_states, budget=self.budget,
+                                                       atoms=self.atoms, what=what, allow_empty=True)
+        return got
+
+    def compact(self, regex: str | None, what: str, limit: int = 2000) -> str | None:
+        """Long regexes become one atom (their minimal DFA), so repeating them does not multiply text."""
+        if regex is None or len(regex) <= limit:
+            return regex
+        d = self.to_dfa(regex, what)
+        return None if is_empty(d) else self.atom(d)
+
+    def combine(self, a: str | None, b: str | None, op: str, what: str) -> str | None:
+        """Regex (an atom) for L(a) op L(b) with op in and / or / diff; None when empty."""
+        if a is None:
+            return b if op == "or" else None
+        if b is None:
+            return None if op == "and" else a
+        d = product(self.to_dfa(a, what), self.to_dfa(b, what), op, self.max_states, self.budget, what)
+        return None if is_empty(d) else self.atom(d)
+
+    # ---- bookkeeping -----------------------------------------------------------------------------------
+    def ignore(self, keys) -> None:
+        self.ignored.update(keys)
+
+    def refuse(self, keyword: str, detail: str = "") -> None:
+        """Strict: GrammarError naming the keyword. strict=False: warn, record, and let the caller drop it."""
         msg = f"unsupported JSON-schema keyword {keyword!r}" + (f": {detail}" if detail else "")
         if self.strict:
             raise GrammarError(msg + " (strict=False ignores it with a warning)")
-        warnings.warn(msg + " (ignored: output may violate it)", stacklevel=4)
+        warnings.warn(msg + " (ignored: output may violate it)", stacklevel=3)
+        self.relaxed.append(keyword)
 
-    def resolve(self, ref: str) -> Any:
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            raise GrammarError(f"unsupported $ref {ref!r}: only local references ('#/...') are supported")
-        node = self.root
-        for part in ref[1:].split("/")[1:] if ref != "#" else []:
-            part = urllib.parse.unquote(part).replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                raise GrammarError(f"$ref {ref!r} does not resolve")
-        return node
+    def enter(self, schema: dict, ctx: Ctx) -> Ctx:
+        base = self.registry.base(schema, ctx.base)
+        if base != ctx.base and base not in ctx.scope:
+            return ctx._replace(base=base, scope=ctx.scope + (base,))
+        return ctx._replace(base=base)
 
-    def const(self, value: Any) -> str:
-        """Regex for one JSON value in this converter's layout."""
-        if isinstance(value, dict):
-            if not value:
-                return self.open_obj + self.close_obj
-            items = [re.escape(json.dumps(k, ensure_ascii=False)) + self.colon + self.const(v)
-                     for k, v in value.items()]
-            return self.open_obj + self.comma.join(items) + self.close_obj
-        if isinstance(value, list):
-            if not value:
-                return self.open_arr + self.close_arr
-            return self.open_arr + self.comma.join(self.const(v) for v in value) + self.close_arr
-        if isinstance(value, float) and value.is_integer() and not math.isinf(value):
-            return "(?:" + re.escape(json.dumps(int(value))) + "|" + re.escape(json.dumps(value)) + ")"
-        return re.escape(json.dumps(value, ensure_ascii=False))
-
-    def any_value(self, depth: int) -> str:
-        alts = [F.STRING, F.NUMBER, F.BOOLEAN, F.NULL]
-        if depth > 0:
-            inner = self.any_value(depth - 1)
-            alts.append(self.open_arr + f"(?:{inner}(?:{self.comma}{inner})*)?" + self.close_arr)
-            pair = F.STRING + self.colon + inner
-            alts.append(self.open_obj + f"(?:{pair}(?:{self.comma}{pair})*)?" + self.close_obj)
-        return "(?:" + "|".join(alts) + ")"
-
-    # ---- dispatch ------------------------------------------------------------------------------------
-    def convert(self, schema: Any, refs: tuple) -> str | None:
-        """Regex for `schema`, or None when it admits no document (e.g. recursion depth exhausted)."""
-        if schema is True or schema == {}:
-            return self.any_value(ANY_DEPTH)
-        if schema is False:
-            return None
-        if not isinstance(schema, dict):
-            raise GrammarError(f"a schema must be an object or boolean, got {json.dumps(schema)[:60]}")
-        for k in schema:
-            if k not in SUPPORTED and k not in ANNOTATIONS:
-                if k.startswith("x-"):
-                    continue
-                self.unsupported(k)
-        if "$ref" in schema:
-            ref = schema["$ref"]
-            if refs.count(ref) >= self.max_depth:
-                return None
-            target = self.resolve(ref)
-            rest = {k: v for k, v in schema.items() if k != "$ref" and k not in ANNOTATIONS}
-            merged = merge([target, rest], self) if rest else target
-            return self.convert(merged, refs + (ref,))
-        if "allOf" in schema:
-            parts = schema["allOf"]
-            if not isinstance(parts, list) or not parts:
-                raise GrammarError("allOf must be a non-empty array")
-            rest = {k: v for k, v in schema.items() if k != "allOf"}
-            resolved = [self._deref(p, refs) for p in parts]
-            if any(p is None for p in resolved):
-                return None
-            merged = merge([rest] + [p for p, _ in resolved], self)
-            new_refs = refs + tuple(r for _, r in resolved if r)
-            return self.convert(merged, new_refs)
-        for key in ("anyOf", "oneOf"):
-            if key in schema:
-                return self.alternatives(schema, key, refs)
-        if "enum" in schema or "const" in schema:
-            return self.enum(schema)
-        types = schema.get("type")
-        if types is None:
-            types = infer_types(schema)
-        if isinstance(types, str):
-            types = [types]
-        if not isinstance(types, list) or not types or any(t not in TYPES for t in types):
-            raise GrammarError(f"invalid 'type' {schema.get('type')!r}: expected one of {', '.join(TYPES)}")
-        alts = [r for r in (self.typed(t, schema, refs) for t in dict.fromkeys(types)) if r is not None]
-        if not alts:
-            return None
-        return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
-
-    def _deref(self, schema, refs):
-        """Inline a top-level $ref of an allOf part; returns (schema, ref) or None at the depth limit."""
-        if isinstance(schema, dict) and "$ref" in schema:
-            ref = schema["$ref"]
-            if refs.count(ref) >= self.max_depth:
-                return None
-            rest = {k: v for k, v in schema.items() if k != "$ref"}
-            target = self.resolve(ref)
-            return (merge([target, rest], self) if rest else target), ref
-        return schema, None
-
-    def alternatives(self, schema: dict, key: str, refs: tuple) -> str | None:
-        branches = schema[key]
-        if not isinstance(branches, list) or not branches:
-            raise GrammarError(f"{key} must be a non-empty array")
-        rest = {k: v for k, v in schema.items() if k != key and k not in ANNOTATIONS}
-        parts = []
-        for b in branches:
-            sub = merge([rest, b], self) if rest and b is not True else (b if not rest else rest)
-            r = self.convert(sub, refs)
-            if r is not None:
-                parts.append(r)
-        if not parts:
-            return None
-        if key == "oneOf" and len(parts) > 1:
-            from .dfa import regex_to_dfa
-
-            dfas = [regex_to_dfa(p) for p in parts]
-            for i in range(len(dfas)):
-                for j in range(i + 1, len(dfas)):
-                    if intersects(dfas[i], dfas[j]):
-                        self.unsupported("oneOf", f"branches {i} and {j} overlap, so exclusivity cannot be enforced")
-        return "(?:" + "|".join(parts) + ")"
-
-    def enum(self, schema: dict) -> str:
-        values = [schema["const"]] if "const" in schema else schema["enum"]
-        if "const" in schema and "enum" in schema:
-            values = [v for v in schema["enum"] if json_eq(v, schema["const"])]
-        if not isinstance(values, list) or not values:
-            raise GrammarError("enum must be a non-empty array")
-        types = schema.get("type")
-        if types is not None:
-            types = [types] if isinstance(types, str) else types
-            values = [v for v in values if any(is_type(v, t) for t in types)]
-        extra = set(schema) - {"enum", "const", "type"} - ANNOTATIONS
-        if extra:
-            self.unsupported(sorted(extra)[0], "next to enum/const")
-        if not values:
-            raise GrammarError("enum/const: no value matches the schema's 'type'")
-        return "(?:" + "|".join(self.const(v) for v in values) + ")"
-
-    # ---- types ---------------------------------------------------------------------------------------
-    def typed(self, t: str, s: dict, refs: tuple) -> str | None:
-        if t == "string":
-            return self.string(s)
-        if t == "integer":
-            return self.integer(s)
-        if t == "number":
-            return self.number(s)
-        if t == "boolean":
-            return F.BOOLEAN
-        if t == "null":
-            return F.NULL
-        if t == "array":
-            return self.array(s, refs)
-        return self.object(s, refs)
-
-    def string(self, s: dict) -> str:
-        lo = check_count("minLength", s.get("minLength", 0))
-        hi = s.get("maxLength")
-        if hi is not None:
-            hi = check_count("maxLength", hi)
-            if hi < lo:
-                raise GrammarError(f"maxLength {hi} < minLength {lo}")
-        has_len = "minLength" in s or "maxLength" in s
-        content = None
-        if "format" in s:
-            fmt = s["format"]
-            if fmt not in F.FORMATS:
-                self.unsupported("format", f"{fmt!r} (supported: {', '.join(F.FORMATS)})")
-            else:
-                if "pattern" in s:
-                    self.unsupported("format", "combined with pattern")
-                content = F.FORMATS[fmt]
-        if content is None and "pattern" in s:
-            content = self.pattern(s["pattern"])
-        if content is not None:
-            if has_len and not _lengths_within(content, lo, hi):
-                self.unsupported("minLength/maxLength", "with a pattern/format whose matches are not all within "
-                                 "the length bounds (a regex cannot intersect them)")
-            return '"' + content + '"'
-        count = f"{{{lo},{'' if hi is None else hi}}}"
-        if count == "{0,}":
-            count = "*"
-        return '"' + F.STRING_CHAR + count + '"'
-
-    def pattern(self, pat: str) -> str:
-        """A JSON-schema (ECMA, unanchored search) pattern as the raw content of a JSON string."""
-        if not isinstance(pat, str):
-            raise GrammarError("pattern must be a string")
-        from .dfa import regex_to_dfa
-
-        core = pat
-        lead = core.startswith("^")
-        trail = core.endswith("$") and not core.endswith("\\$")
-        core = core[1 if lead else 0 : len(core) - (1 if trail else 0)]
-        body = f"(?a:{core})"
-        try:
-            dfa = regex_to_dfa(body)
-        except GrammarError as e:
-            raise GrammarError(f"pattern {pat!r}: {e}") from None
-        needs_escape = list(b'"\\') + list(range(0x20))
-        live = dfa.trans[1:, needs_escape] != 0
-        if live.any():
-            self.unsupported("pattern", f"{pat!r} can match characters JSON must escape (quote, backslash, control)")
-        head = "" if lead else F.STRING_CHAR + "*"
-        tail = "" if trail else F.STRING_CHAR + "*"
-        return head + body + tail
-
-    def number(self, s: dict) -> str:
-        """Unbounded: any JSON number. Bounded: decimals without exponent inside the bounds (sound subset)."""
-        bounds = {k: s[k] for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") if k in s}
-        if not bounds:
-            return F.NUMBER
-        for k, v in bounds.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise GrammarError(f"{k} must be a finite number, got {v!r}")
-        lo, lo_excl = tightest(bounds, "minimum", "exclusiveMinimum", max)
-        hi, hi_excl = tightest(bounds, "maximum", "exclusiveMaximum", min)
-        return F.number_range(lo, lo_excl, hi, hi_excl)
-
-    def integer(self, s: dict) -> str:
-        lo = hi = None
-        for key, adj, is_lo in (("minimum", 0, True), ("exclusiveMinimum", 1, True),
-                                ("maximum", 0, False), ("exclusiveMaximum", -1, False)):
-            if key not in s:
-                continue
-            v = s[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise GrammarError(f"{key} must be a number, got {v!r}")
-            if is_lo:
-                b = math.ceil(v) if adj == 0 else math.floor(v) + 1
-                lo = b if lo is None else max(lo, b)
-            else:
-                b = math.floor(v) if adj == 0 else math.ceil(v) - 1
-                hi = b if hi is None else min(hi, b)
-        return F.integer_range(lo, hi)
-
-    def array(self, s: dict, refs: tuple) -> str | None:
-        lo = check_count("minItems", s.get("minItems", 0))
-        hi = s.get("maxItems")
-        if hi is not None:
-            hi = check_count("maxItems", hi)
-        prefix = s.get("prefixItems", [])
-        if not isinstance(prefix, list):
-            raise GrammarError("prefixItems must be an array")
-        items = s.get("items", True)
-        if isinstance(items, list):
-            raise GrammarError("'items' as an array (draft-04 tuples): use prefixItems")
-        item_re = self.convert(items, refs) if items is not True else self.any_value(ANY_DEPTH - 1)
-        pre = [self.convert(p, refs) for p in prefix]
-        # a prefix position that admits nothing caps the length just before it
-        usable = len(pre)
-        for i, p in enumerate(pre):
-            if p is None:
-                usable = i
-                break
-        pre = pre[:usable]
-        cap_hi = hi
-        if usable < len(prefix):
-            cap_hi = usable if cap_hi is None else min(cap_hi, usable)
-        elif item_re is None:
-            cap_hi = len(pre) if cap_hi is None else min(cap_hi, len(pre))
-        if cap_hi is not None and cap_hi < lo:
-            return None
-        alts = []
-        # lengths served by the prefix alone (n <= len(pre))
-        for n in range(lo, len(pre) + 1):
-            if cap_hi is not None and n > cap_hi:
-                break
-            if n == 0:
-                alts.append(self.open_arr + self.close_arr)
-            elif n < len(pre) or item_re is None or (cap_hi is not None and cap_hi == n):
-                alts.append(self.open_arr + self.comma.join(pre[:n]) + self.close_arr)
-        # lengths > len(pre): the whole prefix, then items
-        if item_re is not None and (cap_hi is None or cap_hi > len(pre)):
-            k_lo = max(lo - len(pre), 1)
-            k_hi = None if cap_hi is None else cap_hi - len(pre)
-            if pre:
-                rep = self._repeat(self.comma + item_re, k_lo, k_hi)
-                alts.append(self.open_arr + self.comma.join(pre) + rep + self.close_arr)
-                if lo <= len(pre):  # the prefix alone is also fine
-                    alts.append(self.open_arr + self.comma.join(pre) + self.close_arr)
-            else:
-                rep = item_re + self._repeat(self.comma + item_re, k_lo - 1, None if k_hi is None else k_hi - 1)
-                alts.append(self.open_arr + rep + self.close_arr)
-        alts = list(dict.fromkeys(alts))
-        if not alts:
-            return None
-        return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+    def follow(self, schema: dict, key: str, ctx: Ctx) -> tuple[Any, Ctx]:
+        """Target of $ref / $dynamicRef / $recursiveRef; (None, ctx) once the same target recurs too often."""
+        if key == "$dynamicRef":
+            target, base = self.registry.resolve_dynamic(schema[key], ctx.base, ctx.scope)
+        elif key == "$recursiveRef":
+            target, base = self.registry.resolve_recursive(schema[key], ctx.base, ctx.scope)
+        else:
+            target, base = self.registry.resolve(schema[key], ctx.base)
+        ident = id(target)
+        if ctx.refs.count(ident) >= self.max_rec:
+            return None, ctx
+        scope = ctx.scope if base in ctx.scope else ctx.scope + (base,)
+        return target, ctx._replace(base=base, scope=scope, refs=ctx.refs + (ident,))
 
     @staticmethod
-    def _repeat(unit: str, lo: int, hi: int | None) -> str:
-        if hi is not None and hi <= 0:
-            return ""
-        if hi is None:
-            return f"(?:{unit}){{{lo},}}" if lo else f"(?:{unit})*"
-        return f"(?:{unit}){{{lo},{hi}}}"
+    def json_eq(a: Any, b: Any) -> bool:
+        if isinstance(a, bool) or isinstance(b, bool):
+            return type(a) is type(b) and a == b
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            return a == b
+        if isinstance(a, list) and isinstance(b, list):
+            return len(a) == len(b) and all(SchemaConverter.json_eq(x, y) for x, y in zip(a, b))
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(SchemaConverter.json_eq(a[k], b[k]) for k in a)
+        return type(a) is type(b) and a == b
 
-    def object(self, s: dict, refs: tuple) -> str | None:
-        props = s.get("properties", {})
-        if not isinstance(props, dict):
-            raise GrammarError("properties must be an object")
-        required = s.get("required", [])
-        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-            raise GrammarError("required must be an array of strings")
-        addl = s.get("additionalProperties", True)
-        if not props and not required:
-            return self.free_object(s, addl, refs)
-        if "minProperties" in s or "maxProperties" in s:
-            self.unsupported("minProperties/maxProperties", "only supported on objects without 'properties'")
-        names = list(props)
-        for r in required:  # required but not described: value per additionalProperties
-            if r not in props:
-                if addl is False:
-                    raise GrammarError(f"required property {r!r} is forbidden by additionalProperties: false")
-                names.append(r)
-        req = set(required)
-        frags = []
-        for name in names:
-            sub = props.get(name, addl if isinstance(addl, dict) else True)
-            v = self.convert(sub, refs)
-            if v is None:
-                if name in req:
-                    return None
+    # ---- normal forms ----------------------------------------------------------------------------------
+    def norm(self, subs: list[Sub]) -> Norm:
+        n = Norm()
+        for s in subs:  # several subschemas at one position: each one's unevaluated* would see only itself
+            add_part(self, n, s.schema, s.ctx, len(subs) == 1)
+        return n
+
+    def extend(self, n: Norm, subs: list[Sub]) -> Norm:
+        """A copy of `n` with more parts merged in."""
+        m = replace(n, **{f.name: _copy(getattr(n, f.name)) for f in fields(Norm)})
+        for s in subs:
+            add_part(self, m, s.schema, s.ctx, False)
+        return m
+
+    def under(self, sub: Sub) -> str | None:
+        if sub.schema is True:
+            return self.any_value(sub.ctx.level)
+        return self.under_norm(self.norm([sub]), sub.ctx)
+
+    def over(self, sub: Sub) -> str | None:
+        if sub.schema is True:
+            return self.loose()
+        if self._over_origin is not None:
+            return self.over_norm(self.norm([sub]), sub.ctx)
+        self._over_origin = sub.ctx.level
+        try:
+            return self.over_norm(self.norm([sub]), sub.ctx)
+        finally:
+            self._over_origin = None
+
+    # ---- under-approximation ---------------------------------------------------------------------------
+    def under_norm(self, n: Norm, ctx: Ctx) -> str | None:
+        if n.false or n.cut or ctx.level > self.max_level:
+            return None
+        if n == Norm():
+            return self.any_value(ctx.level)
+        for i, (kind, payload) in enumerate(n.apps):
+            if kind != "not":
+                rest = replace(n, apps=n.apps[:i] + n.apps[i + 1:])
+                return self.distribute(kind, payload, rest, ctx)
+        out = self.typed_under(n, ctx)
+        for kind, payload in n.apps:  # only `not` is left
+            out = self.combine(out, self.over(payload), "diff", "not")
+        return self.compact(out, "a subschema")
+
+    def distribute(self, kind: str, payload, rest: Norm, ctx: Ctx) -> str | None:
+        """anyOf / oneOf / if / dependentSchemas: one alternative per branch, each merged with the rest."""
+        self._branches += 1
+        if self._branches > MAX_BRANCHES:
+            raise GrammarError(f"json_schema combines too many {kind} branches (more than {MAX_BRANCHES})")
+        if kind == "anyOf":
+            return alt([self.under_norm(self.extend(rest, [b]), ctx) for b in payload])
+        if kind == "oneOf":
+            outs = []
+            for i, b in enumerate(payload):
+                mine = self.under_norm(self.extend(rest, [b]), ctx)
+                if mine is None:
+                    continue
+                others = alt([self.over(o) for j, o in enumerate(payload) if j != i])
+                outs.append(self.combine(mine, others, "diff", "oneOf"))
+            return alt(outs)
+        if kind == "if":
+            cond, then, els = payload
+            yes = self.under_norm(self.extend(rest, [cond, then]), ctx)
+            no = self.combine(self.under_norm(self.extend(rest, [els]), ctx), self.over(cond), "diff", "if/else")
+            return alt([yes, no])
+        name, dep = payload  # dependentSchemas
+        c = Ctx(ctx.base, ctx.scope, ctx.refs, ctx.level)
+        present = self.under_norm(self.extend(rest, [dep, Sub({"required": [name]}, c)]), ctx)
+        absent = self.under_norm(self.extend(rest, [Sub({"properties": {name: False}}, c)]), ctx)
+        return alt([present, absent])
+
+    def typed_under(self, n: Norm, ctx: Ctx) -> str | None:
+        types = TYPES if n.types is None else [t for t in TYPES if t in n.types]
+        if n.enum is not None:
+            return self.enum_under(n, ctx, types)
+        parts = []
+        for t in types:
+            if t == "null":
+                parts.append(F.NULL)
+            elif t == "boolean":
+                parts.append(F.BOOLEAN)
+            elif t == "string":
+                parts.append(self.string_re(n, "under"))
+            elif t in ("integer", "number"):
+                if t == "integer" and "number" in types:
+                    continue
+                parts.append(self.number_re(n, t == "integer", "under"))
+            elif t == "array":
+                parts.append(self.array_under(n, ctx))
+            else:
+                parts.append(self.object_under(n, ctx))
+        return alt(parts)
+
+    def enum_under(self, n: Norm, ctx: Ctx, types) -> str | None:
+        """The enum/const values that also satisfy the other keywords here (checked on their texts)."""
+        rest = replace(n, enum=None, types=None)
+        check = None
+        if rest != Norm():
+            r = self.under_norm(rest, ctx)
+            if r is None:
+                return None
+            check = self.to_dfa(r, "enum")
+        out = []
+        for v in n.enum:
+            if not any(_is_type(v, t, self.draft) for t in types):
                 continue
-            frags.append((re.escape(json.dumps(name, ensure_ascii=False)) + self.colon + v, name in req))
-        if not frags:
-            return self.open_obj + self.close_obj
-        return self.open_obj + self._property_list(frags) + self.close_obj
+            text = self.const_text(v)
+            if text is None:
+                continue
+            if check is not None and is_empty(product(self.to_dfa(text, "enum"), check, "and", self.max_states,
+                                                      self.budget, "enum")):
+                continue
+            out.append(text)
+        return alt(out)
 
-    def _property_list(self, frags: list[tuple[str, bool]]) -> str:
-        """Properties in schema order; optional ones may be skipped, commas stay well-placed."""
-        c = self.comma
-        req_idx = [i for i, (_, r) in enumerate(frags) if r]
-        if req_idx:
-            last = req_idx[-1]
-            out = ""
-            for i, (f, r) in enumerate(frags):
-                if i < last:
-                    out += f"{f}{c}" if r else f"(?:{f}{c})?"
-                elif i == last:
-                    out += f
-                else:
-                    out += f"(?:{c}{f})?"
-            return out
-        # none required: the first present property starts the list, later ones each add ", p"
-        alts = []
-        for i, (f, _) in enumerate(frags):
-            tail = "".join(f"(?:{c}{g})?" for g, _ in frags[i + 1 :])
-            alts.append(f + tail)
-        return "(?:" + "|".join(alts) + ")?"
+    def const_text(self, v: Any) -> str | None:
+        """Regex of the layout texts of one JSON value (None if it has no text we generate)."""
+        if isinstance(v, dict):
+            items = [re.escape(json.dumps(k, ensure_ascii=False)) + self.colon + self.const_text(x)
+                     for k, x in v.items() if self.const_text(x) is not None]
+            if len(items) < len(v):
+                return None
+            return self.open_obj + self.comma.join(items) + self.close_obj
+        if isinstance(v, list):
+            items = [self.const_text(x) for x in v]
+            if any(x is None for x in items):
+                return None
+            return self.open_arr + self.comma.join(items) + self.close_arr
+        if isinstance(v, float):
+            return self.float_text(v)
+        return re.escape(json.dumps(v, ensure_ascii=False))
 
-    def free_object(self, s: dict, addl: Any, refs: tuple) -> str:
-        lo = check_count("minProperties", s.get("minProperties", 0))
-        hi = s.get("maxProperties")
-        if hi is not None:
-            hi = check_count("maxProperties", hi)
-        if addl is False:
-            if lo > 0:
-                raise GrammarError("minProperties > 0 with no allowed properties")
-            return self.open_obj + self.close_obj
-        v = self.any_value(ANY_DEPTH - 1) if addl is True else self.convert(addl, refs)
-        if v is None:
-            return self.open_obj + self.close_obj
-        pair = F.STRING + self.colon + v
-        if hi == 0:
-            return self.open_obj + self.close_obj
-        body = pair + self._repeat(self.comma + pair, max(lo - 1, 0), None if hi is None else hi - 1)
-        return self.open_obj + (body if lo > 0 else f"(?:{body})?") + self.close_obj
+    def any_value(self, level: int) -> str:
+        """An unconstrained value ({} / true) starting at `level`: at most ANY_DEPTH more levels of nesting."""
+        return self._any(min(ANY_DEPTH, max(0, self.max_level + ANY_DEPTH - level)))
+
+    def free_value(self, level: int) -> str:
+        """A member of a container the schema leaves open (no items / no additionalProperties schema)."""
+        return self._any(min(ANY_DEPTH - 1, max(0, self.max_level + ANY_DEPTH - level)))
+
+    def _layout(self) -> tuple:
+        return (self.open_obj, self.close_obj, self.open_arr, self.close_arr, self.comma, self.colon)
+
+    def _any(self, depth: int) -> str:
+        return self.atom(_any_dfa(self._layout(), depth))
+
+    # ---- over-approximation ----------------------------------------------------------------------------
+    def loose(self) -> str:
+        """Every text the converter can generate (bracket nesting counted, not matched by kind)."""
+        return self.atom(_loose_dfa(self._layout(), self.max_level + ANY_DEPTH + 1))
+
+    def over_norm(self, n: Norm, ctx: Ctx) -> str | None:
+        if n.false:
+            return None
+        if n.cut or ctx.level > self.max_level + ANY_DEPTH or n == Norm():
+            return self.loose()
+        if self._over_origin is not None and ctx.level > self._over_origin + OVER_LEVELS:
+            return self.loose()  # deeper detail only sharpens the superset; it costs products
+        try:
+            out = self.typed_over(n, ctx)
+        except GrammarError as e:
+            if is_fatal(e):
+                raise
+            out = self.loose()
+        for kind, payload in n.apps:
+            if out is None:
+                return None
+            if kind in ("anyOf", "oneOf"):
+                other = alt([self.over(b) for b in payload])
+            elif kind == "not":
+                other = self.safe_diff(self.loose(), payload)
+            elif kind == "if":
+                cond, then, els = payload
+                yes = self.combine(self.over(cond), self.over(then), "and", "if/then")
+                no = self.combine(self.safe_diff(self.loose(), cond), self.over(els), "and", "if/else")
+                other = alt([yes, no])
+            else:  # dependentSchemas: the name is absent, or the dependent schema holds
+                name, dep = payload
+                other = alt([self.lacks_key(name), self.over(dep)])
+            out = self.combine(out, other, "and", kind)
+        return self.compact(out, "a subschema")
+
+    def safe_diff(self, universe: str, sub: Sub) -> str | None:
+        """universe minus under(sub); when under(sub) is refused, the whole universe (still a superset)."""
+        try:
+            u = self.under(sub)
+        except GrammarError as e:
+            if is_fatal(e):
+                raise
+            return universe
+        return self.combine(universe, u, "diff", "not")
+
+    def typed_over(self, n: Norm, ctx: Ctx) -> str | None:
+        types = TYPES if n.types is None else [t for t in TYPES if t in n.types]
+        if n.enum is not None:
+            vals = [v for v in n.enum if any(_is_type(v, t, self.draft) for t in types)]
+            return alt([self.const_over(v, ctx) for v in vals])
+        parts = []
+        for t in types:
+            if t == "null":
+                parts.append(F.NULL)
+            elif t == "boolean":
+                parts.append(F.BOOLEAN)
+            elif t == "string":
+                parts.append(self.string_re(n, "over"))
+            elif t in ("integer", "number"):
+                if t == "integer" and "number" in types:
+                    continue
+                parts.append(self.number_re(n, t == "integer", "over"))
+            elif t == "array":
+                parts.append(self.array_over(n, ctx))
+            else:
+                parts.append(self.object_over(n, ctx))
+        return alt(parts)
+
+    def const_over(self, v: Any, ctx: Ctx) -> str | None:
+        """Every generated text equal to `v` after json.loads (key order and duplicate keys included)."""
+        if isinstance(v, bool) or v is None:
+            return re.escape(json.dumps(v))
+        if isinstance(v, (int, float)):
+            return self.number_equal(v)
+        if isinstance(v, str):
+            return '"' + self.atom(self.key_body_dfa(v)) + '"'
+        if isinstance(v, list):
+            n = Norm(types={"array"}, min_items=len(v), max_items=len(v),
+                     prefix=[[Sub({"const": x}, ctx)] for x in v])
+            return self.array_over(n, ctx)
+        n = Norm(types={"object"}, props={k: [Sub({"const": x}, ctx)] for k, x in v.items()},
+                 required=dict.fromkeys(v), groups=[(frozenset(v), {}, Sub(False, ctx), True)])
+        return self.object_over(n, ctx)
 
 
-def _lengths_within(content: str, lo: int, hi: int | None) -> bool:
-    """Whether every string of `content` has between lo and hi characters (then the bounds are implied)."""
-    from .dfa import char_length_range, regex_to_dfa
+@functools.lru_cache(maxsize=64)
+def _any_dfa(layout: tuple, depth: int) -> ByteDFA:
+    """Any JSON value nested at most `depth` levels, in a layout (open/close object/array, comma, colon)."""
+    oo, co, oa, ca, comma, colon = layout
+    alts = [F.STRING, ANY_NUMBER_RE, F.BOOLEAN, F.NULL]
+    atoms = {}
+    if depth > 0:
+        atoms[ATOM_BASE] = _any_dfa(layout, depth - 1)
+        inner = chr(ATOM_BASE)
+        alts.append(oa + f"(?:{inner}(?:{comma}{inner})*)?" + ca)
+        pair = F.STRING + colon + inner
+        alts.append(oo + f"(?:{pair}(?:{comma}{pair})*)?" + co)
+    return regex_to_dfa("(?:" + "|".join(alts) + ")", 1 << 20, atoms=atoms, what="any value")
 
-    shortest, longest = char_length_range(regex_to_dfa(content))
-    return shortest >= lo and (hi is None or (longest is not None and longest <= hi))
+
+@functools.lru_cache(maxsize=64)
+def _loose_dfa(layout: tuple, depth: int) -> ByteDFA:
+    """Superset of every generated value nested at most `depth` levels: brackets counted, not matched by kind."""
+    oo, co, oa, ca, comma, colon = layout
+    scalar = "(?:" + "|".join([F.STRING, ANY_NUMBER_RE, F.BOOLEAN, F.NULL]) + ")"
+    if depth == 0:
+        return regex_to_dfa(scalar, 1 << 20, what="the universe of JSON values")
+    inner = chr(ATOM_BASE)
+    item = f"(?:{F.STRING}{colon})?{inner}"
+    return regex_to_dfa(f"(?:{scalar}|(?:{oo}|{oa})(?:{item}(?:{comma}{item})*)?(?:{co}|{ca}))", 1 << 20,
+                        atoms={ATOM_BASE: _loose_dfa(layout, depth - 1)}, what="the universe of JSON values")
+
+
+def _copy(v):
+    if isinstance(v, dict):
+        return {k: list(x) if isinstance(x, list) else x for k, x in v.items()}
+    if isinstance(v, list):
+        return [list(x) if isinstance(x, list) else x for x in v]
+    if isinstance(v, set):
+        return set(v)
+    return v
+
+
+def _is_type(v: Any, t: str, draft: str) -> bool:
+    if t == "null":
+        return v is None
+    if t == "boolean":
+        return isinstance(v, bool)
+    if isinstance(v, bool):
+        return False
+    if t == "integer":
+        return isinstance(v, int) or (draft != "4" and isinstance(v, float) and v.is_integer())
+    if t == "number":
+        return isinstance(v, (int, float))
+    if t == "string":
+        return isinstance(v, str)
+    if t == "array":
+        return isinstance(v, list)
+    return isinstance(v, dict)
+
+
+def _has_marker(schema: Any) -> bool:
+    try:
+        text = json.dumps(schema, ensure_ascii=False) if not isinstance(schema, bool) else ""
+    except (RecursionError, ValueError):
+        raise GrammarError("json_schema is nested too deeply to compile") from None
+    return any(ATOM_BASE <= ord(c) <= ATOM_END for c in text if ord(c) >= ATOM_BASE)

@@ -1,4 +1,11 @@
-"""Python-`re` syntax -> byte-level Thompson NFA (UTF-8 exact); constructs a DFA cannot express are errors."""
+"""Python-`re` syntax -> byte-level Thompson NFA (UTF-8 exact); constructs a DFA cannot express are errors.
+
+The regex front end is Python's own parser (`re._parser`, `sre_parse` on 3.10), reached only through
+`parse()`; tests/grammar/test_regex_frontend.py pins its output on the constructs we read. Besides plain
+regexes, `build_nfa(..., atoms=...)` embeds precompiled byte DFAs: a code point from ATOM_BASE on (Unicode
+plane 15, private use) stands for the automaton registered under it, so callers can splice the result of
+DFA algebra (intersection, complement) into a larger regex.
+"""
 
 from __future__ import annotations
 
@@ -31,6 +38,8 @@ _AT_NAMES = {
     sre_c.AT_BOUNDARY: "word boundary (\\b)",
     sre_c.AT_NON_BOUNDARY: "non-boundary (\\B)",
 }
+ATOM_BASE = 0xF0000  # first marker code point for embedded automata (plane 15 private use)
+ATOM_END = 0xFFFFD
 _START_ANCHORS = (sre_c.AT_BEGINNING, sre_c.AT_BEGINNING_STRING)
 _END_ANCHORS = (sre_c.AT_END, sre_c.AT_END_STRING)
 
@@ -38,10 +47,11 @@ _END_ANCHORS = (sre_c.AT_END, sre_c.AT_END_STRING)
 class NFA:
     """Thompson NFA over bytes: epsilon lists and (lo, hi, target) byte-range edges per state."""
 
-    def __init__(self, max_states: int):
+    def __init__(self, max_states: int, budget=None):
         self.eps: list[list[int]] = []
         self.edges: list[list[tuple[int, int, int]]] = []
         self.max_states = max_states
+        self.budget = budget
         self.start = 0
         self.accept = 0
 
@@ -51,6 +61,8 @@ class NFA:
                 f"regex too large: its automaton exceeds {self.max_states} NFA states "
                 "(large bounded repeats such as {{m,n}} or maxLength multiply states)"
             )
+        if self.budget is not None and len(self.eps) % 4096 == 0:
+            self.budget.check("the regex automaton (NFA)")
         self.eps.append([])
         self.edges.append([])
         return len(self.eps) - 1
@@ -68,8 +80,14 @@ def parse(pattern: str):
         raise GrammarError(f"invalid regex {pattern[:60]!r}...: nested too deeply") from None
 
 
-def build_nfa(pattern: str, max_nfa_states: int = 500_000, unicode_classes: bool = False) -> NFA:
-    """Compile a regex to a byte NFA whose language is the strings `re.fullmatch` accepts."""
+def build_nfa(pattern: str, max_nfa_states: int = 500_000, unicode_classes: bool = False,
+              atoms: dict | None = None, budget=None, search: bool = False, dollar_newline: bool = False) -> NFA:
+    """Compile a regex to a byte NFA whose language is the strings `re.fullmatch` accepts.
+
+    atoms: marker code point -> ByteDFA; each marker literal in the pattern matches that automaton's language.
+    search: the strings `re.search` finds a match in (unanchored ends pad with any characters);
+    dollar_newline: `$` at the end also allows one final newline (Python semantics; else end of text only).
+    """
     tree = parse(pattern)
     flags = tree.state.flags
     for bit, name in _UNSUPPORTED_FLAGS.items():
@@ -81,8 +99,9 @@ def build_nfa(pattern: str, max_nfa_states: int = 500_000, unicode_classes: bool
             f"regex too large: about {est} automaton states needed, limit {max_nfa_states} "
             "(nested or large bounded repeats such as {m,n}, maxLength or maxItems)"
         )
-    nfa = NFA(max_nfa_states)
-    b = _Builder(nfa, flags, unicode_classes)
+    nfa = NFA(max_nfa_states, budget)
+    b = _Builder(nfa, flags, unicode_classes, atoms or {}, budget)
+    b.search, b.dollar_newline = search, dollar_newline
     s, e = b.seq(list(tree), True, True)
     nfa.start, nfa.accept = s, e
     return nfa
@@ -110,8 +129,15 @@ def _estimate(items) -> int:
 
 
 class _Builder:
-    def __init__(self, nfa: NFA, flags: int, unicode_classes: bool = False):
+    def __init__(self, nfa: NFA, flags: int, unicode_classes: bool = False, atoms: dict | None = None,
+                 budget=None):
         self.nfa = nfa
+        self.atoms = atoms or {}
+        self.budget = budget
+        self._atom_edges: dict[int, tuple] = {}
+        self.search = False
+        self.dollar_newline = False
+        self._open = (True, True)
         self.dotall = bool(flags & sre_c.SRE_FLAG_DOTALL)
         # \d \w \s are ASCII by default, as in outlines, xgrammar and ECMA-262 (JSON-schema patterns):
         # Unicode \w costs ~300 byte-DFA states per repeat and lets a model emit exotic digits.
@@ -120,25 +146,74 @@ class _Builder:
     def seq(self, items, at_start: bool, at_end: bool) -> tuple[int, int]:
         nfa = self.nfa
         start = cur = nfa.new()
-        n = len(items)
+        open_start, open_end = self._open
+        # search mode: an unanchored end pads with any characters, unless a group at that end takes it over
+        lead = self._side(items, 0) if self.search and at_start and open_start else None
+        tail = self._side(items, -1) if self.search and at_end and open_end else None
+        if lead == "pad":
+            s, e = self.any_run()
+            nfa.eps[cur].append(s)
+            cur = e
         for i, (op, av) in enumerate(items):
             first = at_start and all(o == sre_c.AT for o, _ in items[:i])
             last = at_end and all(o == sre_c.AT for o, _ in items[i + 1 :])
-            s, e = self.node(op, av, first, last)
+            saved = self._open
+            self._open = (first and lead == "delegate", last and tail == "delegate")
+            try:
+                s, e = self.node(op, av, first, last)
+            finally:
+                self._open = saved
             nfa.eps[cur].append(s)
             cur = e
-        del n
+        if tail == "pad":
+            s, e = self.any_run()
+            nfa.eps[cur].append(s)
+            cur = e
         return start, cur
+
+    @staticmethod
+    def _side(items, side: int) -> str:
+        """Search mode, one end of a sequence: 'anchored', 'delegate' (a group decides) or 'pad'."""
+        anchors = _START_ANCHORS if side == 0 else _END_ANCHORS
+        for op, av in (items if side == 0 else items[::-1]):
+            if op == sre_c.AT:
+                if av in anchors:
+                    return "anchored"
+                continue
+            return "delegate" if op in (sre_c.SUBPATTERN, sre_c.BRANCH) else "pad"
+        return "pad"
+
+    def any_run(self) -> tuple[int, int]:
+        """(?s:.)* -- any characters."""
+        nfa = self.nfa
+        s, e = self.cpset(((0, utf8.MAX_CP),))
+        loop = nfa.new()
+        nfa.eps[loop].append(s)
+        nfa.eps[e].append(loop)
+        return loop, loop
 
     def node(self, op, av, at_start: bool, at_end: bool) -> tuple[int, int]:
         nfa = self.nfa
         if op == sre_c.LITERAL:
+            if av in self.atoms:
+                return self.atom(av)
             return self.cpset(((av, av),))
         if op == sre_c.NOT_LITERAL:
             return self.cpset(utf8.complement(((av, av),)))
         if op == sre_c.ANY:
             return self.cpset(((0, utf8.MAX_CP),) if self.dotall else utf8.complement(((10, 10),)))
         if op == sre_c.IN:
+            marks = [a for o, a in av if o == sre_c.LITERAL and a in self.atoms]
+            if marks:  # the parser folds `(?:A|B)` of one-character atoms into a class: split them back out
+                if any(o == sre_c.NEGATE for o, _ in av):
+                    raise GrammarError("internal: an embedded automaton inside a negated class")
+                rest = [(o, a) for o, a in av if not (o == sre_c.LITERAL and a in self.atoms)]
+                s, e = nfa.new(), nfa.new()
+                frags = [self.atom(m) for m in marks] + ([self.cpset(self.class_items(rest))] if rest else [])
+                for a, b in frags:
+                    nfa.eps[s].append(a)
+                    nfa.eps[b].append(e)
+                return s, e
             return self.cpset(self.class_items(av))
         if op == sre_c.SUBPATTERN:
             _group, add_flags, del_flags, sub = av
@@ -165,6 +240,13 @@ class _Builder:
         if op == sre_c.AT:
             if (av in _START_ANCHORS and at_start) or (av in _END_ANCHORS and at_end):
                 s = nfa.new()
+                if av == sre_c.AT_END and self.dollar_newline:  # Python's $ also matches before a final newline
+                    e = nfa.new()
+                    nfa.eps[s].append(e)
+                    nl = self.cpset(((10, 10),))
+                    nfa.eps[s].append(nl[0])
+                    nfa.eps[nl[1]].append(e)
+                    return s, e
                 return s, s
             name = _AT_NAMES.get(av, f"anchor {str(av).lower()} not at the start/end of the pattern")
             raise GrammarError(f"unsupported regex construct: {name}")
@@ -178,6 +260,25 @@ class _Builder:
             if hasattr(sre_c, attr) and op == getattr(sre_c, attr):
                 raise GrammarError(f"unsupported regex construct: {name}")
         raise GrammarError(f"unsupported regex construct: {names.get(op, str(op).lower())}")
+
+    def atom(self, marker: int) -> tuple[int, int]:
+        """A copy of the registered DFA: its states become NFA states, its accepting states lead to one end."""
+        nfa = self.nfa
+        if self.budget is not None:
+            self.budget.check("the automaton of an embedded subschema")
+        edges = self._atom_edges.get(marker)
+        if edges is None:
+            edges = self._atom_edges[marker] = dfa_edges(self.atoms[marker])
+        n, runs, initial, finals = edges
+        if n <= 1 or not finals:  # empty language: no path through
+            return nfa.new(), nfa.new()
+        ids = [nfa.new() for _ in range(n)]
+        end = nfa.new()
+        for src, lo, hi, dst in runs:
+            nfa.edges[ids[src]].append((lo, hi, ids[dst]))
+        for f in finals:
+            nfa.eps[ids[f]].append(end)
+        return ids[initial], end
 
     def repeat(self, lo: int, hi: int, sub) -> tuple[int, int]:
         nfa = self.nfa
@@ -234,6 +335,25 @@ class _Builder:
         for src, lo, hi, dst in edges:
             nfa.edges[ids[src]].append((lo, hi, ids[dst]))
         return ids[start], ids[accept]
+
+
+def dfa_edges(dfa) -> tuple[int, tuple, int, tuple]:
+    """(states, (src, lo, hi, dst) byte-range runs, initial, accepting states) of a ByteDFA (DEAD skipped)."""
+    import numpy as np
+
+    trans = dfa.trans
+    runs = []
+    for src in range(1, dfa.num_states):
+        row = trans[src]
+        cuts = np.flatnonzero(np.diff(row)) + 1
+        starts = np.concatenate(([0], cuts))
+        ends = np.concatenate((cuts, [256])) - 1
+        for lo, hi in zip(starts.tolist(), ends.tolist()):
+            dst = int(row[lo])
+            if dst:
+                runs.append((src, lo, hi, dst))
+    finals = tuple(int(x) for x in np.flatnonzero(dfa.accepting) if x)
+    return dfa.num_states, tuple(runs), int(dfa.initial), finals
 
 
 @functools.lru_cache(maxsize=2048)

@@ -1,1 +1,1 @@
-"""sglpy runtime: engine, scheduler, KV pool, radix cache, models, server."""
+"""sglpy runtime: shared types (sampling_params, messages, core, config) and engine/, memory/, model/, server/, testing/."""

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, List, Optional, Union
 
 from .choices import ChoicesSamplingMethod, token_length_normalized
 from .function import SglFunction
 from .global_config import global_config
-from .ir import (
-    SamplingParams,
-    SglExprList,
-    SglGen,
-    SglRoleBegin,
-    SglRoleEnd,
-    SglSelect,
-    dtype_to_regex,
-    resolve_sampling,
-    validate_regex,
-)
+from .ir import GenParams, SamplingParams, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect, validate_regex
 
 
 def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int] = None):
@@ -76,14 +67,28 @@ def gen(
     choices_method: Optional[ChoicesSamplingMethod] = None,
     regex: Optional[str] = None,
     json_schema: Optional[Union[str, dict]] = None,
+    *,
+    repetition_penalty: Optional[float] = None,
+    seed: Optional[int] = None,
+    skip_special_tokens: Optional[bool] = None,
+    spaces_between_special_tokens: Optional[bool] = None,
+    no_stop_trim: Optional[bool] = None,
+    ebnf: Optional[str] = None,
+    logit_bias: Optional[dict] = None,
 ):
-    """Generate into variable `name`; unset (None) parameters inherit the program-level defaults."""
+    """Generate into variable `name`; unset (None) parameters inherit the program-level defaults.
+
+    The positional keywords are SGLang's `sgl.gen`; the keyword-only ones are the remaining SamplingParams
+    fields (runtime/sampling_params.py), so every sampling parameter can be set per gen. `max_tokens` /
+    `min_tokens` are SamplingParams' max_new_tokens / min_new_tokens; the logprob fields and `dtype` are
+    request options (GenParams). `choices` makes a select (temperature defaults to 0).
+    """
+    keywords = dict(locals())
+    del keywords["name"], keywords["choices"], keywords["choices_method"]
     if choices:
         return SglSelect(name, list(choices), 0.0 if temperature is None else temperature,
                          choices_method or token_length_normalized)
     validate_regex(regex)
-    if dtype is not None:
-        dtype_to_regex(dtype)
     if json_schema is not None and not isinstance(json_schema, (str, dict)):
         raise TypeError(f"json_schema must be a str or dict, got {type(json_schema).__name__}")
     if isinstance(json_schema, str):
@@ -93,49 +98,37 @@ def gen(
             json.loads(json_schema)
         except ValueError as e:
             raise ValueError(f"json_schema is not valid JSON: {e}") from None
-    overrides = dict(max_tokens=max_tokens, min_tokens=min_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids,
-                     stop_regex=stop_regex, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                     frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
-                     return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                     top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-                     dtype=dtype, regex=regex, json_schema=json_schema)
-    overrides = {k: v for k, v in overrides.items() if v is not None}
+    overrides = {k: v for k, v in keywords.items() if v is not None}
     # Validate the values this call set now, so a bad value fails in the caller, not in a worker.
     probe = dict(overrides)
     if "min_tokens" in probe and "max_tokens" not in probe:
         probe["max_tokens"] = max(probe["min_tokens"], SamplingParams().max_new_tokens)
-    resolve_sampling(SamplingParams(), probe)
+    GenParams().resolve(probe)
     return SglGen(name, overrides)
 
 
-def _typed_gen(dtype, name, max_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k, min_p,
-               frequency_penalty, presence_penalty, ignore_eos, return_logprob, logprob_start_len,
-               top_logprobs_num, return_text_in_logprobs):
-    return gen(name, max_tokens=max_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
-               temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-               frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
-               return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-               top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs, dtype=dtype)
+# gen keywords that the typed variants fix or do not take (SGLang's gen_int/gen_string take the rest)
+_TYPED_GEN_EXCLUDED = ("min_tokens", "dtype", "choices", "choices_method", "regex", "json_schema", "ebnf")
 
 
-def gen_int(name: Optional[str] = None, max_tokens: Optional[int] = None, n: Optional[int] = None, stop=None,
-            stop_token_ids=None, stop_regex=None, temperature=None, top_p=None, top_k=None, min_p=None,
-            frequency_penalty=None, presence_penalty=None, ignore_eos=None, return_logprob=None,
-            logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=None):
-    """gen constrained to an integer."""
-    return _typed_gen(int, name, max_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k, min_p,
-                      frequency_penalty, presence_penalty, ignore_eos, return_logprob, logprob_start_len,
-                      top_logprobs_num, return_text_in_logprobs)
+def _typed_gen(dtype: type, doc: str) -> Callable:
+    def typed(name: Optional[str] = None, **kwargs):
+        bad = sorted(set(kwargs) & set(_TYPED_GEN_EXCLUDED))
+        if bad:
+            raise TypeError(f"gen_{dtype.__name__} does not take {bad}")
+        return gen(name, dtype=dtype, **kwargs)
+
+    typed.__name__ = typed.__qualname__ = f"gen_{'int' if dtype is int else 'string'}"
+    typed.__doc__ = doc
+    # IDE help shows gen's keywords without the excluded ones (the list is gen's signature, not repeated here)
+    params = [p for p in inspect.signature(gen).parameters.values() if p.name not in _TYPED_GEN_EXCLUDED]
+    typed.__signature__ = inspect.Signature(params)
+    return typed
 
 
-def gen_string(name: Optional[str] = None, max_tokens: Optional[int] = None, n: Optional[int] = None, stop=None,
-               stop_token_ids=None, stop_regex=None, temperature=None, top_p=None, top_k=None, min_p=None,
-               frequency_penalty=None, presence_penalty=None, ignore_eos=None, return_logprob=None,
-               logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=None):
-    """gen constrained to a double-quoted string."""
-    return _typed_gen(str, name, max_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k, min_p,
-                      frequency_penalty, presence_penalty, ignore_eos, return_logprob, logprob_start_len,
-                      top_logprobs_num, return_text_in_logprobs)
+gen_int = _typed_gen(int, "gen constrained to an integer (takes gen's keywords but min_tokens and the constraints).")
+gen_string = _typed_gen(str, "gen constrained to a double-quoted string (takes gen's keywords but min_tokens and "
+                             "the constraints).")
 
 
 def select(name: Optional[str] = None, choices: Optional[List[str]] = None, temperature: float = 0.0,

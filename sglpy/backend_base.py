@@ -7,7 +7,7 @@ from typing import Callable, Iterator, Optional
 
 from .chat_template import CHATML, ChatTemplate
 from .choices import ChoicesDecision, ChoicesSamplingMethod, token_length_normalized
-from .ir import SamplingParams
+from .ir import GenParams
 
 
 @dataclass(frozen=True)
@@ -46,13 +46,13 @@ class BaseBackend:
         """The template role blocks use (subclasses derive it from the model's tokenizer)."""
         return CHATML
 
-    def generate(self, text: str, sampling: SamplingParams) -> GenResult:
-        """Continue `text` under `sampling` (dtype already lowered to regex by the caller)."""
+    def generate(self, text: str, params: GenParams) -> GenResult:
+        """Continue `text` under `params` (dtype already lowered to a regex by the caller)."""
         raise NotImplementedError
 
-    def generate_stream(self, text: str, sampling: SamplingParams) -> Iterator[StreamChunk]:
+    def generate_stream(self, text: str, params: GenParams) -> Iterator[StreamChunk]:
         """Stream deltas; default: one chunk holding the whole result."""
-        res = self.generate(text, sampling)
+        res = self.generate(text, params)
         yield StreamChunk(res.text, res.meta_info)
 
     def score_choices(self, prefix: str, choices: list[str], need_unconditional: bool) -> list[ChoiceScore]:
@@ -114,6 +114,12 @@ class ScoringPlan:
 
     @property
     def logprob_start_len(self) -> int:
+        """Where to ask prompt logprobs from: the earliest window (every entry after position 0 has a value)."""
+        return min(self.window_starts)
+
+    @property
+    def shared_prefix_len(self) -> int:
+        """Tokens every choice shares before its window: prefilled once so the scoring requests reuse their KV."""
         return min(self.window_starts)
 
 

@@ -1,12 +1,13 @@
-"""In-process backend: programs call sglpy.runtime.engine.Engine directly (no HTTP)."""
+"""In-process backend `sgl.Engine`: programs call the runtime engine (sglpy.runtime.engine.Engine) directly, no HTTP."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterator, Optional
 
 from .backend_base import BaseBackend, ChoiceScore, GenResult, StreamChunk, plan_scoring, scores_from_logprobs
 from .chat_template import ChatTemplate, from_hf_tokenizer, get_chat_template
-from .ir import SamplingParams
+from .ir import GenParams, SamplingParams
 
 
 def check_output(out: dict) -> dict:
@@ -17,15 +18,18 @@ def check_output(out: dict) -> dict:
     return out
 
 
-def engine_sampling(sampling: SamplingParams) -> tuple[dict, dict]:
-    """(sampling_params dict, top-level logprob fields) for one engine request; n is handled by the caller."""
-    sp = sampling.to_srt_sampling_params()
-    sp.pop("n", None)
-    return {k: v for k, v in sp.items() if v is not None}, sampling.to_srt_request_fields()
+def engine_request(params: GenParams) -> tuple[SamplingParams, dict]:
+    """(SamplingParams, logprob fields that were set) for one engine request; n > 1 is expanded by the caller."""
+    sp = params.sampling
+    return (dataclasses.replace(sp, n=1) if sp.n != 1 else sp), params.logprob_fields()
 
 
 class Engine(BaseBackend):
-    """`sgl.Engine(model_path=None, **engine_options)`: the default model in-process unless a path is given."""
+    """`sgl.Engine(model_path=None, **engine_options)`: the frontend backend running the model in-process.
+
+    The public name is SGLang's (`sgl.Engine`); it wraps the runtime engine (sglpy.runtime.engine.Engine,
+    imported here as RuntimeEngine), which it builds from `engine_options` unless `engine=` is given.
+    """
 
     def __init__(self, model_path: Optional[str] = None, *, engine: Any = None,
                  chat_template: Optional[str] = None, **engine_options):
@@ -49,23 +53,24 @@ class Engine(BaseBackend):
         return list(self.tokenizer.encode(text)) if text else []
 
     def generate(self, text=None, sampling=None, **kwargs):
-        """Frontend call `generate(text, SamplingParams) -> GenResult`; any other call (SGLang's offline
+        """Frontend call `generate(text, GenParams) -> GenResult`; any other call (SGLang's offline
         `Engine.generate(prompt, sampling_params, ...)`) goes straight to the runtime engine."""
-        if not (isinstance(text, str) and isinstance(sampling, SamplingParams) and not kwargs):
+        if not (isinstance(text, str) and isinstance(sampling, GenParams) and not kwargs):
             if text is not None:
                 kwargs["prompt"] = text
             if sampling is not None:
                 kwargs["sampling_params"] = sampling
             return self.engine.generate(**kwargs)
-        sp, fields = engine_sampling(sampling)
-        if sampling.n == 1:
+        sp, fields = engine_request(sampling)
+        n = sampling.sampling.n
+        if n == 1:
             out = check_output(self.engine.generate(prompt=text, sampling_params=sp, **fields))
             return GenResult(out["text"], out["meta_info"], (out["text"],))
-        outs = [check_output(o) for o in self.engine.generate(prompt=[text] * sampling.n, sampling_params=sp, **fields)]
+        outs = [check_output(o) for o in self.engine.generate(prompt=[text] * n, sampling_params=sp, **fields)]
         return GenResult(outs[0]["text"], outs[0]["meta_info"], tuple(o["text"] for o in outs))
 
-    def generate_stream(self, text: str, sampling: SamplingParams) -> Iterator[StreamChunk]:
-        sp, fields = engine_sampling(sampling)
+    def generate_stream(self, text: str, params: GenParams) -> Iterator[StreamChunk]:
+        sp, fields = engine_request(params)
         pos = 0
         for chunk in self.engine.generate(prompt=text, sampling_params=sp, stream=True, **fields):
             check_output(chunk)
@@ -76,9 +81,9 @@ class Engine(BaseBackend):
         plan = plan_scoring(self.tokenize, prefix, choices)
         start = plan.logprob_start_len
         # One prefill of the shared prefix first, so every choice below hits the radix cache.
-        if start > 0:
-            self.engine.generate(input_ids=plan.prefix_ids[:start] if start < len(plan.prefix_ids)
-                                 else plan.prefix_ids, sampling_params={"max_new_tokens": 0})
+        shared = plan.shared_prefix_len
+        if shared > 0:
+            self.engine.generate(input_ids=plan.prefix_ids[:shared], sampling_params={"max_new_tokens": 0})
         outs = self.engine.generate(input_ids=plan.full_ids, sampling_params={"max_new_tokens": 0, "temperature": 0},
                                     return_logprob=True, logprob_start_len=start, return_text_in_logprobs=True)
         metas = [check_output(o)["meta_info"] for o in outs]

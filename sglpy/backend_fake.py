@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import threading
 import time
 import uuid
@@ -11,7 +12,7 @@ from typing import Callable, Iterator, Optional
 
 from .backend_base import BaseBackend, ChoiceScore, GenResult, StreamChunk
 from .chat_template import CHATML, ChatTemplate
-from .ir import SamplingParams
+from .ir import GenParams
 
 
 def complete_regex(regex: str, hint: str = "") -> str:
@@ -94,8 +95,9 @@ def minimal_instance(schema: dict):
 class FakeBackend(BaseBackend):
     """Scripted answers for unit tests; records every call in `calls`.
 
-    Answers come from `responder(text, sampling)` if given, else the `responses` queue, else
-    `default_response`. Tokens are characters: max/min tokens count characters.
+    Answers come from `responder(text, params)` if given, else the `responses` queue, else
+    `default_response`. Tokens are characters: max/min tokens count characters. Stop strings and
+    stop_regex cut the answer like the runtime does (matched = the string or the pattern).
     """
 
     def __init__(self, responses: Optional[list] = None, responder: Optional[Callable] = None,
@@ -125,17 +127,18 @@ class FakeBackend(BaseBackend):
         if self.delay:
             time.sleep(self.delay)
 
-    def _answer(self, text: str, sampling: SamplingParams) -> str:
+    def _answer(self, text: str, params: GenParams) -> str:
         if self.responder is not None:
-            return self.responder(text, sampling)
+            return self.responder(text, params)
         with self._lock:
             if self.responses:
                 return self.responses.popleft()
         return self.default_response
 
-    def _produce(self, text: str, sampling: SamplingParams) -> GenResult:
-        p = sampling.with_constraints()
-        raw = self._answer(text, p)
+    def _produce(self, text: str, params: GenParams) -> GenResult:
+        params = params.lowered()
+        p = params.sampling
+        raw = self._answer(text, params)
         if p.json_schema is not None:
             schema = json.loads(p.json_schema) if isinstance(p.json_schema, str) else p.json_schema
             try:
@@ -147,15 +150,17 @@ class FakeBackend(BaseBackend):
             out = complete_regex(p.regex, raw)
         else:
             out = raw
-        finish = {"type": "length", "length": p.max_new_tokens}
-        cut = [(out.find(s), s) for s in p.stop if s and s in out]
+        mnt = p.max_new_tokens if p.max_new_tokens is not None else max(len(out), p.min_new_tokens)  # None: no cap
+        finish = {"type": "length", "length": mnt}
+        cut = [(out.find(s), out.find(s) + len(s), s) for s in p.stop if s in out]
+        cut += [(m.start(), m.end(), pattern) for pattern in p.stop_regex if (m := re.search(pattern, out))]
         if cut:
-            pos, matched = min(cut)
-            out, finish = out[:pos], {"type": "stop", "matched": matched}
+            pos, end, matched = min(cut, key=lambda c: c[0])
+            out, finish = out[: end if p.no_stop_trim else pos], {"type": "stop", "matched": matched}
         elif p.regex is None and p.json_schema is None:
             finish = {"type": "stop", "matched": "<eos>"}
-        if len(out) > p.max_new_tokens:
-            out, finish = out[: p.max_new_tokens], {"type": "length", "length": p.max_new_tokens}
+        if len(out) > mnt:
+            out, finish = out[:mnt], {"type": "length", "length": mnt}
         while len(out) < p.min_new_tokens:
             out += (raw or "x")[: p.min_new_tokens - len(out)]
         meta = {"id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(text),
@@ -168,14 +173,14 @@ class FakeBackend(BaseBackend):
         with self._lock:
             return max((len(c) for c in self.cache if text.startswith(c)), default=0)
 
-    def generate(self, text: str, sampling: SamplingParams) -> GenResult:
-        self._record("generate", {"text": text, "sampling": sampling})
-        results = [self._produce(text, sampling) for _ in range(sampling.n)]
+    def generate(self, text: str, params: GenParams) -> GenResult:
+        self._record("generate", {"text": text, "params": params})
+        results = [self._produce(text, params) for _ in range(params.sampling.n)]
         return GenResult(results[0].text, results[0].meta_info, tuple(r.text for r in results))
 
-    def generate_stream(self, text: str, sampling: SamplingParams) -> Iterator[StreamChunk]:
-        self._record("generate_stream", {"text": text, "sampling": sampling})
-        res = self._produce(text, sampling)
+    def generate_stream(self, text: str, params: GenParams) -> Iterator[StreamChunk]:
+        self._record("generate_stream", {"text": text, "params": params})
+        res = self._produce(text, params)
         step = max(1, self.stream_chunk_chars)
         for i in range(0, max(len(res.text), 1), step):
             if self.delay:

@@ -12,6 +12,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Optional
 
 from .backend_base import (
@@ -25,8 +26,19 @@ from .backend_base import (
 )
 from .backend_engine import check_output
 from .chat_template import ChatTemplate, from_jinja, get_chat_template, get_chat_template_by_model_path
-from .global_config import global_config
-from .ir import SamplingParams
+from .ir import GenParams, SamplingParams
+
+# The sampling_params keys SGLang's frontend always sends (RuntimeEndpoint); any other SamplingParams field
+# is sent only when it differs from its default (e.g. stop_regex), so an SGLang server sees its usual body.
+SGLANG_FRONTEND_KEYS = ("skip_special_tokens", "spaces_between_special_tokens", "max_new_tokens", "min_new_tokens",
+                        "n", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p",
+                        "frequency_penalty", "presence_penalty", "ignore_eos", "regex", "json_schema")
+
+
+def wire_sampling_params(sp: SamplingParams) -> dict:
+    """The /generate `sampling_params` object for `sp`: SGLang's frontend keys plus every field set otherwise."""
+    default = SamplingParams().to_dict()
+    return {k: v for k, v in sp.to_dict().items() if k in SGLANG_FRONTEND_KEYS or v != default[k]}
 
 
 class HttpClient:
@@ -124,14 +136,11 @@ class RuntimeEndpoint(BaseBackend):
 
     # ------------------------------------------------------------ generation
 
-    def _gen_body(self, text: str, sampling: SamplingParams) -> dict:
-        sp = sampling.to_srt_sampling_params()
-        sp["skip_special_tokens"] = global_config.skip_special_tokens_in_output
-        sp["spaces_between_special_tokens"] = global_config.spaces_between_special_tokens_in_out
-        return {"text": text, "sampling_params": sp, **sampling.to_srt_request_fields()}
+    def _gen_body(self, text: str, params: GenParams) -> dict:
+        return {"text": text, "sampling_params": wire_sampling_params(params.sampling), **params.logprob_fields()}
 
-    def generate(self, text: str, sampling: SamplingParams) -> GenResult:
-        out = self.client.post("/generate", self._gen_body(text, sampling))
+    def generate(self, text: str, params: GenParams) -> GenResult:
+        out = self.client.post("/generate", self._gen_body(text, params))
         outs = out if isinstance(out, list) else [out]  # n > 1 returns one object per sample
         for o in outs:
             if not isinstance(o, dict) or "text" not in o:
@@ -139,8 +148,8 @@ class RuntimeEndpoint(BaseBackend):
             check_output(o)
         return GenResult(outs[0]["text"], outs[0].get("meta_info", {}), tuple(o["text"] for o in outs))
 
-    def generate_stream(self, text: str, sampling: SamplingParams) -> Iterator[StreamChunk]:
-        body = self._gen_body(text, sampling)
+    def generate_stream(self, text: str, params: GenParams) -> Iterator[StreamChunk]:
+        body = self._gen_body(text, params)
         body["stream"] = True
         pos = 0
         for obj in self.client.stream("/generate", body):
@@ -183,8 +192,8 @@ class RuntimeEndpoint(BaseBackend):
         table = dict(zip(texts, ids))
         plan = plan_scoring(lambda t: table[t] if t else [], prefix, choices)
         start = plan.logprob_start_len
-        if start > 0:  # prefill the shared prefix once; the choices then hit the radix cache
-            self.client.post("/generate", {"input_ids": plan.prefix_ids[:start],
+        if plan.shared_prefix_len > 0:  # prefill the shared prefix once; the choices then hit the radix cache
+            self.client.post("/generate", {"input_ids": plan.prefix_ids[:plan.shared_prefix_len],
                                            "sampling_params": {"max_new_tokens": 0}})
         metas = self._prompt_metas(plan.full_ids, start)
         uncond = None
@@ -194,12 +203,17 @@ class RuntimeEndpoint(BaseBackend):
                                     [m.get("cached_tokens") for m in metas])
 
     def _score_by_text(self, prefix: str, choices: list[str], need_unconditional: bool) -> list[ChoiceScore]:
-        """Servers without /tokenize (SGLang's original requests): score text, locate the window by token texts."""
+        """Servers without /tokenize (SGLang's server, sglang-router): score text, locate the window by token texts.
+
+        One request per choice, sent together: sglang-router refuses a batch `text: [...]` (422) and has no
+        /tokenize route, and under its cache_aware policy each choice follows the prefix to its worker."""
         res = self.client.post("/generate", {"text": prefix, "sampling_params": {"max_new_tokens": 0}})
         start = max(check_output(res)["meta_info"]["prompt_tokens"] - 2, 0)
-        out = self.client.post("/generate", {
-            "text": [prefix + c for c in choices], "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-            "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start})
+        bodies = [{"text": prefix + c, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+                   "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start}
+                  for c in choices]
+        with ThreadPoolExecutor(max_workers=min(len(bodies), 16)) as pool:
+            out = list(pool.map(lambda body: self.client.post("/generate", body), bodies))
         windows = []
         for c, o in zip(choices, out):
             entries = check_output(o)["meta_info"]["input_token_logprobs"]

@@ -11,13 +11,13 @@ from typing import Any, Callable, Iterator, Optional, Union
 
 from .global_config import global_config
 from .interpreter import StreamExecutor
-from .ir import SamplingParams
+from .ir import GenParams, SamplingParams
 from .program_state import ProgramState
 from .tracer import TracedProgram, constant_prefix, trace_program
 
-_SAMPLING_KEYS = ("max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature",
-                  "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos",
-                  "return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+# Program-level keywords of run/run_batch: every SamplingParams field (SGLang names: max_new_tokens, not
+# gen's max_tokens) and the logprob options; anything else passed to run() is a program argument.
+PROGRAM_SAMPLING_KEYS = frozenset(SamplingParams.field_names()) | frozenset(GenParams.OPTIONS) - {"dtype"}
 
 
 def resolve_backend(backend: Any):
@@ -29,9 +29,15 @@ def resolve_backend(backend: Any):
     return getattr(backend, "endpoint", backend)
 
 
-def _default_sampling(kwargs: dict) -> SamplingParams:
-    fields = {k: v for k, v in kwargs.items() if v is not None}
-    return SamplingParams(**fields)
+def program_defaults(kwargs: dict) -> GenParams:
+    """The program-level GenParams from run/run_batch keywords (None = default).
+
+    skip_special_tokens and spaces_between_special_tokens default to global_config's values (SGLang's
+    frontend settings), for every backend alike.
+    """
+    base = {"skip_special_tokens": global_config.skip_special_tokens_in_output,
+            "spaces_between_special_tokens": global_config.spaces_between_special_tokens_in_out}
+    return GenParams(SamplingParams(**base)).resolve(kwargs)
 
 
 class SglFunction:
@@ -65,20 +71,16 @@ class SglFunction:
             raise TypeError(f"{self.__name__} got unexpected arguments {sorted(unknown)}")
         return out
 
-    def run(self, *args, max_new_tokens: int = 128, n: int = 1, stop=None, stop_token_ids=None, stop_regex=None,
-            temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1, min_p: float = 0.0,
-            frequency_penalty: float = 0.0, presence_penalty: float = 0.0, ignore_eos: bool = False,
-            return_logprob=None, logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=None,
-            stream: bool = False, backend=None, use_thread: bool = True, **kwargs) -> ProgramState:
+    def run(self, *args, stream: bool = False, backend=None, use_thread: bool = True, **kwargs) -> ProgramState:
         """Run once; returns the state as soon as the body returns (reads wait). stream=True runs the body
-        in a thread and returns at once."""
-        sampling = _default_sampling(dict(
-            max_new_tokens=max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
-            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-            return_text_in_logprobs=return_text_in_logprobs))
-        return run_program(self, resolve_backend(backend), self._arguments(args, kwargs), sampling,
+        in a thread and returns at once.
+
+        Keywords named like a SamplingParams field (max_new_tokens, temperature, stop, stop_regex, ...) or a
+        logprob option are the program-level defaults each gen inherits (SGLang's run keywords); the rest
+        are the program's arguments.
+        """
+        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in PROGRAM_SAMPLING_KEYS}
+        return run_program(self, resolve_backend(backend), self._arguments(args, kwargs), program_defaults(sampling),
                            stream=stream, sync=False)
 
     def run_batch(self, batch_kwargs: list, *, backend=None, num_threads: Union[str, int] = "auto",
@@ -87,10 +89,10 @@ class SglFunction:
 
         A failing item does not stop the others: its state's `error()` holds the exception.
         """
-        unknown = set(sampling_kwargs) - set(_SAMPLING_KEYS)
+        unknown = set(sampling_kwargs) - PROGRAM_SAMPLING_KEYS
         if unknown:
             raise TypeError(f"run_batch got unexpected keyword arguments {sorted(unknown)}")
-        sampling = _default_sampling(sampling_kwargs)
+        sampling = program_defaults(sampling_kwargs)
         items = []
         for item in batch_kwargs:
             if isinstance(item, dict):
@@ -130,7 +132,7 @@ class SglFunction:
         return self.run(*args, **kwargs)
 
 
-def run_program(program: SglFunction, backend, arguments: dict, default_sampling: SamplingParams,
+def run_program(program: SglFunction, backend, arguments: dict, default_sampling: GenParams,
                 stream: bool = False, sync: bool = False) -> ProgramState:
     """Execute the body against a fresh state (in a thread when streaming)."""
     executor = StreamExecutor(backend, default_sampling, backend.get_chat_template(), stream=stream)
@@ -167,14 +169,14 @@ def cache_program(program: SglFunction, backend, min_chars: Optional[int] = None
     return prefix
 
 
-def _failed_state(backend, sampling: SamplingParams, exc: BaseException) -> ProgramState:
+def _failed_state(backend, sampling: GenParams, exc: BaseException) -> ProgramState:
     executor = StreamExecutor(backend, sampling, backend.get_chat_template())
     executor.fail(exc)
     executor.end()
     return ProgramState(executor)
 
 
-def run_program_batch(program: SglFunction, backend, items: list[dict], sampling: SamplingParams,
+def run_program_batch(program: SglFunction, backend, items: list[dict], sampling: GenParams,
                       num_threads: Union[str, int], progress_bar: bool) -> Iterator[ProgramState]:
     """Yield one state per item, in input order, running items on a thread pool."""
     if not items:

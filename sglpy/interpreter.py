@@ -11,7 +11,7 @@ from typing import Any, Optional
 from .backend_base import BaseBackend
 from .chat_template import ChatTemplate
 from .ir import (
-    SamplingParams,
+    GenParams,
     SglCommitLazy,
     SglConstantText,
     SglExpr,
@@ -22,7 +22,6 @@ from .ir import (
     SglSelect,
     SglVarScopeBegin,
     SglVarScopeEnd,
-    resolve_sampling,
     wrap,
 )
 
@@ -46,7 +45,7 @@ def role_begin_text(template: ChatTemplate, role: str, first_message: bool) -> s
 class StreamExecutor:
     """Runs submitted IR nodes in order on its own thread; keeps text, messages and variables."""
 
-    def __init__(self, backend: BaseBackend, default_sampling: SamplingParams,
+    def __init__(self, backend: BaseBackend, default_sampling: GenParams,
                  chat_template: Optional[ChatTemplate] = None, stream: bool = False):
         self.sid = uuid.uuid4().hex
         self.backend = backend
@@ -235,19 +234,20 @@ class StreamExecutor:
             raise TypeError(f"unknown program node {type(node).__name__}")
 
     def _execute_gen(self, node: SglGen) -> None:
-        sampling = resolve_sampling(self.default_sampling, node.overrides, self.chat_template.stop_str)
+        params = self.default_sampling.resolve(node.overrides, self.chat_template.stop_str)  # dtype lowered
         self._reset_buffer(node.name)
-        if self.stream and sampling.n == 1:
+        n = params.sampling.n
+        if self.stream and n == 1:
             meta: dict = {}
-            for chunk in self.backend.generate_stream(self.text_, sampling):
+            for chunk in self.backend.generate_stream(self.text_, params):
                 self._append(chunk.delta, node.name)
                 meta = chunk.meta_info
             value = self.stream_buffers.get(node.name, "") if node.name is not None else None
             self._finish_var(node.name, value, meta)
             return
-        res = self.backend.generate(self.text_, sampling)
+        res = self.backend.generate(self.text_, params)
         self._append(res.text, node.name)
-        value = list(res.texts) if sampling.n > 1 else res.text
+        value = list(res.texts) if n > 1 else res.text
         self._finish_var(node.name, value, res.meta_info)
 
 

@@ -1,162 +1,88 @@
-"""Program IR: sampling parameters and the expression nodes that `s += ...` submits."""
+"""Program IR: a gen's resolved parameters (GenParams) and the expression nodes that `s += ...` submits."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, ClassVar, Optional
 
-# dtype -> regex (and extra stop strings). The int/float forms allow trailing spaces/newlines so a
-# model may end the number naturally; the stops then cut the whitespace off the stored value.
-REGEX_INT = r"[-+]?[0-9]+[ \n]*"
-REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
-REGEX_BOOL = r"(True|False)"
-# Quoted run of word characters and spaces (no escapes), as SGLang's frontend defines dtype=str.
-REGEX_STR = r"\"[\w\d\s]*\""
+# torch-free: the one SamplingParams definition (importing it loads no torch, no model code)
+from sglpy.runtime.sampling_params import GEN_ALIASES, LogprobOptions, SamplingParams
 
-_DTYPE_RULES = {
-    "int": (REGEX_INT, (" ", "\n")),
-    "float": (REGEX_FLOAT, (" ", "\n")),
-    "str": (REGEX_STR, ()),
-    "bool": (REGEX_BOOL, ()),
-}
+# dtype -> extra stop strings: the int/float regexes allow trailing spaces/newlines so a model may end the
+# number naturally; these stops then cut the whitespace off the stored value. The regexes themselves are
+# grammar/compiler.py's DTYPE_REGEX (one definition).
+_DTYPE_STOPS = {"int": (" ", "\n"), "float": (" ", "\n"), "str": (), "bool": ()}
 
 
 def dtype_to_regex(dtype: Any) -> tuple[str, tuple[str, ...]]:
     """Map a gen dtype (int/float/str/bool or their names) to (regex, extra stop strings)."""
     key = dtype.__name__ if isinstance(dtype, type) else dtype
-    if key not in _DTYPE_RULES:
+    if not isinstance(key, str) or key not in _DTYPE_STOPS:
         raise ValueError(f"invalid dtype {dtype!r}: expected one of int, float, str, bool")
-    return _DTYPE_RULES[key]
+    from sglpy.grammar import DTYPE_REGEX  # on first use: the grammar package loads numpy
 
-
-def _as_tuple(value: Union[None, str, int, list, tuple]) -> tuple:
-    if value is None:
-        return ()
-    if isinstance(value, (str, int)):
-        return (value,)
-    return tuple(value)
+    return DTYPE_REGEX[key], _DTYPE_STOPS[key]
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """Fully resolved sampling parameters for one gen (SGLang frontend defaults)."""
+class GenParams:
+    """One gen's resolved parameters: the runtime's SamplingParams plus the frontend's request options.
 
-    max_new_tokens: int = 128
-    min_new_tokens: int = 0
-    n: int = 1
-    stop: tuple = ()
-    stop_token_ids: tuple = ()
-    stop_regex: tuple = ()
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    ignore_eos: bool = False
+    The options are the logprob fields (None = not set: not sent, the runtime's default applies) and
+    `dtype` (lowered to a regex plus stops before a backend sees the request).
+    """
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     return_logprob: Optional[bool] = None
     logprob_start_len: Optional[int] = None
     top_logprobs_num: Optional[int] = None
     return_text_in_logprobs: Optional[bool] = None
     dtype: Any = None
-    regex: Optional[str] = None
-    json_schema: Optional[Union[str, dict]] = None
+
+    OPTIONS: ClassVar[tuple[str, ...]] = LogprobOptions.field_names() + ("dtype",)
 
     def __post_init__(self):
-        for name in ("stop", "stop_token_ids", "stop_regex"):
-            object.__setattr__(self, name, _as_tuple(getattr(self, name)))
-        if self.max_new_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {self.max_new_tokens}")
-        if self.min_new_tokens < 0 or self.min_new_tokens > self.max_new_tokens:
-            raise ValueError(
-                f"min_tokens must be in [0, max_tokens={self.max_new_tokens}], got {self.min_new_tokens}"
-            )
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.regex is not None and self.json_schema is not None:
-            raise ValueError("gen accepts at most one of regex and json_schema")
+        LogprobOptions(**self.logprob_fields())  # same checks as the runtime's
         if self.dtype is not None:
             dtype_to_regex(self.dtype)
 
-    def with_constraints(self) -> "SamplingParams":
-        """Turn dtype into a regex plus stops (dtype wins over an explicit regex, like SGLang)."""
-        if self.dtype is None:
-            return self
-        regex, stops = dtype_to_regex(self.dtype)
-        return dataclasses.replace(self, dtype=None, regex=regex, json_schema=None,
-                                   stop=self.stop + tuple(s for s in stops if s not in self.stop))
+    def logprob_fields(self) -> dict:
+        """The logprob options that were set (sent as top-level /generate fields, as SGLang's frontend does)."""
+        return {n: getattr(self, n) for n in LogprobOptions.field_names() if getattr(self, n) is not None}
 
-    def to_srt_sampling_params(self) -> dict:
-        """The `sampling_params` dict of an SGLang-native /generate request (dtype already lowered)."""
-        p = self.with_constraints()
-        out = {
-            "skip_special_tokens": True,
-            "spaces_between_special_tokens": True,
-            "max_new_tokens": p.max_new_tokens,
-            "min_new_tokens": p.min_new_tokens,
-            "n": p.n,
-            "stop": list(p.stop),
-            "stop_token_ids": list(p.stop_token_ids),
-            "temperature": p.temperature,
-            "top_p": p.top_p,
-            "top_k": p.top_k,
-            "min_p": p.min_p,
-            "frequency_penalty": p.frequency_penalty,
-            "presence_penalty": p.presence_penalty,
-            "ignore_eos": p.ignore_eos,
-            "regex": p.regex,
-            "json_schema": p.json_schema,
-        }
-        if p.stop_regex:
-            out["stop_regex"] = list(p.stop_regex)
-        return out
+    def resolve(self, overrides: dict, extra_stops: tuple = ()) -> "GenParams":
+        """These defaults overridden by every gen keyword that is set (None = inherit), the template's stops
+        appended, and dtype lowered to a regex plus its stops: one SamplingParams built (validated) once."""
+        fields, options = {}, {}
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            name = GEN_ALIASES.get(key, key)
+            if name in self.OPTIONS:
+                options[name] = value
+            elif name in SamplingParams.field_names():
+                fields[name] = value
+            else:
+                raise TypeError(f"unknown gen keyword {key!r}")
+        dtype = options.pop("dtype", self.dtype)
+        stops = tuple(extra_stops)
+        if dtype is not None:
+            regex, dtype_stops = dtype_to_regex(dtype)  # dtype wins over an explicit regex, like SGLang
+            fields.update(regex=regex, json_schema=None, ebnf=None, choices=None)
+            stops += dtype_stops
+        if stops:
+            stop = fields.get("stop", self.sampling.stop)
+            stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+            fields["stop"] = stop + tuple(dict.fromkeys(s for s in stops if s not in stop))
+        sp = dataclasses.replace(self.sampling, **fields) if fields else self.sampling
+        return dataclasses.replace(self, sampling=sp, dtype=None, **options)
 
-    def to_srt_request_fields(self) -> dict:
-        """Top-level logprob fields of a /generate request, only those that were set."""
-        names = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
-        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
-
-
-# gen() keyword -> SamplingParams field
-GEN_FIELD_MAP = {
-    "max_tokens": "max_new_tokens",
-    "min_tokens": "min_new_tokens",
-    "n": "n",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "stop_regex": "stop_regex",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
-    "ignore_eos": "ignore_eos",
-    "return_logprob": "return_logprob",
-    "logprob_start_len": "logprob_start_len",
-    "top_logprobs_num": "top_logprobs_num",
-    "return_text_in_logprobs": "return_text_in_logprobs",
-    "dtype": "dtype",
-    "regex": "regex",
-    "json_schema": "json_schema",
-}
-
-
-def resolve_sampling(defaults: SamplingParams, overrides: dict, extra_stops: tuple = ()) -> SamplingParams:
-    """Program-level defaults, overridden by every field the gen call set; then the template's stops."""
-    fields = {GEN_FIELD_MAP[k]: v for k, v in overrides.items() if v is not None}
-    params = dataclasses.replace(defaults, **fields)
-    if extra_stops:
-        params = dataclasses.replace(params, stop=params.stop + tuple(s for s in extra_stops if s not in params.stop))
-    return params
+    def lowered(self) -> "GenParams":
+        """dtype turned into a regex plus stops (resolve() already does this; for params built directly)."""
+        return self if self.dtype is None else GenParams(self.sampling, **self.logprob_fields()).resolve(
+            {"dtype": self.dtype})
 
 
 # ---------------------------------------------------------------- expression nodes

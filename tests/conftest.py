@@ -1,11 +1,9 @@
 """Shared test setup. TRITON_INTERPRET must be set before any kernel module imports triton."""
 
 import os
-import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, os.path.dirname(__file__))  # tests/ is not a package: make helper modules importable
 
 import pytest  # noqa: E402
 
@@ -13,7 +11,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def default_model_path():
     """HF folder of the embedded default model (converted once into the cache)."""
-    from sglpy.runtime.model_loader import resolve_model_path
+    from sglpy.runtime.model.loader import resolve_model_path
 
     return resolve_model_path(None)
 

@@ -1,5 +1,6 @@
 """Guards for the package-dir mapping (runtime/ grammar/ kernels/ -> sglpy.*)."""
 
+import ast
 import os
 import pathlib
 import re
@@ -44,7 +45,23 @@ def test_every_listed_package_has_a_package_dir_entry():
 
 
 def test_tests_folder_is_not_a_package():
-    assert not (ROOT / "tests" / "__init__.py").exists()
+    assert not list((ROOT / "tests").rglob("__init__.py"))
+    assert {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))} == {
+        "frontend", "runtime", "grammar", "kernels", "server"}
+
+
+def test_every_module_says_what_it_owns():
+    missing = [str(p.relative_to(ROOT)) for folder in ("sglpy", "runtime", "grammar", "kernels")
+               for p in (ROOT / folder).rglob("*.py") if not ast.get_docstring(ast.parse(p.read_text(encoding="utf-8")))]
+    assert missing == []
+
+
+def test_shared_types_fake_engine_and_server_import_without_torch():
+    code = ("import sys, sglpy.runtime.sampling_params, sglpy.runtime.messages, sglpy.runtime.core, "
+            "sglpy.runtime.engine, sglpy.runtime.engine.request_builder, sglpy.runtime.engine.stops, "
+            "sglpy.runtime.server, sglpy.runtime.testing.fake_engine; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_no_top_level_imports_of_mapped_folders():
@@ -86,12 +103,14 @@ def test_wheel_builds_and_imports_outside_repo(tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheels[0])],
                    check=True, capture_output=True, text=True)
-    for pkg in ("runtime", "runtime/models", "grammar", "kernels"):
+    for pkg in ("runtime", "runtime/engine", "runtime/memory", "runtime/model", "runtime/server", "runtime/testing",
+                "grammar", "kernels"):
         assert (target / "sglpy" / pkg / "__init__.py").exists(), f"wheel lacks sglpy/{pkg}"
     assert not (target / "runtime").exists(), "runtime/ must not install as a top-level package"
     code = (
-        "import sglpy, sglpy.runtime, sglpy.grammar, sglpy.kernels, sglpy.runtime.models\n"
-        "import sglpy.runtime.engine, sglpy.runtime.server\n"
+        "import sglpy, sglpy.runtime, sglpy.grammar, sglpy.kernels, sglpy.runtime.model\n"
+        "import sglpy.runtime.engine, sglpy.runtime.server, sglpy.runtime.testing.fake_engine\n"
+        "from sglpy.runtime.engine import Engine\n"
         f"assert sglpy.runtime.__file__.startswith({str(target)!r}), sglpy.runtime.__file__\n"
         f"assert sglpy.grammar.__file__.startswith({str(target)!r}), sglpy.grammar.__file__\n"
         "print('ok')\n"

@@ -1,0 +1,52 @@
+"""CompileBudget: the time / state / cancellation limits one compile runs under, checked inside hot loops."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import BudgetExceeded, CompileCancelled, GrammarError
+
+
+@dataclass
+class CompileBudget:
+    """Limits for one compile. `check(what)` raises once the deadline passed or `cancel.is_set()`.
+
+    time_s: wall-clock seconds from creation (None = no deadline); max_states: cap on any one automaton;
+    cancel: any object with `is_set()` (threading.Event, multiprocessing.Event) to stop the compile early.
+    """
+
+    time_s: float | None = 5.0
+    max_states: int = 20_000
+    cancel: Any = None
+    started: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self):
+        if self.time_s is not None and not self.time_s > 0:
+            raise ValueError(f"time_s must be > 0 or None, got {self.time_s!r}")
+        if self.max_states < 2:
+            raise ValueError(f"max_states must be >= 2, got {self.max_states}")
+        if self.cancel is not None and not callable(getattr(self.cancel, "is_set", None)):
+            raise ValueError("cancel must have an is_set() method (threading.Event or similar)")
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.time_s is None else self.started + self.time_s
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def check(self, what: str) -> None:
+        """Raise CompileCancelled / GrammarError naming `what` if cancelled or past the deadline."""
+        if self.cancel is not None and self.cancel.is_set():
+            raise CompileCancelled(f"compile cancelled while building {what}")
+        if self.time_s is not None and time.perf_counter() - self.started > self.time_s:
+            raise BudgetExceeded(f"compile time budget ({self.time_s:g} s) exceeded while building {what}")
+
+    def check_states(self, n: int, what: str) -> None:
+        """Raise a GrammarError naming `what` when an automaton grows past max_states."""
+        if n > self.max_states:
+            raise GrammarError(f"automaton too large: {what} needs more than {self.max_states} DFA states "
+                               "(raise max_states, or simplify the constraint)")
+

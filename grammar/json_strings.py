@@ -1,0 +1,115 @@
+"""JSON strings: length / pattern / format as one automaton over the decoded text, then JSON-escaped.
+
+Constraints apply to the decoded string (as `jsonschema` sees it after `json.loads`), so they are intersected
+as automata over decoded UTF-8 and then mapped to the escaped JSON body: `"` -> `\\"`, `\\` -> `\\\\`,
+`/` -> `/` or `\\/`, and `\\b \\f \\n \\r \\t` for those controls. Other control characters would need
+`\\uXXXX`, which generated strings never use. Patterns follow Python's `re.search` (what jsonschema runs):
+the under-approximation reads `\\d \\w \\s` as ASCII and `$` as end of text, the over-approximation (used under
+`not`) uses Python's Unicode classes and lets `$` match before a final newline.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import json_formats as F
+from .dfa import DEAD, ByteDFA, _minimise, _trim, regex_to_dfa
+from .errors import GrammarError, is_fatal
+from .fsa import intersect_all
+
+_ESCAPES = {ord('"'): ord('"'), ord("\\"): ord("\\"), ord("/"): ord("/"), ord("b"): 8, ord("f"): 12,
+            ord("n"): 10, ord("r"): 13, ord("t"): 9}
+
+
+def encode_json_body(dfa: ByteDFA) -> ByteDFA:
+    """Automaton of the escaped JSON string bodies whose decoded text `dfa` accepts."""
+    n = dfa.num_states
+    t = np.zeros((2 * n, 256), np.int32)  # state q (1..n-1) and its after-backslash twin n + q
+    raw = dfa.trans.copy()
+    raw[:, :0x20] = DEAD
+    raw[:, ord('"')] = DEAD
+    raw[:, ord("\\")] = DEAD
+    t[:n] = raw
+    live = np.flatnonzero(np.arange(n) != DEAD)
+    t[live, ord("\\")] = n + live
+    for esc, dec in _ESCAPES.items():
+        t[n + np.arange(n), esc] = dfa.trans[:, dec]
+    t[n + DEAD] = DEAD
+    acc = np.concatenate([dfa.accepting, np.zeros(n, bool)])
+    cls = np.unique(t.T, axis=0, return_inverse=True)[1].reshape(-1)
+    _, first = np.unique(cls, return_index=True)
+    ct, acc, init = _trim(t[:, first], acc, dfa.initial)
+    ct, acc, init = _minimise(ct, acc, init)
+    return ByteDFA(np.ascontiguousarray(ct[:, cls]), acc, init)
+
+
+class StringsMixin:
+    """String typing for the schema converter (needs `atom`, `budget`, `max_states`, `refuse`, `ignore`)."""
+
+    def pattern_dfa(self, pattern: str, mode: str) -> ByteDFA | None:
+        """Decoded strings `re.search(pattern, s)` matches (under: subset, over: superset); None = no constraint."""
+        try:
+            return regex_to_dfa(pattern, self.max_states, unicode_classes=mode == "over", budget=self.budget,
+                                what=f"pattern {pattern[:40]!r}", allow_empty=True, search=True,
+                                dollar_newline=mode == "over")
+        except GrammarError as e:
+            if is_fatal(e):
+                raise
+            if mode == "over":
+                return None  # dropping a constraint keeps a superset
+            self.refuse("pattern", f"{pattern!r}: {e}")
+            return None
+
+    def content_dfa(self, n, mode: str) -> ByteDFA | None:
+        """Decoded-text automaton for minLength/maxLength/pattern/format, or None when only lengths apply."""
+        parts = []
+        for p in n.patterns:
+            d = self.pattern_dfa(p, mode)
+            if d is not None:
+                parts.append(d)
+        for f in n.formats:
+            if f not in F.FORMATS:
+                self.ignore([f"format:{f}"])
+            elif mode == "under":
+                parts.append(self.format_dfa(f))
+        if not parts:
+            return None
+        if n.min_len or n.max_len is not None:
+            hi = "" if n.max_len is None else n.max_len
+            parts.append(regex_to_dfa(f"(?s:.){{{n.min_len},{hi}}}", self.max_states, budget=self.budget,
+                                      what="minLength/maxLength", allow_empty=True))
+        return intersect_all(parts, self.max_states, self.budget, "a string's pattern/format/length")
+
+    def format_dfa(self, name: str) -> ByteDFA:
+        key = ("format", name)
+        got = self.dfa_cache.get(key)
+        if got is None:
+            got = self.dfa_cache[key] = regex_to_dfa(F.FORMATS[name], self.max_states, budget=self.budget,
+                                                     what=f"format {name!r}")
+        return got
+
+    def string_re(self, n, mode: str) -> str | None:
+        """Regex (quotes included) for the JSON strings allowed by the string keywords of `n`."""
+        if n.max_len is not None and n.max_len < n.min_len:
+            return None
+        content = self.content_dfa(n, mode)
+        if content is None:
+            hi = "" if n.max_len is None else n.max_len
+            count = "*" if (n.min_len, hi) == (0, "") else f"{{{n.min_len},{hi}}}"
+            return '"' + F.STRING_CHAR + count + '"'
+        body = encode_json_body(content)
+        if not body.accepting.any():
+            return None
+        return '"' + self.atom(body) + '"'
+
+    def key_body_dfa(self, name: str) -> ByteDFA:
+        """Every escaped spelling of one property name (as a JSON string body)."""
+        key = ("keybody", name)
+        got = self.dfa_cache.get(key)
+        if got is None:
+            import re
+
+            lit = regex_to_dfa(re.escape(name) if name else "", self.max_states, budget=self.budget,
+                               allow_empty=True)
+            got = self.dfa_cache[key] = encode_json_body(lit)
+        return got

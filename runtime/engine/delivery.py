@@ -1,0 +1,60 @@
+"""In-process output delivery: sinks that hand the engine's per-step outputs to blocking, streaming and asyncio callers.
+
+The engine calls a sink from its step-loop thread once per step with that step's outputs for it
+(StepOutputs); these sinks move them to the caller's thread (a Future, a queue, or an event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from concurrent.futures import Future
+
+from ..messages import ReqOutput, StepOutputs
+
+
+class BatchWaiter:
+    """Sink for non-streaming requests: collects each request's final output; `futures[i]` resolves to it."""
+
+    def __init__(self, rids: list[str]):
+        self.futures: dict[str, Future] = {rid: Future() for rid in rids}
+
+    def __call__(self, step: StepOutputs) -> None:
+        for out in step.outputs:
+            fut = self.futures.get(out.rid)
+            if out.finished and fut is not None and not fut.done():
+                fut.set_result(out.to_json())
+
+    def results(self, rids: list[str]) -> list[dict]:
+        """Block until every request finished; outputs in the order of `rids`."""
+        return [self.futures[rid].result() for rid in rids]
+
+
+class StreamQueue:
+    """Sink for one streaming request read from a plain thread."""
+
+    def __init__(self):
+        self.queue: queue.Queue[ReqOutput] = queue.Queue()
+
+    def __call__(self, step: StepOutputs) -> None:
+        for out in step.outputs:
+            self.queue.put(out)
+
+    def get(self) -> ReqOutput:
+        """The next output (blocks)."""
+        return self.queue.get()
+
+
+class AsyncSink:
+    """Sink for asyncio callers: outputs reach the event loop's queue (thread-safe hand-off)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue[ReqOutput] = asyncio.Queue()
+
+    def __call__(self, step: StepOutputs) -> None:
+        self.loop.call_soon_threadsafe(self._put_all, step.outputs)
+
+    def _put_all(self, outputs: list[ReqOutput]) -> None:
+        for out in outputs:
+            self.queue.put_nowait(out)

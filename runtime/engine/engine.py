@@ -1,0 +1,306 @@
+"""The runtime Engine: one background step loop (schedule -> forward -> process -> emit) serving many callers.
+
+Requests enter as GenerateReq (built once by request_builder) with a sink; the loop's inbox carries the
+typed messages of runtime/messages.py; every step emits one StepOutputs per sink. `generate()` is SGLang's
+offline API on top (engine/offline_api.py: thread-safe; async and streaming variants). Not to be confused with the frontend
+backend `sgl.Engine` (sglpy/backend_engine.py), which wraps this class.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config import EngineConfig
+from ..core import FinishReason, OutputSink, Req
+from ..memory.kv_manager import KVManager
+from ..memory.kv_pool import KVPool, ReqToTokenPool, kv_cache_torch_dtype
+from ..memory.radix_cache import RadixCache
+from ..messages import (AbortReq, EngineInfo, FlushCacheReq, GenerateReq, GenerateReqInput, GetServerInfoReq,
+                        ShutdownReq, StepOutputs)
+from ..model.loader import resolve_model_path
+from ..model.runner import ModelRunner
+from .detokenizer import IncrementalDetokenizer
+from .output import build_output
+from .processor import OutputProcessor
+from .offline_api import OfflineAPI
+from .request_builder import RequestLimits, build_request
+from .sampler import Sampler
+from .scheduler import Scheduler
+from .tokenizer_ops import TokenizerOps
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Submit:
+    """Inbox item: a built request and where its outputs go."""
+
+    req: Req
+
+
+@dataclass(frozen=True)
+class _Call:
+    """Inbox item: a call answered on the loop thread through `reply`."""
+
+    request: FlushCacheReq | GetServerInfoReq
+    reply: Future
+
+
+class Engine(OfflineAPI):
+    """Continuous-batching engine. Implements EngineProtocol; generate() results use SGLang's /generate shape."""
+
+    def __init__(self, model: str | None = None, **kwargs: Any):
+        self.config = cfg = EngineConfig.from_kwargs(model=model, **kwargs)
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        from transformers import AutoTokenizer
+
+        self.model_path = resolve_model_path(cfg.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.text = TokenizerOps(self.tokenizer)
+        self.runner = r = ModelRunner(cfg, self.model_path)
+        self.max_context = r.max_context
+        self.kv = KVManager(KVPool(r.num_layers, cfg.max_total_tokens, r.num_kv_heads, r.head_dim,
+                                   kv_cache_torch_dtype(cfg.kv_cache_dtype, r.dtype), r.device),
+                            ReqToTokenPool(cfg.max_running_requests, self.max_context, r.device),
+                            RadixCache(disable=cfg.disable_radix_cache))
+        self.limits = RequestLimits(r.vocab_size, self.max_context, cfg.max_total_tokens)
+        self.scheduler = Scheduler(cfg, self.kv, self.max_context)
+        self.eos_ids = self._eos_ids()
+        from .constrained import ConstrainedDecoding
+
+        self.constrained = ConstrainedDecoding(self.tokenizer, r.vocab_size, self.eos_ids,
+                                               jump_forward=not cfg.disable_jump_forward)
+        self.processor = OutputProcessor(Sampler(cfg.seed, r.device), self.eos_ids, self.max_context, self.constrained)
+        self.stats = {"num_requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
+                      "num_steps": 0, "num_aborted": 0, "step_s": 0.0}
+        self._reqs: dict[str, Req] = {}
+        self._inbox: queue.Queue = queue.Queue()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="sglpy-engine", daemon=True)
+        self._thread.start()
+
+    def _eos_ids(self) -> set[int]:
+        ids = set()
+        for src in (self.tokenizer.eos_token_id, getattr(self.runner.hf_config, "eos_token_id", None)):
+            if isinstance(src, int):
+                ids.add(src)
+            elif isinstance(src, (list, tuple)):
+                ids.update(int(x) for x in src)
+        try:
+            from transformers import GenerationConfig
+
+            gen = GenerationConfig.from_pretrained(self.model_path).eos_token_id
+            ids.update([gen] if isinstance(gen, int) else list(gen or []))
+        except (OSError, ValueError):
+            pass
+        return ids
+
+    # ------------------------------------------------------------------ EngineProtocol
+    def info(self) -> EngineInfo:
+        """Model path, context, vocabulary, chat template and special tokens (what the server needs once)."""
+        hf = self.runner.hf_config
+        return EngineInfo(model_path=str(self.model_path), context_len=self.max_context,
+                          vocab_size=self.text.vocab_size, chat_template=self.text.chat_template(),
+                          special_tokens=self.text.special_tokens(), model_type=getattr(hf, "model_type", None),
+                          architectures=tuple(getattr(hf, "architectures", None) or ()), supports_constraints=True)
+
+    def build_request(self, inp: GenerateReqInput) -> GenerateReq:
+        """Tokenize and validate one prompt and compile its constraint (in the caller's thread)."""
+        return build_request(inp, self.text, self.limits, self.constrained.compile)
+
+    def submit(self, req: GenerateReq, sink: OutputSink) -> None:
+        """Queue a built request; `sink` gets its outputs (every step if req.stream, else only the final one)."""
+        r = Req(rid=req.rid, input_ids=req.input_ids, sampling=req.sampling, extra_key=req.extra_key, sink=sink,
+                stream=req.stream, **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})
+        s = req.sampling
+        r.detok = IncrementalDetokenizer(self.tokenizer, req.input_ids, s.skip_special_tokens,
+                                         s.spaces_between_special_tokens)
+        if req.guide is not None:
+            self.constrained.attach(r, req.guide)  # a forced opening is appended here, off the loop thread
+        self._inbox.put(_Submit(r))
+
+    def abort(self, rid: str) -> None:
+        """Abort a waiting or running request (its KV is freed); unknown rids are ignored."""
+        self._inbox.put(AbortReq(rid))
+
+    def flush_cache(self) -> bool:
+        """Empty the radix cache; refused (False) while any request is waiting or running."""
+        return self._call(FlushCacheReq())
+
+    def get_server_info(self) -> dict:
+        """Config, pool/cache sizes, queue lengths and counters."""
+        return self._call(GetServerInfoReq())
+
+    def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Token ids of each text."""
+        return self.text.tokenize(texts, add_special_tokens)
+
+    def detokenize(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """The text of token ids."""
+        return self.text.detokenize(ids, skip_special_tokens)
+
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, template_kwargs: dict | None = None) -> str:
+        """The prompt the model's chat template renders for `messages`."""
+        return self.text.chat_prompt(messages, add_generation_prompt, continue_final_message, template_kwargs)
+
+    def is_alive(self) -> bool:
+        """True while the step loop thread runs (the server's watchdog polls this)."""
+        return self._thread.is_alive()
+
+    def shutdown(self) -> None:
+        """Abort everything and stop the loop thread."""
+        if not self._stopped:
+            self._inbox.put(ShutdownReq())
+            self._thread.join(timeout=30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    def _call(self, request: FlushCacheReq | GetServerInfoReq):
+        if threading.current_thread() is self._thread:
+            return self._answer(request)
+        reply: Future = Future()
+        self._inbox.put(_Call(request, reply))
+        return reply.result()
+
+    # ------------------------------------------------------------------ the loop (engine thread only)
+    def _loop(self) -> None:
+        while True:
+            block = not self.scheduler.has_work()
+            try:
+                msg = self._inbox.get(block=block)
+            except queue.Empty:
+                msg = None
+            while msg is not None:
+                if isinstance(msg, ShutdownReq):
+                    self._abort_all("engine shut down")
+                    self._stopped = True
+                    return
+                self._handle(msg)
+                try:
+                    msg = self._inbox.get_nowait()
+                except queue.Empty:
+                    msg = None
+            if self.scheduler.has_work():
+                self.step()
+
+    def _handle(self, msg) -> None:
+        if isinstance(msg, _Submit):
+            self._reqs[msg.req.rid] = msg.req
+            self.stats["num_requests"] += 1
+            self.scheduler.add(msg.req)
+        elif isinstance(msg, AbortReq):
+            req = self._reqs.get(msg.rid)
+            if req is not None and not req.finished:
+                req.finish_reason = FinishReason("abort", message="aborted by the client")
+                self._emit(self._retire([req]))
+        elif isinstance(msg, _Call):
+            try:
+                msg.reply.set_result(self._answer(msg.request))
+            except Exception as e:  # noqa: BLE001 - delivered to the caller
+                msg.reply.set_exception(e)
+        else:
+            raise TypeError(f"unexpected inbox message {type(msg).__name__}")
+
+    def _answer(self, request: FlushCacheReq | GetServerInfoReq):
+        return self._flush() if isinstance(request, FlushCacheReq) else self._info()
+
+    def step(self) -> None:
+        """One scheduling round: schedule -> forward -> process -> emit."""
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return
+        finished = list(batch.aborted)
+        if batch.entries:
+            try:
+                out = self.runner.forward(batch.entries, batch.num_decode, self.kv.buffers)
+                finished += self.processor.process(batch.entries, out)
+                finished += self.constrained.jump_forward([e.req for e in batch.entries], self.kv)
+            except Exception as e:  # noqa: BLE001 - one bad batch must not kill the engine
+                logger.exception("step failed; aborting its requests")
+                for entry in batch.entries:
+                    if not entry.req.finished:
+                        entry.req.finish_reason = FinishReason("abort", message=f"internal error: {e}")
+                        finished.append(entry.req)
+            self.stats["num_steps"] += 1
+            self.stats["step_s"] += time.perf_counter() - t0
+        outputs = self._retire(finished)
+        for e in batch.entries[batch.num_decode:]:
+            # publish prompt KV for sharing; output KV stays request-owned so jump-forward can roll it back
+            if not e.req.finished and e.prefix_len < len(e.req.input_ids):
+                self.scheduler.cache_unfinished(e.req)
+        outputs += [e.req for e in batch.entries if e.req.stream and not e.req.finished
+                    and e.prefix_len + e.extend_len >= len(e.req.input_ids)]
+        self._emit(outputs)
+        if self.config.debug_invariants:
+            self.scheduler.check_invariants()
+
+    def _retire(self, reqs: list[Req]) -> list[Req]:
+        """Finished requests leave the scheduler (their KV goes to the cache) and are counted."""
+        for r in reqs:
+            self.scheduler.remove(r)
+            self._reqs.pop(r.rid, None)
+            if r.finish_reason.type == "abort":
+                self.stats["num_aborted"] += 1
+            self.stats["prompt_tokens"] += len(r.input_ids)
+            self.stats["generation_tokens"] += len(r.output_ids)
+            self.stats["cached_tokens"] += r.cached_tokens
+        return reqs
+
+    def _emit(self, reqs: list[Req]) -> None:
+        """One StepOutputs per sink with the outputs of `reqs` (final ones included)."""
+        by_sink: dict[int, tuple[OutputSink, list]] = {}
+        for r in reqs:
+            if r.sink is not None:
+                by_sink.setdefault(id(r.sink), (r.sink, []))[1].append(build_output(r, self.tokenizer))
+        for sink, outs in by_sink.values():
+            try:
+                sink(StepOutputs(outs))
+            except Exception:  # noqa: BLE001 - a broken consumer must not stop the loop
+                logger.exception("output sink failed for %d request(s)", len(outs))
+
+    def _abort_all(self, message: str) -> None:
+        reqs = list(self.scheduler.waiting) + list(self.scheduler.running)
+        for r in reqs:
+            r.finish_reason = FinishReason("abort", message=message)
+        self._emit(self._retire(reqs))
+
+    def _flush(self) -> bool:
+        if self.scheduler.has_work():
+            return False
+        self.kv.flush()
+        return True
+
+    def _info(self) -> dict:
+        kv = self.kv.stats()
+        info = {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}
+        info.update({
+            "model_path": self.model_path,
+            "max_total_num_tokens": kv.total,
+            "max_context_len": self.max_context,
+            "kv_free": kv.free,
+            "kv_evictable": kv.evictable,
+            "kv_protected": kv.protected,
+            "kv_used": kv.used,
+            "num_running_reqs": len(self.scheduler.running),
+            "num_waiting_reqs": len(self.scheduler.waiting),
+            "total_retractions": self.scheduler.total_retractions,
+            "time": time.time(),
+        })
+        info.update(self.stats)
+        info["grammar"] = dict(self.constrained.stats)
+        return info

@@ -1,0 +1,47 @@
+"""Output shaping: a request's ReqOutput after a step (SGLang's text, output_ids, meta_info with logprob triples)."""
+
+from __future__ import annotations
+
+import time
+
+from ..core import Req, TokenLogprob
+from ..messages import ReqOutput
+from .stops import visible_text
+
+
+def _triples(recs: list[TokenLogprob], tok, with_text: bool) -> list:
+    text = (lambda t: tok.decode([t])) if with_text else (lambda t: None)
+    return [[r.logprob, r.token_id, text(r.token_id)] for r in recs]
+
+
+def build_output(req: Req, tokenizer) -> ReqOutput:
+    """The request's cumulative output so far (SGLang's /generate object), final once it finished."""
+    return_text_in_logprobs = req.return_text_in_logprobs
+    meta = {
+        "id": req.rid,
+        "finish_reason": req.finish_reason.to_json() if req.finish_reason else None,
+        "prompt_tokens": len(req.input_ids),
+        "completion_tokens": len(req.output_ids),
+        "cached_tokens": req.cached_tokens,
+        "total_retractions": req.num_preemptions,
+        "jump_forward_tokens": req.num_jumped_tokens,
+        "e2e_latency": time.perf_counter() - req.created,
+        "ttft": None if req.first_token_time is None else req.first_token_time - req.created,
+    }
+    if req.return_logprob:
+        # one entry per prompt position from the start on (the rule SGLang's frontend select was written for):
+        # position 0 has nothing to be scored against, and -1 gives one null entry for the last prompt token
+        start = req.input_logprob_start()
+        nulls = [TokenLogprob(None, req.input_ids[start])] if start == 0 or req.logprob_start_len < 0 else []
+        inp = nulls + req.input_logprobs
+        meta["input_token_logprobs"] = _triples(inp, tokenizer, return_text_in_logprobs)
+        meta["output_token_logprobs"] = _triples(req.output_logprobs, tokenizer, return_text_in_logprobs)
+        meta["output_token_logprobs_length"] = len(req.output_logprobs)
+        if req.top_logprobs_num > 0:
+            def tops(recs):
+                return [None if r.logprob is None else
+                        [[lp, t, tokenizer.decode([t]) if return_text_in_logprobs else None] for lp, t in r.top]
+                        for r in recs]
+            meta["input_top_logprobs"] = tops(inp)
+            meta["output_top_logprobs"] = tops(req.output_logprobs)
+    return ReqOutput(req.rid, visible_text(req), list(req.output_ids), meta, req.finished)

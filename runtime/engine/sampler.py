@@ -1,0 +1,136 @@
+"""Turns a batch of logits into next tokens: penalties, masks, greedy / temperature / top-k / top-p / min-p."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglpy.kernels import apply_token_bitmask
+from ..core import Req, TokenLogprob
+
+
+@dataclass(frozen=True)
+class SampleOutput:
+    """One token per row, plus its logprob record when the request asked for logprobs."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+
+
+def token_logprobs(logprobs: torch.Tensor, chosen: list[int], top_k: list[int]) -> list[TokenLogprob]:
+    """Chosen-token logprob and top-k alternatives per row of a [rows, vocab] logprob tensor."""
+    # logprobs: [rows, vocab]
+    chosen_lp = logprobs.gather(1, torch.tensor(chosen, device=logprobs.device)[:, None])[:, 0].tolist()
+    k = max(top_k) if top_k else 0
+    tops: list[tuple] = [()] * len(chosen)
+    if k > 0:
+        vals, idx = logprobs.topk(k, dim=-1)
+        vals, idx = vals.tolist(), idx.tolist()
+        tops = [tuple(zip(vals[i][: top_k[i]], idx[i][: top_k[i]])) for i in range(len(chosen))]
+    return [TokenLogprob(chosen_lp[i], chosen[i], tops[i]) for i in range(len(chosen))]
+
+
+class Sampler:
+    """Stateless apart from the fallback generator used by unseeded requests."""
+
+    def __init__(self, seed: int, device: torch.device):
+        self.device = device
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    def _uniform(self, req: Req) -> float:
+        s = req.sampling
+        if s.seed is not None:
+            if req.generator is None:
+                req.generator = torch.Generator(device="cpu").manual_seed(s.seed)
+            return float(torch.rand(1, generator=req.generator))
+        return float(torch.rand(1, generator=self.generator))
+
+    def sample(self, logits: torch.Tensor, reqs: list[Req], eos_ids: set[int],
+               bitmask: torch.Tensor | None = None, masked_rows: torch.Tensor | None = None) -> SampleOutput:
+        """Sample one token per row of logits [b, vocab] (modified in place) for reqs."""
+        b, vocab = logits.shape
+        want_lp = [i for i, r in enumerate(reqs) if r.return_logprob]
+        raw_lp = torch.log_softmax(logits[want_lp], dim=-1) if want_lp else None
+        self._apply_penalties(logits, reqs, eos_ids)
+        if bitmask is not None:
+            apply_token_bitmask(logits, bitmask, masked_rows)  # grammar: disallowed -> -inf
+        greedy = [i for i, r in enumerate(reqs) if r.sampling.greedy]
+        sampled = [i for i, r in enumerate(reqs) if not r.sampling.greedy]
+        out = [0] * b
+        if greedy:
+            for i, t in zip(greedy, logits[greedy].argmax(dim=-1).tolist()):
+                out[i] = t
+        if sampled:
+            for i, t in zip(sampled, self._sample_rows(logits[sampled], [reqs[i] for i in sampled])):
+                out[i] = t
+        lps: list[TokenLogprob | None] = [None] * b
+        if want_lp:
+            recs = token_logprobs(raw_lp, [out[i] for i in want_lp], [reqs[i].top_logprobs_num for i in want_lp])
+            for i, rec in zip(want_lp, recs):
+                lps[i] = rec
+        return SampleOutput(out, lps)
+
+    def _apply_penalties(self, logits: torch.Tensor, reqs: list[Req], eos_ids: set[int]) -> None:
+        vocab = logits.shape[1]
+        for i, r in enumerate(reqs):
+            s = r.sampling
+            if s.repetition_penalty != 1.0 or s.frequency_penalty or s.presence_penalty:
+                if s.repetition_penalty != 1.0:
+                    seen = torch.tensor(sorted(set(r.all_ids)), dtype=torch.int64, device=logits.device)
+                    v = logits[i, seen]
+                    logits[i, seen] = torch.where(v > 0, v / s.repetition_penalty, v * s.repetition_penalty)
+                if r.output_ids and (s.frequency_penalty or s.presence_penalty):
+                    counts = torch.bincount(torch.tensor(r.output_ids, device=logits.device), minlength=vocab)
+                    counts = counts[:vocab].to(logits.dtype)
+                    logits[i] -= s.frequency_penalty * counts + s.presence_penalty * (counts > 0).to(logits.dtype)
+            if s.logit_bias:
+                for tok, bias in s.logit_bias.items():
+                    if 0 <= tok < vocab:
+                        logits[i, tok] += bias
+            if len(r.output_ids) < s.min_new_tokens and r.grammar is None:  # the constraint wins
+                # below min_new_tokens nothing may end the request
+                stop_ids = [t for t in (eos_ids | set(s.stop_token_ids)) if 0 <= t < vocab]
+                if stop_ids and not s.ignore_eos:
+                    logits[i, stop_ids] = float("-inf")
+                elif s.stop_token_ids:
+                    logits[i, list(s.stop_token_ids)] = float("-inf")
+
+    def _sample_rows(self, logits: torch.Tensor, reqs: list[Req]) -> list[int]:
+        # logits: [n, vocab]
+        temps = torch.tensor([r.sampling.temperature for r in reqs], device=logits.device)
+        logits = logits / temps[:, None]
+        u = torch.tensor([self._uniform(r) for r in reqs], device=logits.device)
+        needs_sort = [i for i, r in enumerate(reqs)
+                      if r.sampling.top_k != -1 or r.sampling.top_p < 1.0 or r.sampling.min_p > 0.0]
+        plain = [i for i in range(len(reqs)) if i not in set(needs_sort)]
+        out = [0] * len(reqs)
+        if plain:
+            probs = torch.softmax(logits[plain], dim=-1)
+            for i, t in zip(plain, _inverse_cdf(probs, u[plain]).tolist()):
+                out[i] = t
+        if needs_sort:
+            sub = [reqs[i] for i in needs_sort]
+            sorted_l, idx = logits[needs_sort].sort(dim=-1, descending=True)
+            rank = torch.arange(sorted_l.shape[1], device=logits.device)[None, :]
+            k = torch.tensor([r.sampling.top_k if r.sampling.top_k > 0 else sorted_l.shape[1] for r in sub],
+                             device=logits.device)
+            sorted_l = sorted_l.masked_fill(rank >= k[:, None], float("-inf"))
+            probs = torch.softmax(sorted_l, dim=-1)
+            top_p = torch.tensor([r.sampling.top_p for r in sub], device=logits.device)
+            # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
+            probs = probs.masked_fill((probs.cumsum(-1) - probs) > top_p[:, None], 0.0)
+            min_p = torch.tensor([r.sampling.min_p for r in sub], device=logits.device)
+            probs = probs.masked_fill(probs < (min_p[:, None] * probs[:, :1]), 0.0)
+            choice = _inverse_cdf(probs, u[needs_sort])
+            for i, t in zip(needs_sort, idx.gather(1, choice[:, None])[:, 0].tolist()):
+                out[i] = t
+        return out
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index sampled from (unnormalised) probs rows using uniforms u."""
+    cdf = probs.cumsum(dim=-1)
+    target = (u * cdf[:, -1]).unsqueeze(1)
+    idx = torch.searchsorted(cdf, target, right=True)[:, 0]
+    return idx.clamp_(max=probs.shape[1] - 1)

@@ -1,0 +1,159 @@
+"""Continuous batching: admits waiting requests, grows their KV (asking the KV manager), and preempts."""
+
+from __future__ import annotations
+
+import logging
+
+from ..config import EngineConfig
+from ..memory.kv_manager import KVManager
+from ..core import BatchEntry, FinishReason, Req, ReqStatus, ScheduledBatch
+from .schedule_policy import order_waiting, split_in_batch_sharing
+
+logger = logging.getLogger(__name__)
+
+NEW_TOKEN_RATIO = 0.25  # share of running requests' remaining output budget kept free at admission
+RESERVE_CAP = 256  # per-request cap on that reserve
+
+
+class Scheduler:
+    """Owns the waiting queue and the running set; asks the KV manager for every slot a request needs."""
+
+    def __init__(self, cfg: EngineConfig, kv: KVManager, max_context: int):
+        self.cfg = cfg
+        self.kv = kv
+        self.max_context = max_context
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.total_retractions = 0
+
+    # -------------------------------------------------------------- queue ops
+    def add(self, req: Req) -> None:
+        """Queue a new request."""
+        req.status = ReqStatus.WAITING
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        """Anything waiting or running."""
+        return bool(self.waiting or self.running)
+
+    def remove(self, req: Req) -> None:
+        """Drop a finished/aborted request: its KV goes to the cache (or the free list)."""
+        if req in self.running:
+            self.running.remove(req)
+            self.kv.release(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+            self.kv.release(req)
+        req.status = ReqStatus.FINISHED
+
+    # -------------------------------------------------------------- KV (asked of the KV manager)
+    def _match(self, req: Req) -> None:
+        """Reuse the longest cached prefix; always recompute the last token (its logits are needed)."""
+        limit = req.seq_len - 1
+        if req.wants_input_logprobs():  # the logits from position logprob_start_len - 1 on are needed
+            limit = min(limit, max(req.logprob_start_len - 1, 0))
+        matched = self.kv.match_prefix(req, req.all_ids[:limit])
+        if req.num_preemptions == 0:
+            req.cached_tokens = matched
+
+    def cache_unfinished(self, req: Req) -> None:
+        """After a prefill chunk: publish the request's KV in the cache so waiting requests can share it."""
+        self.kv.cache_unfinished(req)
+
+    def preempt(self, req: Req) -> None:
+        """Return a running request to the front of the queue; its KV stays reusable in the cache."""
+        self.running.remove(req)
+        self.kv.release(req)
+        req.num_preemptions += 1
+        self.total_retractions += 1
+        req.status = ReqStatus.WAITING
+        self.waiting.insert(0, req)
+        logger.info("preempted %s (kv pool short), %d running", req.rid, len(self.running))
+
+    # -------------------------------------------------------------- scheduling
+    def schedule(self) -> ScheduledBatch | None:
+        """Pick this step's work: every decodable running request plus prefill chunks within budget."""
+        aborted: list[Req] = []
+        decode = self._schedule_decode(aborted)
+        extend = self._schedule_extend(aborted)
+        entries = decode + extend
+        if not entries and not aborted:
+            return None
+        return ScheduledBatch(entries, len(decode), aborted)
+
+    def _schedule_decode(self, aborted: list[Req]) -> list[BatchEntry]:
+        entries = []
+        # oldest first; the victim is always the newest running request, which is scheduled last, so a
+        # preempted request never holds a slot allocated this step (its KV would be unwritten)
+        for req in sorted((r for r in self.running if r.pending == 1), key=lambda r: r.arrival):
+            if req not in self.running:  # preempted below to make room
+                continue
+            while not self.kv.grow(req, 1):
+                victim = max(self.running, key=lambda r: r.arrival)
+                if victim is req and len(self.running) == 1:
+                    req.finish_reason = FinishReason("abort", message="KV pool too small for this request")
+                    self.remove(req)
+                    aborted.append(req)
+                    break
+                self.preempt(victim)
+                if victim is req:
+                    break
+            else:
+                entries.append(BatchEntry(req, req.kv_len - 1, 1, sample=True))
+        return entries
+
+    def _schedule_extend(self, aborted: list[Req]) -> list[BatchEntry]:
+        budget = self.cfg.max_prefill_tokens
+        entries = []
+        # running requests mid-prefill (chunked) or after a jump-forward come first
+        for req in sorted((r for r in self.running if r.pending > 1), key=lambda r: r.arrival):
+            if budget <= 0:
+                break
+            n = min(req.pending, self.cfg.chunked_prefill_size, budget)
+            if not self.kv.grow(req, n):
+                break
+            entries.append(self._entry(req, n))
+            budget -= n
+        if budget <= 0 or not self.waiting:
+            return entries
+        reserve = sum(min(max(r.sampling.max_new_tokens - len(r.output_ids), 0), RESERVE_CAP)
+                      for r in self.running) * NEW_TOKEN_RATIO
+        ordered = order_waiting(self.cfg.schedule_policy, self.waiting, self.kv.cache)
+        # requests sharing an uncached prefix with one ahead of them wait a round and then hit the cache
+        for req in split_in_batch_sharing(ordered, self.kv.cache).first:
+            if budget <= 0 or not self.kv.has_free_row():
+                break
+            if req.seq_len >= self.kv.num_slots:
+                req.finish_reason = FinishReason("abort", message=f"request needs {req.seq_len + 1} KV slots, "
+                                                                  f"pool has {self.kv.num_slots}")
+                self.waiting.remove(req)
+                req.status = ReqStatus.FINISHED
+                aborted.append(req)
+                continue
+            peek = self.kv.peek_prefix_len(req.all_ids[: req.seq_len - 1], req.extra_key)
+            need = min(req.seq_len - peek, self.cfg.chunked_prefill_size, budget)
+            if self.kv.available() - need < reserve and self.running:
+                break
+            self._match(req)
+            n = min(req.pending, self.cfg.chunked_prefill_size, budget)
+            if not self.kv.assign_row(req) or not self.kv.grow(req, n):
+                self.kv.release(req)
+                break
+            self.waiting.remove(req)
+            self.running.append(req)
+            req.status = ReqStatus.RUNNING
+            entries.append(self._entry(req, n))
+            budget -= n
+            reserve += min(req.sampling.max_new_tokens, RESERVE_CAP) * NEW_TOKEN_RATIO
+        return entries
+
+    @staticmethod
+    def _entry(req: Req, n: int) -> BatchEntry:
+        prefix = req.kv_len - n
+        reaches_end = prefix + n == req.seq_len
+        return BatchEntry(req, prefix, n, sample=reaches_end and req.sampling.max_new_tokens > 0)
+
+    # -------------------------------------------------------------- accounting
+    def check_invariants(self) -> None:
+        """KV accounting over the running requests (debug / tests): see KVManager.check_invariants."""
+        self.kv.check_invariants(self.running)

@@ -1,0 +1,1 @@
+"""KV memory: the token-slot pool, the radix prefix cache, and the KV manager that owns both."""

@@ -1,0 +1,192 @@
+"""The engine's message vocabulary: requests in, per-step outputs out; the same dataclasses in-process and on the pipe.
+
+In-process, `Engine.submit(GenerateReq, sink)` and the Engine's inbox carry these types; between the server
+process and the engine process they are pickled over two one-way pipes (a frozen dataclass is not
+re-validated when unpickled, so a request validated once in the server stays validated).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sampling_params import LogprobOptions, SamplingParams
+
+
+# ---------------------------------------------------------------- requests (to the engine)
+@dataclass(frozen=True)
+class GenerateReqInput:
+    """One prompt before tokenization (text or input_ids) with its validated parameters (server -> engine process)."""
+
+    rid: str
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    logprob: LogprobOptions = field(default_factory=LogprobOptions)
+    extra_key: str | None = None  # prefix-cache namespace (SGLang's cache salt)
+    stream: bool = False  # an output after every step, not only the final one
+
+    def __post_init__(self):
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of prompt (text) or input_ids")
+        if self.text is not None and not isinstance(self.text, str):
+            raise ValueError(f"prompt must be a string, got {type(self.text).__name__}")
+        if self.text == "":
+            raise ValueError("prompt is empty")
+        if self.input_ids is not None and (not isinstance(self.input_ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in self.input_ids)):
+            raise ValueError("input_ids must be lists of ints")
+        if self.extra_key is not None and not isinstance(self.extra_key, str):
+            raise ValueError(f"extra_key must be a string, got {type(self.extra_key).__name__}")
+
+
+@dataclass(frozen=True)
+class GenerateReq:
+    """A request ready for the scheduler: validated and tokenized once (engine/request_builder.py)."""
+
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams  # max_new_tokens resolved (never None)
+    logprob: LogprobOptions
+    extra_key: str | None
+    stream: bool
+    guide: Any = field(default=None, repr=False, compare=False)  # the compiled grammar guide of a constraint
+
+
+@dataclass(frozen=True)
+class AbortReq:
+    """Abort a waiting or running request; an unknown rid is ignored."""
+
+    rid: str
+
+
+@dataclass(frozen=True)
+class FlushCacheReq:
+    """Empty the prefix cache (refused while requests run). Reply: bool."""
+
+
+@dataclass(frozen=True)
+class GetServerInfoReq:
+    """The engine's configuration, pool, queue and counters. Reply: dict."""
+
+
+@dataclass(frozen=True)
+class TokenizeReq:
+    """Token ids of each text. Reply: list[list[int]]."""
+
+    texts: list[str]
+    add_special_tokens: bool = True
+
+
+@dataclass(frozen=True)
+class DetokenizeReq:
+    """The text of token ids (400 for ids outside the vocabulary). Reply: str."""
+
+    ids: list[int]
+    skip_special_tokens: bool = False
+
+
+@dataclass(frozen=True)
+class ChatPromptReq:
+    """The prompt the model's chat template renders for messages. Reply: str."""
+
+    messages: list[dict]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    template_kwargs: dict | None = None
+
+
+@dataclass(frozen=True)
+class ShutdownReq:
+    """Abort everything and stop."""
+
+
+CallRequest = FlushCacheReq | GetServerInfoReq | TokenizeReq | DetokenizeReq | ChatPromptReq
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call across the pipe: the request and the id its CallResult carries back (server -> engine process)."""
+
+    call_id: int
+    request: CallRequest
+
+
+# ---------------------------------------------------------------- outputs (from the engine)
+@dataclass(frozen=True)
+class ReqOutput:
+    """One request's cumulative output after a step (SGLang's /generate object) and whether it is the last."""
+
+    rid: str
+    text: str
+    output_ids: list[int]
+    meta_info: dict
+    finished: bool
+
+    def to_json(self) -> dict:
+        """The SGLang /generate response object."""
+        return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": self.meta_info}
+
+
+@dataclass(frozen=True)
+class StepOutputs:
+    """Every output one engine step produced for one sink (one pipe message per step in the engine process)."""
+
+    outputs: list[ReqOutput]
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the server needs to know about the model once: path, context, tokenizer facts."""
+
+    model_path: str
+    context_len: int
+    vocab_size: int
+    chat_template: str | None
+    special_tokens: dict
+    model_type: str | None = None
+    architectures: tuple[str, ...] = ()
+    supports_constraints: bool = True  # False: regex / json_schema / ebnf / choices requests are refused
+
+
+# ---------------------------------------------------------------- engine process -> server process
+@dataclass(frozen=True)
+class Ready:
+    """The model is loaded."""
+
+    info: EngineInfo
+
+
+@dataclass(frozen=True)
+class StartupFailed:
+    """The engine could not be built."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A generation was rejected before it started (status 400) or failed in the engine (500; 503: engine gone)."""
+
+    rid: str
+    message: str
+    status: int
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """The answer to a Call."""
+
+    call_id: int
+    value: Any = None
+    error: str | None = None
+    status: int = 200
+
+
+class EngineError(Exception):
+    """A request the engine rejected or could not finish; `status` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message

@@ -1,1 +1,0 @@
-"""Llama-family model implementations reading/writing the token KV pool."""

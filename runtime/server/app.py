@@ -1,0 +1,241 @@
+"""`sglpy serve`: the aiohttp HTTP server (SGLang-native + OpenAI-compatible) in front of an engine process.
+
+Run: `sglpy serve --port 30000` or `python -m sglpy.runtime.server --port 30000`. See docs/server.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import gc
+import json
+import logging
+import signal
+import sys
+import time
+
+from aiohttp import web
+
+from . import native_api, openai_api, sglang_routes
+from ..messages import (DetokenizeReq, EngineError, FlushCacheReq, GenerateReqInput, GetServerInfoReq,
+                        TokenizeReq)
+from ..sampling_params import SamplingParams
+from .engine_client import EngineClient
+from .http_common import ApiError, auth_middleware, error_middleware, error_response, read_json_object
+from .metrics import CONTENT_TYPE_LATEST, PoolStats
+from .config import ServerConfig, config_from_args
+from .state import ServerState
+from .wire_tables import ABORT, DETOKENIZE, TOKENIZE
+
+logger = logging.getLogger("sglpy.server")
+
+
+async def health(request: web.Request) -> web.Response:
+    """GET /health: 200 while the engine is alive and the server is not shutting down (no generation)."""
+    state: ServerState = request.app["state"]
+    if state.ready:
+        return web.Response(status=200)
+    reason = "shutting down" if state.draining else (state.engine.dead_reason or "engine starting")
+    return error_response(503, f"unhealthy: {reason}")
+
+
+async def health_generate(request: web.Request) -> web.Response:
+    """GET /health_generate: run a one-token generation; 200 when it produces output in time."""
+    state: ServerState = request.app["state"]
+    if not state.ready:
+        return await health(request)
+    inp = GenerateReqInput(rid=f"HEALTH_CHECK_{time.time_ns()}", input_ids=[0], stream=True,
+                           sampling=SamplingParams(max_new_tokens=1, temperature=0.0))
+
+    async def one():
+        async with contextlib.aclosing(state.engine.generate(inp)) as gen:
+            async for _ in gen:
+                return  # any output proves the step loop runs; closing aborts the rest
+
+    try:
+        await asyncio.wait_for(one(), state.config.health_generate_timeout)
+    except asyncio.TimeoutError:
+        return error_response(503, f"health generation timed out after {state.config.health_generate_timeout} s")
+    except EngineError as e:
+        return error_response(503, f"health generation failed: {e.message}")
+    return web.Response(status=200)
+
+
+async def model_info(request: web.Request) -> web.Response:
+    """GET /get_model_info: SGLang fields plus the chat template and special tokens."""
+    info = request.app["state"].info
+    return web.json_response({
+        "model_path": info.model_path, "tokenizer_path": info.model_path, "is_generation": True,
+        "preferred_sampling_params": None, "weight_version": "default", "has_image_understanding": False,
+        "has_audio_understanding": False, "model_type": info.model_type,
+        "architectures": list(info.architectures), "context_len": info.context_len,
+        "vocab_size": info.vocab_size, "chat_template": info.chat_template,
+        "special_tokens": info.special_tokens, "supports_constraints": info.supports_constraints})
+
+
+async def server_info(request: web.Request) -> web.Response:
+    """GET /get_server_info: every setting (API key redacted) + the engine's scheduler/pool state."""
+    from sglpy import __version__
+
+    state: ServerState = request.app["state"]
+    engine_state = await state.engine.call(GetServerInfoReq())
+    stats = PoolStats(engine_state)
+    return web.json_response({
+        **state.config.public_dict(), **{k: v for k, v in engine_state.items() if k not in ("api_key",)},
+        "max_total_num_tokens": stats.total_tokens, "context_len": state.info.context_len,
+        "internal_states": [engine_state],
+        "kv_pool": {"total": stats.total_tokens, "used": stats.used_tokens, "cached": stats.cached_tokens,
+                    "free": stats.free_tokens},
+        "num_inflight_requests": state.engine.num_inflight, "version": __version__,
+        # what sglang-router reads as worker metadata (one GPU-less process: no tensor or data parallelism)
+        "tp_size": 1, "dp_size": 1, "served_model_name": state.model_name, "disaggregation_mode": "null"},
+        dumps=_dumps)
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, default=str)  # engine info may hold paths or enums
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    """GET|POST /flush_cache: 200 when flushed; 400 while requests are running (SGLang semantics)."""
+    if await request.app["state"].engine.call(FlushCacheReq()):
+        return web.Response(text="Cache flushed.\n")
+    return error_response(400, "Cache not flushed: requests are running or waiting. Retry when idle.")
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    """POST /abort_request {"rid": str} or {"abort_all": true}."""
+    state: ServerState = request.app["state"]
+    body = ABORT.validate(await read_json_object(request))
+    rids = state.engine.inflight_rids() if body.get("abort_all") else [body.get("rid")]
+    if rids == [None]:
+        raise ApiError(400, "give rid or abort_all", param="rid")
+    aborted = [r for r in rids if state.engine.abort(r)]
+    return web.json_response({"aborted": aborted})
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """POST /tokenize {"text": str | [str], "add_special_tokens": bool} -> {"tokens", "count", "max_model_len"}."""
+    state: ServerState = request.app["state"]
+    body = TOKENIZE.validate(await read_json_object(request))
+    texts = body["text"] if isinstance(body["text"], list) else [body["text"]]
+    ids = await state.engine.call(TokenizeReq(texts, body.get("add_special_tokens", True)))
+    single = not isinstance(body["text"], list)
+    return web.json_response({"tokens": ids[0] if single else ids,
+                              "count": len(ids[0]) if single else [len(x) for x in ids],
+                              "max_model_len": state.info.context_len})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    """POST /detokenize {"tokens": [int], "skip_special_tokens": bool} -> {"text"}."""
+    state: ServerState = request.app["state"]
+    body = DETOKENIZE.validate(await read_json_object(request))
+    text = await state.engine.call(DetokenizeReq(body["tokens"], body.get("skip_special_tokens", False)))
+    return web.json_response({"text": text})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """GET /metrics: Prometheus text format; gauges refreshed from the engine at scrape time."""
+    state: ServerState = request.app["state"]
+    stats = await state.pool_stats(timeout=2.0) if state.engine.alive else None
+    state.metrics.update_engine_gauges(stats, state.engine.num_inflight, state.engine.alive)
+    return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def build_app(state: ServerState) -> web.Application:
+    """The aiohttp application with every route and the error/auth middlewares."""
+    app = web.Application(client_max_size=state.config.max_request_bytes,
+                          middlewares=[error_middleware, auth_middleware(state.config.api_key)])
+    app["state"] = state
+    app["config"] = state.config
+    r = app.router
+    r.add_get("/health", health)
+    r.add_get("/health_generate", health_generate)
+    for path in ("/get_model_info", "/model_info"):
+        r.add_get(path, model_info)
+    for path in ("/get_server_info", "/server_info"):
+        r.add_get(path, server_info)
+    r.add_route("GET", "/flush_cache", flush_cache)
+    r.add_post("/flush_cache", flush_cache)
+    r.add_post("/abort_request", abort_request)
+    r.add_post("/tokenize", tokenize)
+    r.add_post("/detokenize", detokenize)
+    r.add_get("/metrics", metrics)
+    r.add_post("/generate", native_api.generate)
+    r.add_put("/generate", native_api.generate)
+    r.add_get("/v1/models", openai_api.models)
+    r.add_get("/v1/models/{model:.+}", openai_api.model)  # ids may be paths
+    r.add_post("/v1/completions", openai_api.completions)
+    r.add_post("/v1/chat/completions", openai_api.chat_completions)
+    sglang_routes.add_routes(r)
+    return app
+
+
+async def _drain(state: ServerState) -> None:
+    """Let in-flight requests finish for graceful_shutdown_timeout, then abort the rest."""
+    state.draining = True
+    deadline = time.monotonic() + state.config.graceful_shutdown_timeout
+    while state.engine.num_inflight and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    left = state.engine.inflight_rids()
+    if left:
+        logger.warning("shutdown: aborting %d request(s) still in flight", len(left))
+        for rid in left:
+            state.engine.abort(rid)
+        deadline = time.monotonic() + 5.0
+        while state.engine.num_inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.1)  # let handlers write their final events
+
+
+async def serve(config: ServerConfig) -> int:
+    """Bind, start the engine process, serve until SIGTERM/SIGINT, shut down cleanly; return the exit code."""
+    engine = EngineClient(config.engine_factory, dataclasses.asdict(config.engine), config.log_level)
+    state = ServerState(config, engine)
+    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()  # bind first: /health answers 503 while the model loads
+    logger.info("listening on http://%s:%d (engine loading)", config.host, config.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    start = asyncio.ensure_future(engine.start(config.engine_startup_timeout))
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({start, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if start.done() and start.exception() is not None:
+        logger.error("%s", start.exception())
+        code = 1
+    elif start.done():
+        logger.info("ready: model %s, context %s tokens", engine.info.model_path, engine.info.context_len)
+        gc.freeze()  # startup objects never die: keep them out of later full GC passes
+        await stopper
+    logger.info("shutting down")
+    start.cancel()
+    await site.stop()  # stop accepting connections; open ones get 503 while draining
+    if engine.alive:
+        await _drain(state)
+    await runner.cleanup()
+    await engine.shutdown(timeout=10.0)
+    logger.info("stopped")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags and serve (the `sglpy serve` / `python -m sglpy.runtime.server` entry point)."""
+    try:
+        config = config_from_args(argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if config.dp_size > 1:
+        from .replicas import launch  # N workers behind sglang-router; this process serves nothing itself
+
+        return launch(config)
+    sglang_routes.install_probe_log_filter()
+    return asyncio.run(serve(config))
+

@@ -1,0 +1,190 @@
+"""ServerConfig (HTTP server settings + the EngineConfig it starts) and its `sglpy serve` flag mapping."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from ..config import EngineConfig
+
+DEFAULT_ENGINE_FACTORY = "sglpy.runtime.engine:Engine"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")  # sglang-router's --policy values
+
+# One help line per EngineConfig field; a field added later still gets a flag (with a generic help).
+ENGINE_FLAG_HELP = {
+    "model": "model: an HF folder (config.json + safetensors + tokenizer) or a .gguf file; "
+    "default: the embedded SmolLM2-135M-Instruct",
+    "dtype": "weight/activation dtype",
+    "device": "auto (cuda when available, else cpu), cpu, or cuda[:N]",
+    "max_total_tokens": "KV pool size in tokens",
+    "max_running_requests": "most requests decoded together in one batch",
+    "max_prefill_tokens": "token budget of one prefill step",
+    "chunked_prefill_size": "a longer uncached prompt is prefilled in chunks of this many tokens",
+    "max_context_len": "longest prompt + output in tokens; default: the model's max_position_embeddings",
+    "schedule_policy": "waiting-queue order: lpm (longest cached prefix first), dfs-weight, or fcfs",
+    "disable_radix_cache": "do not reuse KV across requests (prefix cache off)",
+    "disable_jump_forward": "decode forced constrained text token by token instead of jumping forward",
+    "num_threads": "torch CPU threads of the engine process; default: torch's default",
+    "seed": "random seed of the engine",
+    "debug_invariants": "check KV accounting after every engine step (slow; for tests)",
+    "quantization": "weight-only quantization at load, CPU: none (fp32, exact HF equality), int8 (per output "
+    "channel) or int4 (per group of 32); the lm_head gets an int8 copy, the embedding stays exact",
+    "kv_cache_dtype": "KV cache storage: auto (the model dtype), bfloat16/bf16 or float16/fp16 (converted "
+    "to float32 while attention reads it)",
+}
+
+SERVER_FLAG_HELP = {
+    "host": "interface to bind; loopback by default, use 0.0.0.0 only behind a trusted network",
+    "port": "TCP port to listen on",
+    "api_key": "when set, every endpoint but /health needs 'Authorization: Bearer KEY' (401 otherwise)",
+    "served_model_name": "model id reported by /v1/models and in OpenAI responses; default: the model path",
+    "max_request_bytes": "largest accepted request body in bytes (413 above)",
+    "max_queued_requests": "requests allowed to wait beyond max_running_requests; more get 503 + Retry-After",
+    "retry_after": "seconds suggested in the Retry-After header of a 503",
+    "graceful_shutdown_timeout": "on SIGTERM: seconds to let in-flight requests finish before aborting them",
+    "engine_startup_timeout": "seconds to wait for the engine process to load the model",
+    "health_generate_timeout": "seconds /health_generate waits for its one-token generation",
+    "log_level": "logging level",
+    "log_requests": "log one line per finished request (id, route, tokens, latency)",
+    "engine_factory": "import path 'module:callable' that builds the engine in the engine process "
+    "(tests swap in a fake engine; operators keep the default)",
+    "dp_size": "data-parallel replicas: N > 1 starts N workers on 127.0.0.1 ports PORT+1..PORT+N (torch threads "
+    "split between them) behind sglang-router on HOST:PORT; the launcher exits non-zero if any of them dies",
+    "router_policy": "sglang-router's --policy when --dp-size > 1",
+}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """HTTP server settings; `engine` is handed to the engine process unchanged."""
+
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    served_model_name: str | None = None
+    max_request_bytes: int = 8 * 1024 * 1024
+    max_queued_requests: int = 256
+    retry_after: int = 1
+    graceful_shutdown_timeout: float = 10.0
+    engine_startup_timeout: float = 600.0
+    health_generate_timeout: float = 20.0
+    log_level: str = "info"
+    log_requests: bool = True
+    engine_factory: str = DEFAULT_ENGINE_FACTORY
+    dp_size: int = 1  # > 1: runtime/server/replicas.py launches workers + sglang-router instead of serving
+    router_policy: str = "cache_aware"
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def __post_init__(self):
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"host must be a non-empty string, got {self.host!r}")
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port!r}")
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
+            raise ValueError("api_key must be a non-empty string when given")
+        for name in ("max_request_bytes", "retry_after"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if not isinstance(self.max_queued_requests, int) or self.max_queued_requests < 0:
+            raise ValueError(f"max_queued_requests must be an int >= 0, got {self.max_queued_requests!r}")
+        for name in ("graceful_shutdown_timeout", "engine_startup_timeout", "health_generate_timeout"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+        if ":" not in self.engine_factory:
+            raise ValueError(f"engine_factory must look like 'module:callable', got {self.engine_factory!r}")
+        if not isinstance(self.dp_size, int) or self.dp_size < 1:
+            raise ValueError(f"dp_size must be an int >= 1, got {self.dp_size!r}")
+        if self.dp_size > 1 and not 0 < self.port <= 65535 - self.dp_size - 1:
+            raise ValueError(f"with dp_size {self.dp_size}, port must leave room for the workers' ports "
+                             f"PORT+1..PORT+{self.dp_size} and the router's metrics port, got {self.port}")
+        if self.router_policy not in ROUTER_POLICIES:
+            raise ValueError(f"router_policy must be one of {ROUTER_POLICIES}, got {self.router_policy!r}")
+        if not isinstance(self.engine, EngineConfig):
+            raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
+
+    @property
+    def max_inflight_requests(self) -> int:
+        """Running + waiting requests the server admits before answering 503."""
+        return self.engine.max_running_requests + self.max_queued_requests
+
+    def public_dict(self) -> dict:
+        """All settings for /get_server_info, with the API key redacted."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "engine"}
+        d["api_key"] = None if self.api_key is None else "<redacted>"
+        d.update(dataclasses.asdict(self.engine))
+        return d
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _arg_type(annotation: str, default):
+    """argparse type for a dataclass field from its (string) annotation, e.g. 'int | None' -> int."""
+    base = [p.strip() for p in str(annotation).split("|") if p.strip() != "None"]
+    kind = base[0] if base else type(default).__name__
+    return {"int": int, "float": float, "str": str, "bool": bool}.get(kind, str)
+
+
+def _add_fields(group, cls, helps: dict, skip=()):
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        text = helps.get(f.name, f"{cls.__name__}.{f.name}")
+        kind = _arg_type(f.type, default)
+        if kind is bool:
+            group.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=default, help=f"{text} (default: {default})")
+            continue
+        kw = {"choices": LOG_LEVELS} if f.name == "log_level" else {}
+        if f.name == "router_policy":
+            kw = {"choices": ROUTER_POLICIES}
+        if cls is EngineConfig and f.name == "dtype":
+            from ..config import DTYPES
+            kw = {"choices": DTYPES}
+        if cls is EngineConfig and f.name == "schedule_policy":
+            from ..config import SCHEDULE_POLICIES
+            kw = {"choices": SCHEDULE_POLICIES}
+        group.add_argument(_flag(f.name), dest=f.name, type=kind, default=default, metavar=f.name.upper(),
+                           help=f"{text} (default: {default})", **kw)
+
+
+def build_arg_parser(prog: str = "sglpy serve") -> argparse.ArgumentParser:
+    """The `sglpy serve` parser: one flag per ServerConfig field and per EngineConfig field."""
+    p = argparse.ArgumentParser(prog=prog, description="Serve a model over HTTP: SGLang-native /generate and "
+                                "OpenAI-compatible /v1/* endpoints.")
+    _add_fields(p.add_argument_group("server"), ServerConfig, SERVER_FLAG_HELP, skip=("engine",))
+    _add_fields(p.add_argument_group("engine"), EngineConfig, ENGINE_FLAG_HELP)
+    return p
+
+
+def config_from_args(argv: list[str] | None = None) -> ServerConfig:
+    """Parse `sglpy serve` flags into a validated ServerConfig (ValueError names a bad value)."""
+    ns = vars(build_arg_parser().parse_args(argv))
+    engine_names = {f.name for f in dataclasses.fields(EngineConfig)}
+    engine = EngineConfig(**{k: v for k, v in ns.items() if k in engine_names})
+    server = {k: v for k, v in ns.items() if k not in engine_names}
+    return ServerConfig(engine=engine, **server)
+
+
+def config_to_args(config: ServerConfig) -> list[str]:
+    """The `sglpy serve` flags that rebuild `config` (only fields that differ from their defaults)."""
+    args = []
+    for cls, obj in ((ServerConfig, config), (EngineConfig, config.engine)):
+        default = cls() if cls is EngineConfig else ServerConfig(engine=config.engine)
+        for f in dataclasses.fields(cls):
+            value = getattr(obj, f.name)
+            if f.name == "engine" or value == getattr(default, f.name):
+                continue
+            if isinstance(value, bool):
+                args.append(_flag(f.name) if value else "--no-" + f.name.replace("_", "-"))
+            else:
+                args += [_flag(f.name), str(value)]
+    return args

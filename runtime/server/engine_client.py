@@ -1,0 +1,248 @@
+"""Server-process side of the engine process: spawn it, send it messages, route its per-step outputs to handlers.
+
+The engine runs in its own process (so the HTTP event loop never waits on the model). Two one-way pipes
+carry the dataclasses of runtime/messages.py: GenerateReqInput / AbortReq / Call / ShutdownReq out,
+StepOutputs (every output of one engine step), Failed, CallResult, Ready / StartupFailed back. Outputs are
+cumulative; the server keeps the last for non-streaming responses. A closed pipe means the engine process
+died: pending requests fail at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import multiprocessing
+import threading
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from ..messages import (AbortReq, Call, CallRequest, CallResult, EngineError, EngineInfo, Failed, GenerateReqInput,
+                        Ready, ReqOutput, ShutdownReq, StartupFailed, StepOutputs)
+from .engine_process import engine_main
+
+logger = logging.getLogger("sglpy.server.engine")
+
+
+class _Pending:
+    """Messages of one in-flight generation, read by its HTTP handler."""
+
+    def __init__(self):
+        self.items: collections.deque = collections.deque()
+        self.ready = asyncio.Event()
+        self.abandoned = False  # the HTTP side left; drop its chunks until the engine reports the end
+
+    def put(self, msg) -> None:
+        """Queue a message from the engine (event-loop thread only)."""
+        self.items.append(msg)
+        self.ready.set()
+
+    async def get(self):
+        """The next message; consecutive outputs collapse to the newest (they are cumulative)."""
+        while not self.items:
+            self.ready.clear()
+            await self.ready.wait()
+        msg = self.items.popleft()
+        while isinstance(msg, ReqOutput) and self.items and isinstance(self.items[0], ReqOutput):
+            msg = self.items.popleft()
+        return msg
+
+
+@dataclass
+class EngineClient:
+    """Server-side handle of the engine process; all methods run on the server's event loop."""
+
+    factory: str
+    engine_kwargs: dict
+    log_level: str = "info"
+    info: EngineInfo | None = None  # set once the engine reported Ready
+    alive: bool = False
+    dead_reason: str | None = None
+
+    def __post_init__(self):
+        self._pending: dict[str, _Pending] = {}
+        self._calls: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count()
+        self._ready: asyncio.Future | None = None
+        self._proc = None
+        self._send_lock = threading.Lock()
+        self._stopping = False  # shutdown() was asked: the process exiting is expected
+
+    @property
+    def num_inflight(self) -> int:
+        """Generations sent to the engine and not yet reported finished (abandoned ones included)."""
+        return len(self._pending)
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process id (None before start)."""
+        return self._proc.pid if self._proc else None
+
+    async def start(self, timeout: float) -> EngineInfo:
+        """Spawn the engine process and wait until its model is loaded; return the engine info."""
+        loop = asyncio.get_running_loop()
+        ctx = multiprocessing.get_context("spawn")
+        cmd_r, self._cmd_w = ctx.Pipe(duplex=False)
+        self._out_r, out_w = ctx.Pipe(duplex=False)
+        self._ready = loop.create_future()
+        # daemon: if the server dies without cleanup, multiprocessing's exit hook still ends the engine.
+        self._proc = ctx.Process(target=engine_main, name="sglpy-engine", daemon=True,
+                                 args=(self.factory, self.engine_kwargs, cmd_r, out_w, self.log_level))
+        self._proc.start()
+        cmd_r.close()
+        out_w.close()  # the engine holds the only write end, so its death closes the pipe
+        threading.Thread(target=self._read_loop, args=(loop,), daemon=True, name="engine-reader").start()
+        try:
+            self.info = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+        except asyncio.TimeoutError:
+            self.kill()
+            raise RuntimeError(f"the engine did not start within {timeout:.0f} s") from None
+        self.alive = True
+        return self.info
+
+    def _read_loop(self, loop) -> None:
+        while True:
+            try:
+                batch = [self._out_r.recv()]
+                while len(batch) < 512 and self._out_r.poll():  # one loop wake-up per burst, not per message
+                    batch.append(self._out_r.recv())
+            except (EOFError, OSError):
+                break
+            loop.call_soon_threadsafe(self._dispatch_many, batch)
+        if self._proc is not None:
+            self._proc.join(2.0)  # reap it so the exit code is known
+        code = self._proc.exitcode if self._proc else None
+        loop.call_soon_threadsafe(self._on_dead, f"engine process exited (exit code {code})")
+
+    def _dispatch_many(self, batch: list) -> None:
+        for msg in batch:
+            self._dispatch(msg)
+
+    def _dispatch(self, msg) -> None:
+        if isinstance(msg, StepOutputs):
+            for out in msg.outputs:
+                self._deliver(out.rid, out, out.finished)
+        elif isinstance(msg, Failed):
+            self._deliver(msg.rid, msg, True)
+        elif isinstance(msg, CallResult):
+            fut = self._calls.pop(msg.call_id, None)
+            if fut is not None and not fut.done():
+                if msg.error is None:
+                    fut.set_result(msg.value)
+                else:
+                    fut.set_exception(EngineError(msg.status, msg.error))
+        elif isinstance(msg, Ready):
+            if not self._ready.done():
+                self._ready.set_result(msg.info)
+        elif isinstance(msg, StartupFailed):
+            if not self._ready.done():
+                self._ready.set_exception(RuntimeError(f"engine failed to start: {msg.message}"))
+
+    def _deliver(self, rid: str, msg: ReqOutput | Failed, last: bool) -> None:
+        pend = self._pending.get(rid)
+        if pend is None:
+            return
+        if last:
+            del self._pending[rid]
+        if not pend.abandoned:
+            pend.put(msg)
+
+    def _on_dead(self, reason: str) -> None:
+        was_alive = self.alive and not self._stopping
+        self.alive = False
+        self.dead_reason = self.dead_reason or reason
+        if was_alive:
+            logger.error("%s; failing %d in-flight request(s)", reason, len(self._pending))
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(RuntimeError(f"engine failed to start: {reason}"))
+        for rid, pend in list(self._pending.items()):
+            pend.put(Failed(rid, f"the engine is unavailable: {reason}", 503))
+        self._pending.clear()
+        for fut in self._calls.values():
+            if not fut.done():
+                fut.set_exception(EngineError(503, f"the engine is unavailable: {reason}"))
+        self._calls.clear()
+
+    def _send(self, msg) -> None:
+        if not self.alive:
+            raise EngineError(503, f"the engine is unavailable: {self.dead_reason or 'not started'}")
+        try:
+            with self._send_lock:
+                self._cmd_w.send(msg)
+        except (BrokenPipeError, OSError) as e:
+            self._on_dead(f"engine pipe broken ({e})")
+            raise EngineError(503, "the engine is unavailable: pipe broken") from None
+
+    async def generate(self, inp: GenerateReqInput) -> AsyncIterator[dict]:
+        """Stream cumulative outputs (SGLang /generate objects) of one generation; EngineError on rejection or death."""
+        rid = inp.rid
+        if rid in self._pending:
+            raise EngineError(400, f"request id {rid!r} is already in flight")
+        pend = _Pending()
+        self._send(inp)
+        self._pending[rid] = pend
+        finished = False
+        try:
+            while not finished:
+                msg = await pend.get()  # a lagging consumer skips to the newest cumulative output
+                finished = msg.finished if isinstance(msg, ReqOutput) else True
+                if isinstance(msg, Failed):
+                    raise EngineError(msg.status, msg.message)
+                yield msg.to_json()
+        finally:
+            if not finished:  # the consumer left early (client disconnect, shutdown): free the KV now
+                pend.abandoned = True
+                self.abort(rid)
+
+    def abort(self, rid: str) -> bool:
+        """Ask the engine to abort `rid`; False when it is not in flight."""
+        if rid not in self._pending or not self.alive:
+            return False
+        try:
+            self._send(AbortReq(rid))
+        except EngineError:
+            return False
+        return True
+
+    def inflight_rids(self) -> list[str]:
+        """Request ids the engine has not reported finished."""
+        return list(self._pending)
+
+    async def call(self, request: CallRequest, timeout: float = 30.0):
+        """Send one call (FlushCacheReq, GetServerInfoReq, TokenizeReq, ...) and return the engine's answer."""
+        call_id = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = fut
+        try:
+            self._send(Call(call_id, request))
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise EngineError(503, f"the engine did not answer {type(request).__name__} within {timeout:.0f} s") \
+                from None
+        finally:
+            self._calls.pop(call_id, None)
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Ask the engine process to exit; kill it if it does not within `timeout`."""
+        if self._proc is None:
+            return
+        self._stopping = True
+        if not self.alive:  # still loading (or already dead): nothing to finish
+            self.kill()
+            return
+        try:
+            self._send(ShutdownReq())
+        except EngineError:
+            pass
+        await asyncio.to_thread(self._proc.join, timeout)
+        if self._proc.is_alive():
+            logger.warning("engine process did not exit in %.0f s; killing it", timeout)
+            self.kill()
+        self.alive = False
+
+    def kill(self) -> None:
+        """Hard-stop the engine process (startup timeout, failed shutdown)."""
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)

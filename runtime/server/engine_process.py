@@ -1,0 +1,184 @@
+"""Engine-process side of the server: build the engine, then serve the pipe (requests, aborts, calls, per-step outputs).
+
+Each GenerateReqInput is built (tokenized, validated, constraint compiled: engine.build_request) on a small
+pool, so a slow grammar compile never holds up the command loop, then submitted with one shared sink that
+writes each engine step's outputs to the pipe as one StepOutputs message.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import logging
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from ..core import EngineProtocol, missing_engine_methods
+from ..messages import (AbortReq, Call, CallResult, ChatPromptReq, DetokenizeReq, Failed, FlushCacheReq,
+                        GenerateReqInput, GetServerInfoReq, Ready, ReqOutput, ShutdownReq, StartupFailed, StepOutputs,
+                        TokenizeReq)
+
+logger = logging.getLogger("sglpy.server.engine")
+
+# Call request type -> the engine method answering it (no request field ever names a method).
+CALLS = {
+    FlushCacheReq: lambda e, r: bool(e.flush_cache()),
+    GetServerInfoReq: lambda e, r: e.get_server_info(),
+    TokenizeReq: lambda e, r: e.tokenize(r.texts, r.add_special_tokens),
+    DetokenizeReq: lambda e, r: e.detokenize(r.ids, r.skip_special_tokens),
+    ChatPromptReq: lambda e, r: e.chat_prompt(r.messages, r.add_generation_prompt, r.continue_final_message,
+                                              r.template_kwargs),
+}
+
+
+class PipeSender:
+    """Thread-safe writer for the engine -> server pipe; also the sink every request's outputs go to."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def send(self, msg) -> None:
+        """Send one message; a broken pipe is ignored (the command loop sees EOF and exits)."""
+        with self.lock:
+            try:
+                self.conn.send(msg)
+            except (BrokenPipeError, OSError):
+                pass
+
+    def __call__(self, step: StepOutputs) -> None:
+        self.send(step)
+
+
+class EngineProcess:
+    """Serves one engine over the pipe: builds requests off the command thread, forwards aborts, answers calls."""
+
+    def __init__(self, engine: EngineProtocol, sender: PipeSender, build_workers: int = 4, call_workers: int = 4):
+        self.engine, self.sender = engine, sender
+        self._builds = ThreadPoolExecutor(build_workers, thread_name_prefix="engine-build")
+        self._calls = ThreadPoolExecutor(call_workers, thread_name_prefix="engine-call")
+        self._lock = threading.Lock()
+        self._building: set[str] = set()
+        self._aborted_early: set[str] = set()
+
+    def handle(self, msg) -> bool:
+        """Dispatch one message from the server; False when it asks the process to stop."""
+        if isinstance(msg, GenerateReqInput):
+            with self._lock:
+                self._building.add(msg.rid)  # before the build starts, so an abort is never lost
+            self._builds.submit(self._build_and_submit, msg)
+        elif isinstance(msg, AbortReq):
+            with self._lock:
+                if msg.rid in self._building:
+                    self._aborted_early.add(msg.rid)
+                    return True
+            self.engine.abort(msg.rid)
+        elif isinstance(msg, Call):
+            self._calls.submit(self._answer, msg)
+        elif isinstance(msg, ShutdownReq):
+            return False
+        else:
+            logger.error("unexpected message %s from the server", type(msg).__name__)
+        return True
+
+    def _build_and_submit(self, inp: GenerateReqInput) -> None:
+        try:
+            req = self.engine.build_request(inp)
+            with self._lock:  # submit under the lock: an abort arriving now queues behind the request
+                self._building.discard(inp.rid)
+                if inp.rid in self._aborted_early:
+                    self._aborted_early.discard(inp.rid)
+                    self.sender(StepOutputs([_aborted_before_start(inp.rid, len(req.input_ids))]))
+                    return
+                self.engine.submit(req, self.sender)
+        except ValueError as e:
+            self._forget(inp.rid)
+            self.sender.send(Failed(inp.rid, str(e), 400))
+        except Exception as e:  # noqa: BLE001
+            logger.exception("request %s failed in the engine", inp.rid)
+            self._forget(inp.rid)
+            self.sender.send(Failed(inp.rid, f"engine error: {type(e).__name__}: {e}", 500))
+
+    def _forget(self, rid: str) -> None:
+        with self._lock:
+            self._building.discard(rid)
+            self._aborted_early.discard(rid)
+
+    def _answer(self, call: Call) -> None:
+        try:
+            answer = CALLS.get(type(call.request))
+            if answer is None:
+                raise ValueError(f"unknown engine call {type(call.request).__name__}")
+            self.sender.send(CallResult(call.call_id, answer(self.engine, call.request)))
+        except ValueError as e:
+            self.sender.send(CallResult(call.call_id, error=str(e), status=400))
+        except Exception as e:  # noqa: BLE001
+            logger.exception("engine call %s failed", type(call.request).__name__)
+            self.sender.send(CallResult(call.call_id, error=f"{type(e).__name__}: {e}", status=500))
+
+    def close(self) -> None:
+        """Stop the worker pools (pending calls are dropped: the server is going away)."""
+        self._builds.shutdown(wait=False, cancel_futures=True)
+        self._calls.shutdown(wait=False, cancel_futures=True)
+
+
+def _aborted_before_start(rid: str, prompt_tokens: int) -> ReqOutput:
+    meta = {"id": rid, "finish_reason": {"type": "abort", "message": "aborted before start"},
+            "prompt_tokens": prompt_tokens, "completion_tokens": 0, "cached_tokens": 0, "e2e_latency": 0.0}
+    return ReqOutput(rid, "", [], meta, finished=True)
+
+
+def _watchdog(engine: EngineProtocol, stopping: threading.Event, period: float = 0.5) -> None:
+    """A dead step loop would leave every request waiting forever: end the process so the server sees it."""
+    while not stopping.wait(period):
+        if not engine.is_alive():
+            logger.error("the engine step loop died; exiting the engine process")
+            logging.shutdown()
+            os._exit(70)
+
+
+def load_factory(path: str):
+    """Resolve 'module:callable' (an operator-given setting, never a request field)."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def engine_main(factory: str, engine_kwargs: dict, cmd_conn, out_conn, log_level: str) -> None:
+    """Entry point of the engine process: build the engine, then serve commands until told to stop."""
+    # The server process coordinates shutdown (drain, then ShutdownReq): a Ctrl-C or a SIGTERM sent to the
+    # whole process group must not kill the engine under requests that are still finishing.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s engine %(levelname)s %(message)s")
+    sender = PipeSender(out_conn)
+    try:
+        engine = load_factory(factory)(**engine_kwargs)
+        missing = missing_engine_methods(engine)
+        if missing:
+            raise TypeError(f"{factory} does not implement EngineProtocol (missing {missing})")
+        info = engine.info()
+    except BaseException as e:  # noqa: BLE001 - report any startup failure to the server
+        sender.send(StartupFailed(f"{type(e).__name__}: {e}"))
+        return
+    # The ~370k objects of imports, model and tokenizer live as long as the process: frozen, they are
+    # never rescanned by a full GC pass during serving.
+    gc.freeze()
+    sender.send(Ready(info))
+    stopping = threading.Event()
+    threading.Thread(target=_watchdog, args=(engine, stopping), daemon=True, name="engine-watchdog").start()
+    proc = EngineProcess(engine, sender)
+    while True:
+        try:
+            msg = cmd_conn.recv()
+        except (EOFError, OSError):
+            break  # the server process is gone
+        if not proc.handle(msg):
+            break
+    stopping.set()
+    try:
+        engine.shutdown()
+    except Exception:  # noqa: BLE001
+        logger.exception("engine shutdown failed")
+    proc.close()

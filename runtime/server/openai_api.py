@@ -1,0 +1,207 @@
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions (JSON and SSE), /v1/models."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from ..messages import ChatPromptReq, DetokenizeReq, EngineError, GenerateReqInput
+from ..sampling_params import LogprobOptions
+from .http_common import ApiError, error_body, read_json_object, send_sse, start_sse
+from .native_api import build_sampling, cache_namespace, check_token_ids, first_item, request_input
+from .openai_protocol import (chat_logprobs, chat_messages, check_request, completion_logprobs, finish_reason,
+                              sampling_fields)
+from .state import ServerState, new_rid
+
+
+@dataclass
+class _Job:
+    """One OpenAI request turned into engine generations (n per prompt)."""
+
+    id: str
+    chat: bool
+    items: list[GenerateReqInput]
+    prompt_of: list[int]  # item index -> prompt index
+    want_logprobs: bool
+    top_logprobs: int
+    echo_texts: list[str] | None = None
+
+
+async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, dict]:
+    f, options = check_request(body, chat)
+    vocab = state.info.vocab_size
+    sp = build_sampling(sampling_fields(f, chat), vocab, "request")
+    if sp.n != 1:
+        sp = dataclasses.replace(sp, n=1)  # n samples are n engine requests
+    if chat:
+        messages = chat_messages(f["messages"])
+        if f.get("input_ids") is not None:  # SGLang: pre-tokenized prompt, the template is not applied
+            check_token_ids(f["input_ids"], vocab, "input_ids")
+            prompts = [{"input_ids": f["input_ids"]}]
+        else:
+            prompt = await state.engine.call(ChatPromptReq(messages, True, bool(f.get("continue_final_message")),
+                                                           f.get("chat_template_kwargs")))
+            prompts = [{"text": prompt}]
+        want, top = bool(f.get("logprobs")), int(f.get("top_logprobs") or 0)
+    else:
+        p = f["prompt"]
+        if isinstance(p, str):
+            prompts = [{"text": p}]
+        elif all(isinstance(x, int) for x in p):
+            prompts = [{"input_ids": p}]
+        elif all(isinstance(x, str) for x in p):
+            prompts = [{"text": x} for x in p]
+        else:
+            prompts = [{"input_ids": x} for x in p]
+        for q in prompts:
+            if "input_ids" in q:
+                check_token_ids(q["input_ids"], vocab, "prompt")
+        want, top = f.get("logprobs") is not None, int(f.get("logprobs") or 0)
+    logprob = LogprobOptions(return_logprob=want, top_logprobs_num=top, logprob_start_len=-1,
+                             return_text_in_logprobs=True)
+    job_id = ("chatcmpl-" if chat else "cmpl-") + (f.get("rid") or new_rid())
+    n = f.get("n", 1)
+    key = cache_namespace(f.get("extra_key"), f.get("cache_salt"))
+    items, prompt_of = [], []
+    for i, p in enumerate(prompts):
+        for j in range(n):
+            rid = job_id if len(prompts) * n == 1 else f"{job_id}-{i}-{j}"
+            items.append(request_input(rid, p, sp, logprob, key))
+            prompt_of.append(i)
+    job = _Job(job_id, chat, items, prompt_of, want, top)
+    if not chat and f.get("echo"):
+        job.echo_texts = [p["text"] if "text" in p else await state.engine.call(DetokenizeReq(p["input_ids"]))
+                          for p in prompts]
+    return job, {**f, "stream_options": options}
+
+
+def _usage(job: _Job, metas: list[dict]) -> dict:
+    seen, prompt_tokens = set(), 0
+    for idx, meta in enumerate(metas):
+        if job.prompt_of[idx] not in seen:  # n samples of one prompt count its tokens once
+            seen.add(job.prompt_of[idx])
+            prompt_tokens += int(meta.get("prompt_tokens") or 0)
+    completion = sum(int(m.get("completion_tokens") or 0) for m in metas)
+    cached = sum(int(m.get("cached_tokens") or 0) for m in metas)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _choice(job: _Job, idx: int, out: dict) -> dict:
+    meta = out.get("meta_info", {})
+    reason, matched = finish_reason(meta)
+    if job.chat:
+        return {"index": idx, "message": {"role": "assistant", "content": out.get("text", "")},
+                "logprobs": chat_logprobs(meta) if job.want_logprobs else None,
+                "finish_reason": reason, "matched_stop": matched}
+    text = out.get("text", "")
+    if job.echo_texts is not None:
+        text = job.echo_texts[job.prompt_of[idx]] + text
+    lp = completion_logprobs(meta, want_top=job.top_logprobs > 0) if job.want_logprobs else None
+    return {"index": idx, "text": text, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}
+
+
+async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
+    state: ServerState = request.app["state"]
+    body = await read_json_object(request)
+    job, f = await _build_job(state, body, chat)
+    state.admit(len(job.items))
+    route = request.path
+    if not f.get("stream"):
+        outs = await state.run_many(job.items, route)
+        return web.json_response({
+            "id": job.id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": state.model_name, "choices": [_choice(job, i, o) for i, o in enumerate(outs)],
+            "usage": _usage(job, [o.get("meta_info", {}) for o in outs])}, headers={"X-Request-Id": job.id})
+    include_usage = bool(f["stream_options"].get("include_usage"))
+    return await _stream(request, state, job, route, include_usage)
+
+
+async def _stream(request, state: ServerState, job: _Job, route: str, include_usage: bool) -> web.StreamResponse:
+    created = int(time.time())
+    obj = "chat.completion.chunk" if job.chat else "text_completion"
+    sent_text = [0] * len(job.items)
+    sent_lp = [0] * len(job.items)
+    metas: list[dict] = [{} for _ in job.items]
+
+    def event(idx: int, text: str, reason=None, matched=None, logprobs=None, first=False) -> dict:
+        if job.chat:
+            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            choice = {"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+        else:
+            choice = {"index": idx, "text": text, "logprobs": logprobs, "finish_reason": reason}
+        if reason is not None:
+            choice["matched_stop"] = matched
+        return {"id": job.id, "object": obj, "created": created, "model": state.model_name, "choices": [choice]}
+
+    async with contextlib.aclosing(state.merge_streams(job.items, route)) as gen:
+        idx, chunk = await first_item(gen)
+        resp = await start_sse(request, job.id)
+        try:
+            if job.chat:
+                for i in range(len(job.items)):
+                    await send_sse(resp, event(i, "", first=True))
+            if job.echo_texts is not None:
+                for i in range(len(job.items)):
+                    await send_sse(resp, event(i, job.echo_texts[job.prompt_of[i]]))
+            while True:
+                meta = chunk.get("meta_info", {})
+                metas[idx] = meta
+                text = chunk.get("text", "")
+                delta, sent_text[idx] = text[sent_text[idx]:], max(sent_text[idx], len(text))
+                lp = None
+                n_lp = len(meta.get("output_token_logprobs") or [])
+                if job.want_logprobs and n_lp > sent_lp[idx]:
+                    lp = (chat_logprobs(meta, sent_lp[idx]) if job.chat else
+                          completion_logprobs(meta, sent_lp[idx], offset=sent_text[idx] - len(delta),
+                                              want_top=job.top_logprobs > 0))
+                    sent_lp[idx] = n_lp
+                if delta or lp:
+                    await send_sse(resp, event(idx, delta, logprobs=lp))
+                reason, matched = finish_reason(meta)
+                if reason is not None:
+                    await send_sse(resp, event(idx, "", reason, matched))
+                try:
+                    idx, chunk = await anext(gen)
+                except StopAsyncIteration:
+                    break
+            if include_usage:
+                await send_sse(resp, {"id": job.id, "object": obj, "created": created, "model": state.model_name,
+                                      "choices": [], "usage": _usage(job, metas)})
+        except EngineError as e:
+            await send_sse(resp, error_body(e.status, e.message))
+        await send_sse(resp, "[DONE]")
+    return resp
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    """POST /v1/completions."""
+    return await _handle(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """POST /v1/chat/completions."""
+    return await _handle(request, chat=True)
+
+
+def _model_card(state: ServerState) -> dict:
+    return {"id": state.model_name, "object": "model", "created": int(state.started_at), "owned_by": "sglpy",
+            "root": state.info.model_path, "max_model_len": state.info.context_len}
+
+
+async def models(request: web.Request) -> web.Response:
+    """GET /v1/models."""
+    return web.json_response({"object": "list", "data": [_model_card(request.app["state"])]})
+
+
+async def model(request: web.Request) -> web.Response:
+    """GET /v1/models/{model}: the served model, else 404."""
+    state: ServerState = request.app["state"]
+    if request.match_info["model"] != state.model_name:
+        raise ApiError(404, f"model {request.match_info['model']!r} is not served here (serving {state.model_name!r})",
+                       param="model")
+    return web.json_response(_model_card(state))

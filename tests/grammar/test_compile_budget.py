@@ -1,0 +1,88 @@
+"""Every compile honours its budget: time limit, state cap, cancellation, deep nesting -> GrammarError, never a hang."""
+
+import threading
+
+import pytest
+
+from sglpy.grammar import GrammarCompiler, GrammarError
+from sglpy.grammar.budget import CompileBudget
+from sglpy.grammar.errors import BudgetExceeded, CompileCancelled
+from sglpy.grammar.json_schema import compile_schema
+from sglpy.grammar.testing import small_vocab_info
+
+INFO = small_vocab_info()
+HOSTILE_REGEX = r"(.{0,200}x){8}"
+BIG_SCHEMA = {"type": "object", "properties": {
+    f"p{i}": {"type": "array", "items": {"type": "object", "properties": {
+        f"q{j}": {"type": "string", "maxLength": 40} for j in range(8)}}} for i in range(30)}}
+
+
+def test_time_budget_names_the_construct():
+    comp = GrammarCompiler(INFO, max_states=1_000_000, compile_timeout_s=0.2, cache_size=0)
+    with pytest.raises(BudgetExceeded, match="time budget .* while building"):
+        comp.compile("regex", HOSTILE_REGEX)
+    with pytest.raises(GrammarError, match="time budget|too large"):
+        comp.compile("json_schema", BIG_SCHEMA)
+
+
+def test_state_cap_names_the_construct():
+    with pytest.raises(GrammarError, match="automaton too large: .* needs more than 500 DFA states"):
+        compile_schema(BIG_SCHEMA, budget=CompileBudget(time_s=None, max_states=500))
+
+
+def test_cancel_flag_stops_a_compile():
+    cancel = threading.Event()
+    cancel.set()
+    comp = GrammarCompiler(INFO, cache_size=0)
+    with pytest.raises(CompileCancelled, match="cancelled"):
+        comp.compile("json_schema", {"type": "object", "properties": {"a": {"type": "integer"}}}, cancel=cancel)
+    with pytest.raises(CompileCancelled):
+        comp.compile("regex", HOSTILE_REGEX, cancel=cancel)
+
+
+def test_cancel_from_another_thread_ends_a_running_compile():
+    cancel = threading.Event()
+    comp = GrammarCompiler(INFO, max_states=10_000_000, compile_timeout_s=None, cache_size=0)
+    out = {}
+
+    def work():
+        try:
+            comp.compile("regex", HOSTILE_REGEX, cancel=cancel)
+            out["result"] = "compiled"
+        except GrammarError as e:
+            out["result"] = e
+
+    t = threading.Thread(target=work)
+    t.start()
+    cancel.set()
+    t.join(timeout=120)
+    assert not t.is_alive()
+    assert isinstance(out["result"], (CompileCancelled, GrammarError))
+
+
+def test_cancelled_compile_is_not_cached():
+    cancel = threading.Event()
+    cancel.set()
+    comp = GrammarCompiler(INFO)
+    schema = {"type": "integer", "minimum": 3}
+    with pytest.raises(CompileCancelled):
+        comp.compile("json_schema", schema, cancel=cancel)
+    g = comp.compile("json_schema", schema)
+    assert g.is_final(g.advance_bytes(g.initial_state, b"4"))
+    assert g.schema_info.draft == "2020-12"
+
+
+def test_budget_validation():
+    with pytest.raises(ValueError):
+        CompileBudget(time_s=0)
+    with pytest.raises(ValueError):
+        CompileBudget(cancel=object())
+    with pytest.raises(ValueError):
+        GrammarCompiler(INFO, compile_timeout_s=-1)
+
+
+def test_deep_ref_chain_is_a_grammar_error():
+    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(3000)}
+    defs["d3000"] = {"type": "integer"}
+    with pytest.raises(GrammarError, match="nested too deeply"):
+        compile_schema({"$defs": defs, "$ref": "#/$defs/d0"})

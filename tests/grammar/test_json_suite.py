@@ -1,0 +1,60 @@
+"""JSON-Schema-Test-Suite (drafts 2020-12, 7, 4): compiled schemas accept no instance jsonschema rejects."""
+
+import glob
+import json
+import os
+import re
+from functools import lru_cache
+
+import jsonschema
+import pytest
+
+from sglpy.grammar.budget import CompileBudget
+from sglpy.grammar.errors import GrammarError
+from sglpy.grammar.json_schema import compile_schema
+
+SUITE = "/work/shared/data/json-schema-test-suite"
+DRAFTS = {"draft2020-12": ("2020-12", jsonschema.Draft202012Validator),
+          "draft7": ("7", jsonschema.Draft7Validator), "draft4": ("4", jsonschema.Draft4Validator)}
+# ratchets, below the benchmark's numbers (benchmarks/README.md) to absorb a loaded CI box's slower compiles
+MIN_COMPILED = {"draft2020-12": 280, "draft7": 200, "draft4": 125}
+MIN_VALID_ACCEPTED = {"draft2020-12": 520, "draft7": 400, "draft4": 250}
+REFUSAL = re.compile(r"keyword '|\$ref|regex construct|automaton too large|regex too large|time budget|"
+                     r"admits no document|nested too deeply|does not resolve|too many")
+
+
+@lru_cache(maxsize=None)
+def _run(folder: str) -> dict:
+    draft, V = DRAFTS[folder]
+    out = {"compiled": 0, "schemas": 0, "valid_accepted": 0, "unsound": [], "bad_errors": []}
+    for path in sorted(glob.glob(os.path.join(SUITE, folder, "*.json"))):
+        for case in json.load(open(path)):
+            out["schemas"] += 1
+            try:
+                dfa = compile_schema(case["schema"], budget=CompileBudget(time_s=0.5),
+                                     default_draft=draft).dfa
+            except GrammarError as e:
+                if not REFUSAL.search(str(e)):
+                    out["bad_errors"].append(str(e))
+                continue
+            out["compiled"] += 1
+            validator = V(case["schema"])
+            for t in case["tests"]:
+                text = json.dumps(t["data"], separators=(", ", ": "), ensure_ascii=False).encode()
+                if dfa.fullmatch(text):
+                    if not validator.is_valid(t["data"]):
+                        out["unsound"].append((os.path.basename(path), case["description"], t["description"]))
+                    else:
+                        out["valid_accepted"] += 1
+    return out
+
+
+@pytest.mark.parametrize("folder", sorted(DRAFTS))
+def test_suite_is_sound_and_covered(folder):
+    if not os.path.isdir(os.path.join(SUITE, folder)):
+        pytest.skip("JSON-Schema-Test-Suite not available")
+    r = _run(folder)
+    assert r["unsound"] == []
+    assert r["bad_errors"] == []  # every refusal names a keyword, a construct or a limit
+    assert r["compiled"] >= MIN_COMPILED[folder], r["compiled"]
+    assert r["valid_accepted"] >= MIN_VALID_ACCEPTED[folder], r["valid_accepted"]
