@@ -106,7 +106,7 @@ def check_decode_attention_args(
         q=q, k_cache=k_cache, v_cache=v_cache, req_to_token=req_to_token,
         req_pool_indices=req_pool_indices, seq_lens=seq_lens,
     )
-    check_same_dtype(q=q, k_cache=k_cache, v_cache=v_cache)
+    check_same_dtype(k_cache=k_cache, v_cache=v_cache)  # q may differ: 16-bit caches are read as q's dtype
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
     b, heads, head_dim = q.shape

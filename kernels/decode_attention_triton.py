@@ -51,14 +51,17 @@ def _decode_split_kernel(
         mask_n = offs_n < end
         slot = tl.load(ReqToToken + row * stride_r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(KCache + slot[:, None] * stride_k_t + kvh * stride_k_h + offs_d[None, :], mask=kv_mask, other=0.0)
+        # K/V tiles take q's dtype: a 16-bit KV cache under float32 queries is converted here, while reading.
+        k = tl.load(KCache + slot[:, None] * stride_k_t + kvh * stride_k_h + offs_d[None, :], mask=kv_mask,
+                    other=0.0).to(Q.dtype.element_ty)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale_log2  # [BLOCK_H, BLOCK_N]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_new = tl.maximum(m, tl.max(qk, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
-        v = tl.load(VCache + slot[:, None] * stride_v_t + kvh * stride_v_h + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(VCache + slot[:, None] * stride_v_t + kvh * stride_v_h + offs_d[None, :], mask=kv_mask,
+                    other=0.0).to(Q.dtype.element_ty)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
     if end > start:

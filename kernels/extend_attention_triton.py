@@ -46,8 +46,9 @@ def _extend_kernel(
             mask_n = offs_n < end
             slot = tl.load(ReqToToken + row * stride_r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
             kv_mask = mask_n[:, None] & mask_d[None, :]
+            # K/V tiles take q's dtype (a 16-bit KV cache under float32 queries is converted while reading).
             k = tl.load(KCache + slot[:, None] * stride_k_t + kvh * stride_k_h + offs_d[None, :],
-                        mask=kv_mask, other=0.0)
+                        mask=kv_mask, other=0.0).to(Q.dtype.element_ty)
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale_log2  # [BLOCK_M, BLOCK_N]
             visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
             qk = tl.where(visible, qk, float("-inf"))
@@ -57,7 +58,7 @@ def _extend_kernel(
             p = tl.exp2(qk - m_new[:, None])
             l = l * alpha + tl.sum(p, 1)
             v = tl.load(VCache + slot[:, None] * stride_v_t + kvh * stride_v_h + offs_d[None, :],
-                        mask=kv_mask, other=0.0)
+                        mask=kv_mask, other=0.0).to(Q.dtype.element_ty)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             m = m_new
         out = (acc / l[:, None]).to(O.dtype.element_ty)

@@ -11,11 +11,11 @@ from ._dispatch import on_device, triton_module
 def store_kv_reference(
     k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> None:
-    """Pure-torch store: k_cache[loc] = k, v_cache[loc] = v (in place)."""
+    """Pure-torch store: k_cache[loc] = k, v_cache[loc] = v (in place, converted to the cache dtype)."""
     # k_cache, v_cache: [slots, kv_heads, head_dim]; loc: [n]; k, v: [n, kv_heads, head_dim]
     loc = loc.long()
-    k_cache.index_copy_(0, loc, k)
-    v_cache.index_copy_(0, loc, v)
+    k_cache.index_copy_(0, loc, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, loc, v.to(v_cache.dtype))
 
 
 def check_store_kv_args(
@@ -28,7 +28,8 @@ def check_store_kv_args(
     check_tensor("k", k, 3, FLOAT_DTYPES)
     check_tensor("v", v, 3, FLOAT_DTYPES)
     check_same_device(k_cache=k_cache, v_cache=v_cache, loc=loc, k=k, v=v)
-    check_same_dtype(k_cache=k_cache, v_cache=v_cache, k=k, v=v)
+    check_same_dtype(k_cache=k_cache, v_cache=v_cache)
+    check_same_dtype(k=k, v=v)  # k/v may differ from the caches: they are converted on store
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
     _, kv_heads, head_dim = k_cache.shape
@@ -43,6 +44,13 @@ def store_kv(
 ) -> None:
     """Write k/v rows into k_cache/v_cache at slots `loc` in place (Triton on CUDA, torch otherwise)."""
     check_store_kv_args(k_cache, v_cache, loc, k, v)
+    store_kv_unchecked(k_cache, v_cache, loc, k, v)
+
+
+def store_kv_unchecked(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """store_kv without the argument checks: the model's hot path, whose shapes are fixed at load."""
     if loc.numel() == 0:
         return
     impl = triton_module("kv_store_triton", k_cache)

@@ -32,6 +32,8 @@ def store_kv_triton(
 ) -> None:
     """Launch the store kernel; arguments already checked by kv_store.store_kv."""
     # k, v: [n, kv_heads, head_dim] (last dim contiguous); caches: [slots, kv_heads, head_dim]
+    # A 16-bit cache under float32 k/v: convert first (torch rounds to nearest even, as the reference does).
+    k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v if v.stride(-1) == 1 else v.contiguous()
     loc = loc.contiguous()  # the kernel reads Loc + i

@@ -53,7 +53,19 @@ def rmsnorm(
     check_rmsnorm_args(x, weight, residual)
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
+    return rmsnorm_unchecked(x, weight, eps, residual)
+
+
+def rmsnorm_unchecked(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> RMSNormResult:
+    """rmsnorm without the argument checks: the model's hot path, whose shapes are fixed at load."""
     impl = triton_module("rmsnorm_triton", x)
+    if impl is None and x.dtype == torch.float32 and weight.dtype == torch.float32:
+        # torch's composite rms_norm runs the reference's ops in the same order in one dispatch (bit-identical
+        # here, ~40% less time per call at one token; the test against HF checks the equality)
+        h = x + residual if residual is not None else x
+        return RMSNormResult(torch.rms_norm(h, (h.shape[1],), weight, eps), h)
     if impl is None or x.shape[0] == 0:
         return rmsnorm_reference(x, weight, eps, residual)
     with on_device(x):

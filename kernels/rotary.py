@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -57,11 +58,12 @@ def build_rope_cache(
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     half = x.shape[-1] // 2
     if x.dtype == torch.float32:
-        # In place with one temporary (the CPU hot path runs float32).
+        # In place, five ops and one temporary (the CPU hot path runs float32); each product is rounded
+        # before the sum, as HF's q * cos + rotate_half(q) * sin does.
         x1, x2 = x[..., :half], x[..., half:]
-        new_x1 = x1 * cos - x2 * sin
-        x2.mul_(cos).addcmul_(x1, sin)
-        x1.copy_(new_x1)
+        x1_sin = x1 * sin
+        x1.mul_(cos).addcmul_(x2, sin, value=-1.0)
+        x2.mul_(cos).add_(x1_sin)
         return
     xf = x.to(torch.float32)
     x1, x2 = xf[..., :half], xf[..., half:]
@@ -110,3 +112,57 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_
     else:
         with on_device(q):
             impl.apply_rotary_triton(q, k, positions, cos_sin_cache)
+
+
+@dataclass(frozen=True)
+class RotaryPlan:
+    """One forward's rotary inputs, checked once and shared by every layer (cos/sin gathered once on CPU)."""
+
+    positions: torch.Tensor  # [n]
+    cos_sin_cache: torch.Tensor  # [max_pos, head_dim]
+    cos: torch.Tensor | None  # [n, 1, head_dim // 2] float32 (CPU path)
+    sin: torch.Tensor | None
+
+
+def plan_rotary(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> RotaryPlan:
+    """Check positions against the cache once and gather their cos/sin rows (CPU) for all layers."""
+    check_tensor("positions", positions, 1, INDEX_DTYPES)
+    check_tensor("cos_sin_cache", cos_sin_cache, 2, FLOAT_DTYPES, last_dim_contiguous=True)
+    check_same_device(positions=positions, cos_sin_cache=cos_sin_cache)
+    if triton_module("rotary_triton", cos_sin_cache) is not None or positions.numel() == 0:
+        return RotaryPlan(positions, cos_sin_cache, None, None)
+    lo, hi = int(positions.min()), int(positions.max())
+    if lo < 0 or hi >= cos_sin_cache.shape[0]:
+        raise ValueError(f"positions must lie in [0, {cos_sin_cache.shape[0]}), got min {lo} max {hi}")
+    half = cos_sin_cache.shape[1] // 2
+    cs = cos_sin_cache[positions.long()].to(torch.float32)[:, None, :]  # [n, 1, head_dim]
+    return RotaryPlan(positions, cos_sin_cache, cs[..., :half], cs[..., half:])
+
+
+def _adjacent(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """True when k's heads directly follow q's in memory with the same strides (q, k views of one qkv row)."""
+    return (q.dtype == k.dtype and q.stride() == k.stride() and q.stride(2) == 1 and q.stride(1) == q.shape[2]
+            and k.data_ptr() == q.data_ptr() + q.shape[1] * q.stride(1) * q.element_size())
+
+
+def apply_rotary_planned(q: torch.Tensor, k: torch.Tensor, plan: RotaryPlan) -> None:
+    """apply_rotary with positions checked and cos/sin gathered once per forward; q and k rotate in place."""
+    check_tensor("q", q, 3, FLOAT_DTYPES, last_dim_contiguous=True)
+    check_tensor("k", k, 3, FLOAT_DTYPES, last_dim_contiguous=True)
+    n = q.shape[0]
+    check_dim("k", k.shape[0], n, "dim 0 (tokens, = q.shape[0])")
+    check_dim("positions", plan.positions.shape[0], n, "length (tokens, = q.shape[0])")
+    if n == 0:
+        return
+    if plan.cos is None:  # the Triton path (CUDA) reads positions itself
+        apply_rotary(q, k, plan.positions, plan.cos_sin_cache)
+        return
+    check_dim("k", k.shape[2], q.shape[2], "dim 2 (head_dim, = q.shape[2])")
+    check_dim("cos_sin_cache", plan.cos_sin_cache.shape[1], q.shape[2], "dim 1 (head_dim, = q.shape[2])")
+    if _adjacent(q, k):
+        # q and k are consecutive heads of a fused qkv projection: rotate them as one tensor
+        qk = torch.as_strided(q, (n, q.shape[1] + k.shape[1], q.shape[2]), q.stride())
+        _rotate(qk, plan.cos, plan.sin)
+    else:
+        _rotate(q, plan.cos, plan.sin)
+        _rotate(k, plan.cos, plan.sin)

@@ -8,6 +8,10 @@ from typing import Any
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("float32", "bfloat16", "float16")
+# weight-only, quantized at load (runtime/model/quantization.py); auto = int8 on CPU (it passes the quality gate
+# of benchmarks/quality_gate.py and is faster), none on GPU
+QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16")  # auto = the model dtype
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,8 @@ class EngineConfig:
     num_threads: int | None = None  # torch CPU threads; None = torch default
     seed: int = 0
     debug_invariants: bool = False  # check KV accounting after every step (tests)
+    quantization: str = "auto"  # weight-only quantization at load: auto (int8 on CPU, none on GPU), none, int8, int4
+    kv_cache_dtype: str = "auto"  # KV pool storage; 16-bit storage is converted to float32 while reading
     grammar_workers: int = 2  # compile worker processes; 0 = compile on a thread of the engine (holds its GIL)
     grammar_compile_timeout: float = 5.0  # CPU seconds one constraint compile may use (wall cap: 10x + 10 s)
     grammar_max_states: int = 20_000  # largest automaton one constraint (or EBNF terminal) may compile to
@@ -44,6 +50,10 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if self.max_context_len is not None and self.max_context_len <= 1:
             raise ValueError(f"max_context_len must be > 1, got {self.max_context_len}")
+        if self.quantization not in QUANTIZATION_MODES:
+            raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, got {self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if not isinstance(self.grammar_workers, int) or not 0 <= self.grammar_workers <= 64:
             raise ValueError(f"grammar_workers must be an int in [0, 64], got {self.grammar_workers!r}")
         t = self.grammar_compile_timeout

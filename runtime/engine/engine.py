@@ -21,7 +21,7 @@ import torch
 from ..config import EngineConfig
 from ..core import EngineProgress, FinishReason, OutputSink, Req, ReqStatus
 from ..memory.kv_manager import KVManager
-from ..memory.kv_pool import KVPool, ReqToTokenPool
+from ..memory.kv_pool import KVPool, ReqToTokenPool, kv_cache_torch_dtype
 from ..memory.radix_cache import RadixCache
 from ..messages import (AbortReq, EngineInfo, FlushCacheReq, GenerateReq, GenerateReqInput, GetServerInfoReq,
                         ReqOutput, ShutdownReq, StepOutputs)
@@ -78,7 +78,8 @@ class Engine(OfflineAPI):
         self.text = TokenizerOps(self.tokenizer)
         self.runner = r = ModelRunner(cfg, self.model_path)
         self.max_context = r.max_context
-        self.kv = KVManager(KVPool(r.num_layers, cfg.max_total_tokens, r.num_kv_heads, r.head_dim, r.dtype, r.device),
+        self.kv = KVManager(KVPool(r.num_layers, cfg.max_total_tokens, r.num_kv_heads, r.head_dim,
+                                   kv_cache_torch_dtype(cfg.kv_cache_dtype, r.dtype), r.device),
                             ReqToTokenPool(cfg.max_running_requests, self.max_context, r.device),
                             RadixCache(disable=cfg.disable_radix_cache))
         self.limits = RequestLimits(r.vocab_size, self.max_context, cfg.max_total_tokens)
@@ -342,6 +343,7 @@ class Engine(OfflineAPI):
         kv = self.kv.stats()
         info = {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}
         info.update({
+            "quantization": self.runner.quantization,  # the mode that runs ('auto' resolved)
             "model_path": self.model_path,
             "max_total_num_tokens": kv.total,
             "max_context_len": self.max_context,

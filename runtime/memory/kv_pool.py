@@ -9,6 +9,19 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import KV_CACHE_DTYPES
+
+_KV_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """Storage dtype of the KV pool (EngineConfig.kv_cache_dtype): the model dtype for 'auto', else 16-bit."""
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    if kv_cache_dtype not in _KV_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
+    return _KV_DTYPES[kv_cache_dtype]
+
 
 @dataclass(frozen=True)
 class SlotAlloc:

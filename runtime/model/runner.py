@@ -9,6 +9,7 @@ from ..core import BatchEntry, ForwardOutput
 from ..memory.kv_manager import KVBuffers
 from .forward_batch import ForwardBatch
 from .loader import load_model
+from .quantization import quantize_model, resolve_quantization
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -23,6 +24,8 @@ class ModelRunner:
             self.device = torch.device(cfg.device)
         self.dtype = _DTYPES[cfg.dtype]
         self.model = load_model(model_path, self.dtype, self.device)
+        self.quantization = resolve_quantization(cfg.quantization, self.device)  # what runs: none, int8, int4
+        quantize_model(self.model, self.quantization)
         hf = self.model.config
         self.hf_config = hf
         self.vocab_size = hf.vocab_size

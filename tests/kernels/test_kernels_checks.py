@@ -70,8 +70,10 @@ def test_store_kv_rejects_mismatches():
     kc, vc = torch.zeros(4, 2, 8), torch.zeros(4, 2, 8)
     with pytest.raises(ValueError, match="len\\(loc\\)"):
         store_kv(kc, vc, torch.tensor([0, 1]), torch.zeros(3, 2, 8), torch.zeros(3, 2, 8))
+    with pytest.raises(ValueError, match="share one dtype"):  # k and v must agree (the caches may differ)
+        store_kv(kc, vc, torch.tensor([0]), torch.zeros(1, 2, 8).half(), torch.zeros(1, 2, 8))
     with pytest.raises(ValueError, match="share one dtype"):
-        store_kv(kc, vc, torch.tensor([0]), torch.zeros(1, 2, 8).half(), torch.zeros(1, 2, 8).half())
+        store_kv(kc, vc.bfloat16(), torch.tensor([0]), torch.zeros(1, 2, 8), torch.zeros(1, 2, 8))
     with pytest.raises(ValueError, match="loc dtype"):
         store_kv(kc, vc, torch.tensor([0.0]), torch.zeros(1, 2, 8), torch.zeros(1, 2, 8))
 

@@ -84,6 +84,42 @@ def test_extend_attention_matches_reference(dtype, heads, kv_heads, prefix, ext)
     close(extend_attention_triton(*args, block_m=16, block_n=16), extend_attention_reference(*args))
 
 
+@pytest.mark.parametrize("kv_dtype", [BF16, F16])
+def test_attention_reads_16bit_caches_under_float32_queries(kv_dtype):
+    """kv_cache_dtype: a bf16/fp16 pool read by float32 queries equals the float32 pool holding the same values."""
+    pb = make_paged_batch([33, 1, 17], 3, 16, kv_dtype, seed=5)
+    q = torch.randn(3, 9, 16)
+    sl = torch.tensor([33, 1, 17])
+    wide = (pb.k_cache.float(), pb.v_cache.float())
+    got = decode_attention_triton(q, pb.k_cache, pb.v_cache, pb.req_to_token, pb.req_pool_indices, sl, 0.25,
+                                  num_splits=2, block_n=16)
+    want = decode_attention_reference(q, *wide, pb.req_to_token, pb.req_pool_indices, sl, 0.25)
+    assert got.dtype == F32
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(decode_attention_reference(q, pb.k_cache, pb.v_cache, pb.req_to_token,
+                                                  pb.req_pool_indices, sl, 0.25), want)
+    prefix, ext = torch.tensor([30, 0, 9]), torch.tensor([3, 1, 8])
+    qe = torch.randn(12, 9, 16)
+    args = (pb.req_to_token, pb.req_pool_indices, prefix, ext, 0.3)
+    got = extend_attention_triton(qe, pb.k_cache, pb.v_cache, *args, block_m=16, block_n=16)
+    want = extend_attention_reference(qe, *wide, *args)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(extend_attention_reference(qe, pb.k_cache, pb.v_cache, *args), want,
+                               atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kv_dtype", [BF16, F16])
+def test_store_kv_converts_to_the_cache_dtype(kv_dtype):
+    k_cache, v_cache = torch.zeros(20, 3, 8, dtype=kv_dtype), torch.zeros(20, 3, 8, dtype=kv_dtype)
+    k, v = torch.randn(5, 3, 8), torch.randn(5, 3, 8)
+    loc = torch.tensor([19, 0, 7, 3, 11])
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    store_kv_reference(want_k, want_v, loc, k, v)
+    assert torch.equal(want_k[loc], k.to(kv_dtype)) and torch.equal(want_v[loc], v.to(kv_dtype))
+    store_kv_triton(k_cache, v_cache, loc, k, v)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+
+
 @pytest.mark.parametrize("dtype,loc_dtype", [(F32, torch.int64), (BF16, torch.int32), (F16, torch.int64)])
 def test_store_kv_matches_reference(dtype, loc_dtype):
     k_cache = torch.randn(20, 3, 8).to(dtype)

@@ -6,17 +6,13 @@ import torch
 from sglpy.runtime.config import EngineConfig
 from sglpy.runtime.sampling_params import SamplingParams
 from sglpy.runtime.core import BatchEntry, Req
-from sglpy.runtime.memory.kv_manager import KVManager
-from sglpy.runtime.memory.kv_pool import KVPool, ReqToTokenPool
-from sglpy.runtime.memory.radix_cache import RadixCache
 from sglpy.runtime.model.runner import ModelRunner
+from sglpy.runtime.testing.runner_kv import runner_kv
 
 
-def our_logits(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Tensor]:
+def our_logits(runner: ModelRunner, prompts: list[list[int]], kv_cache_dtype: str = "auto") -> list[torch.Tensor]:
     """Logits at every position of each prompt, from one ragged extend forward of our model."""
-    kv = KVManager(KVPool(runner.num_layers, sum(map(len, prompts)) + 1, runner.num_kv_heads, runner.head_dim,
-                          runner.dtype, runner.device),
-                   ReqToTokenPool(len(prompts), runner.max_context, runner.device), RadixCache(disable=True))
+    kv = runner_kv(runner, sum(map(len, prompts)) + 1, len(prompts), kv_cache_dtype)
     entries = []
     for i, ids in enumerate(prompts):
         req = Req(rid=str(i), input_ids=list(ids), sampling=SamplingParams(max_new_tokens=1),
@@ -37,7 +33,8 @@ def hf_logits(hf_model, prompts: list[list[int]]) -> list[torch.Tensor]:
 
 
 def make_runner(path: str, **kw) -> ModelRunner:
-    """A ModelRunner on CPU for a model folder."""
+    """A ModelRunner on CPU for a model folder; float32 weights (quantization='none') unless kw says otherwise."""
+    kw.setdefault("quantization", "none")  # the CPU default is int8; comparisons with HF need exact weights
     return ModelRunner(EngineConfig(model=path, device="cpu", **kw), path)
 
 
@@ -86,7 +83,7 @@ def test_default_model_greedy_matches_hf_generate(default_model_path):
 
     from sglpy.runtime.engine import Engine
 
-    eng = Engine(default_model_path, max_total_tokens=8192, debug_invariants=True)
+    eng = Engine(default_model_path, max_total_tokens=8192, debug_invariants=True, quantization="none")
     tok = eng.tokenizer
     subjects = ["cats", "the ocean", "Python", "winter", "music", "trains", "the moon", "bread", "chess", "rain",
                 "a robot", "gardens", "history", "volcanoes", "friendship", "coffee", "mountains", "books",

@@ -1,0 +1,107 @@
+"""Weight-only quantized linear kernels against their float32 oracle; packing, dequantization and checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglpy.kernels.quant_linear import (
+    PACKED_MAX_ROWS,
+    PackedLinear,
+    dequantize,
+    dequantize_int4,
+    pack_linear,
+    quant_linear,
+    quant_linear_reference,
+    quantize_int4,
+    quantize_int8,
+)
+
+
+def _weight(n=48, k=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g) * 0.05
+
+
+def test_int8_round_trip_error_is_at_most_half_a_step():
+    w = _weight()
+    q, scale = quantize_int8(w)
+    assert q.dtype == torch.int8 and scale.dtype == torch.bfloat16 and scale.shape == (48,)
+    err = (q.float() * scale.float()[:, None] - w).abs()
+    # half a step, plus the clipping of a row maximum when its bf16 scale rounded down (< 1% of a step more)
+    assert bool((err <= scale.float()[:, None] * 0.51).all())
+
+
+def test_int4_recovers_weights_already_on_a_q4_1_grid():
+    """A GGUF Q4_1-style block (16 levels from the group minimum, bf16 scale/min) comes back exactly."""
+    n, k, g = 32, 64, 32
+    gen = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, 16, (n, k // g, g), generator=gen)
+    codes[..., 0], codes[..., 1] = 0, 15  # every group spans the full grid, as a Q4_1 block does
+    scale = (torch.rand(n, k // g, 1, generator=gen) * 0.01 + 0.001).bfloat16().float()
+    low = (torch.randn(n, k // g, 1, generator=gen) * 0.05).bfloat16().float()
+    w = (codes * scale + low).reshape(n, k)
+    got_codes, sz = quantize_int4(w, g)
+    deq = dequantize_int4(got_codes, sz, g)
+    # the kernel's zero point (low + 8 * scale) is a bf16: the grid may shift by half a bf16 ulp of it, no more
+    zero = (low + 8 * scale).abs().expand(n, k // g, g).reshape(n, k)
+    assert bool(((deq - w).abs() <= zero * 2.0**-8 + 1e-7).all())  # half an ulp (8 mantissa bits)
+    assert torch.equal(got_codes.reshape(n, k // g, g), codes.to(torch.int32))
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_dequantize_matches_the_dense_copy_and_the_codes(kind):
+    w = _weight()
+    p = pack_linear(w, None, kind, 32, dense=True)
+    deq = dequantize(p)
+    assert deq.shape == w.shape and deq.dtype == torch.float32
+    assert torch.equal(deq.bfloat16(), p.dense)
+    if kind == "int4":
+        codes, sz = quantize_int4(w, 32)
+        assert torch.equal(deq, dequantize_int4(codes, sz, 32))
+    step = (w.abs().amax(1, keepdim=True) / 127) if kind == "int8" else (w.amax(1, keepdim=True) - w.amin(1, keepdim=True)) / 15
+    assert bool(((deq - w).abs() <= step * 0.6).all())
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("rows", [1, 3, PACKED_MAX_ROWS + 5])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_quant_linear_matches_reference(kind, dense, rows, with_bias):
+    w = _weight(seed=rows)
+    bias = torch.randn(48) if with_bias else None
+    p = pack_linear(w, bias, kind, 32, dense=dense)
+    x = torch.randn(rows, 96)
+    got = quant_linear(x, p)
+    assert got.shape == (rows, 48) and got.dtype == torch.float32
+    # the kernels read activations as bf16 and return bf16: compare with the oracle on bf16-rounded inputs
+    want = quant_linear_reference(x.bfloat16().float(), p)
+    tol = 1e-2 * want.abs().max().item()
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=tol)
+
+
+def test_packed_linear_accounts_bytes_and_rejects_bad_kinds():
+    p = pack_linear(_weight(), None, "int4", 32)
+    assert p.nbytes == 48 * 96 // 2 + (96 // 32) * 48 * 2 * 2
+    with pytest.raises(ValueError, match="kind must be"):
+        pack_linear(_weight(), None, "int3")
+    with pytest.raises(ValueError, match="kind must be"):
+        PackedLinear("fp8", 1, 1, torch.zeros(1), torch.zeros(1), 1)
+
+
+def test_pack_and_call_reject_bad_shapes():
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        pack_linear(_weight(k=80), None, "int4", 32)
+    with pytest.raises(ValueError, match="divisible by 16"):
+        pack_linear(_weight(n=40), None, "int4", 32)
+    with pytest.raises(ValueError, match="group_size must be one of"):
+        pack_linear(_weight(), None, "int4", 48)
+    p = pack_linear(_weight(), None, "int8")
+    with pytest.raises(ValueError, match="x dim 1"):
+        quant_linear(torch.randn(2, 95), p)
+    with pytest.raises(ValueError, match="x dtype"):
+        quant_linear(torch.randn(2, 96).double(), p)
+    with pytest.raises(ValueError, match="x must have 2 dims"):
+        quant_linear(torch.randn(96), p)
+    with pytest.raises(ValueError, match="PackedLinear"):
+        quant_linear(torch.randn(2, 96), _weight())
