@@ -152,7 +152,7 @@ def _real_tokenizer_info():
     from transformers import AutoTokenizer
 
     from sglpy.grammar import TokenizerInfo
-    from sglpy.runtime.model_loader import resolve_model_path
+    from sglpy.runtime.model.loader import resolve_model_path
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path(None))  # the default model's tokenizer
     return TokenizerInfo.from_hf(tok)
