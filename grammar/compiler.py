@@ -215,7 +215,10 @@ class GrammarCompiler:
             def make():
                 res = compile_schema(norm, whitespace_pattern=ws, strict=strict,
                                      max_recursion_depth=self.max_recursion_depth, budget=budget)
-                return res.dfa, SchemaInfo(res.draft, res.ignored, res.relaxed)
+                from .rtn import flat_minimal
+
+                dfa = flat_minimal(res.module, self.max_states, budget, "the JSON schema")
+                return dfa, SchemaInfo(res.draft, res.ignored, res.relaxed)
 
             source = f"json_schema:{json.dumps([strict, ws, self.max_recursion_depth])}:{text}"
             return self._regex_guide(source, budget, make=make)

@@ -15,6 +15,8 @@ from itertools import combinations
 from . import json_formats as F
 from .errors import GrammarError
 from .json_normal import Norm
+from .regex_nfa import OptionalSlots
+from .rtn_program import Program
 
 MAX_PATTERN_REGIONS = 3  # patterns whose every combination gets its own key region
 MAX_OVER_FILTERS = 6  # over-approximation: constraints kept per object (the rest dropped: still a superset)
@@ -52,7 +54,7 @@ class ObjectsMixin:
         text = json.dumps(name, ensure_ascii=False).encode()
         for sub in names:
             r = self.under(sub)
-            if r is None or not self.to_dfa(r, "propertyNames").fullmatch(text):
+            if r is None or not Program(self.module(r, "propertyNames")).fullmatch(text):
                 return False
         return True
 
@@ -116,6 +118,8 @@ class ObjectsMixin:
                 else:
                     out += f"(?:{c}{f})?"
             return out + more
+        if not self.plain_text:  # linear automaton instead of n^2 regex text
+            return self.atom(OptionalSlots([f for f, _ in slots], c, more, lone if extra is not None else ""))
         firsts = []
         for i, (f, _) in enumerate(slots):
             firsts.append(f + "".join(f"(?:{c}{g})?" for g, _ in slots[i + 1:]))

@@ -27,7 +27,9 @@ from .json_objects import ObjectsMixin
 from .json_refs import ROOT_URI, SchemaRegistry
 from .json_strings import StringsMixin
 from .json_vocab import DEFAULT_DRAFT, detect_draft
-from .regex_nfa import ATOM_BASE, ATOM_END
+from .regex_nfa import ATOM_BASE, ATOM_END, OptionalSlots
+from .rtn import Module, flatten, module_of
+from .rtn_build import regex_to_module
 
 ANY_DEPTH = 2  # nesting of unconstrained values ({} / true / missing items) below where they start
 MAX_DEPTH = 16  # instance nesting the converter generates; deeper optional parts are dropped
@@ -37,12 +39,19 @@ MAX_BRANCHES = 128  # anyOf / oneOf / if combinations explored at one position
 
 @dataclass(frozen=True)
 class CompiledSchema:
-    """A schema's automaton plus what the compile ignored (annotations, unknown keywords, unknown formats)."""
+    """A schema's automaton (a module network) plus what the compile ignored (annotations, unknown keywords)."""
 
-    dfa: ByteDFA
+    module: Module
     draft: str
     ignored: tuple[str, ...]
     relaxed: tuple[str, ...]  # strict=False: constraints not enforced
+
+    @property
+    def dfa(self) -> "Program":
+        """The automaton as a byte matcher (`fullmatch`, `num_states`), without flattening it."""
+        from .rtn_program import Program
+
+        return Program(self.module)
 
 
 def normalize_schema(schema: Any) -> Any:
@@ -76,10 +85,10 @@ def compile_schema(schema: Any, whitespace_pattern: str | None = None, strict: b
     if regex is None:
         raise GrammarError(f"json_schema admits no document (false subschemas, contradictory keywords, or $ref "
                            f"recursion deeper than {max_recursion_depth})")
-    dfa = conv.to_dfa(regex, "the JSON schema")
-    if is_empty(dfa):
+    mod = conv.module(regex, "the JSON schema")
+    if is_empty(mod):
         raise GrammarError("json_schema admits no document (its constraints contradict each other)")
-    return CompiledSchema(dfa, draft, tuple(sorted(conv.ignored)), tuple(conv.relaxed))
+    return CompiledSchema(mod, draft, tuple(sorted(conv.ignored)), tuple(conv.relaxed))
 
 
 def schema_to_regex(schema: Any, whitespace_pattern: str | None = None, strict: bool = True,
@@ -88,6 +97,7 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None, strict: 
     schema = normalize_schema(schema)
     conv = SchemaConverter(schema, detect_draft(schema), whitespace_pattern, strict, max_recursion_depth,
                            CompileBudget(time_s=None))
+    conv.plain_text = True
     regex = conv.under(Sub(schema, conv.root_ctx))
     if regex is None:
         raise GrammarError("json_schema admits no document")
@@ -118,9 +128,13 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         hops = 1 + self.registry.ref_count * max_recursion_depth
         self.max_level = min(MAX_DEPTH, (self.registry.depth + 1) * hops)
         self.root_ctx = Ctx(self.registry.base(root, ROOT_URI), (self.registry.base(root, ROOT_URI),), (), 0)
-        self.atoms: dict[int, ByteDFA] = {}
-        self._atom_of: dict[int, str] = {}  # id(dfa) -> marker (the dfa stays alive in self.atoms)
+        self.atoms: dict[int, Module | OptionalSlots] = {}
+        self._atom_of: dict[int, str] = {}  # id(automaton) -> marker (kept alive in self._alive)
+        self._alive: list = []
         self.dfa_cache: dict = {}
+        self.module_cache: dict[str, Module] = {}
+        self.flat_cache: dict = {}
+        self.plain_text = False  # schema_to_regex: no fragments, everything as regex text
         self.ignored: set[str] = set()
         self.relaxed: list[str] = []
         self._branches = 0
@@ -139,32 +153,38 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
             self.comma, self.colon = w + "," + w, w + ":" + w
 
     # ---- automata ------------------------------------------------------------------------------------
-    def atom(self, dfa: ByteDFA) -> str:
-        """A one-character regex standing for `dfa` (registered for build_nfa)."""
-        known = self._atom_of.get(id(dfa))
+    def atom(self, obj: ByteDFA | Module | OptionalSlots) -> str:
+        """A one-character regex standing for an automaton or fragment (registered for build_nfa)."""
+        known = self._atom_of.get(id(obj))
         if known is not None:
             return known
         code = ATOM_BASE + len(self.atoms)
         if code > ATOM_END:
             raise GrammarError("json_schema needs too many sub-automata")
-        self.atoms[code] = dfa
-        self._atom_of[id(dfa)] = chr(code)
+        mod = module_of(obj) if isinstance(obj, ByteDFA) else obj
+        self.atoms[code] = mod
+        self._alive += [obj, mod]
+        self._atom_of[id(obj)] = self._atom_of[id(mod)] = chr(code)
         return chr(code)
 
-    def to_dfa(self, regex: str, what: str) -> ByteDFA:
-        if len(regex) == 1 and ord(regex) in self.atoms:  # an atom is its own automaton
+    def module(self, regex: str, what: str) -> Module:
+        """The regex (atoms embedded by reference: called or stepped, never copied) as one module."""
+        if len(regex) == 1 and isinstance(self.atoms.get(ord(regex)), Module):  # an atom is its own automaton
             return self.atoms[ord(regex)]
-        got = self.dfa_cache.get(regex)
+        got = self.module_cache.get(regex)
         if got is None:
-            got = self.dfa_cache[regex] = regex_to_dfa(regex, self.max_states, budget=self.budget,
-                                                       atoms=self.atoms, what=what, allow_empty=True)
+            got = self.module_cache[regex] = regex_to_module(regex, self.max_states, self.budget, self.atoms, what)
         return got
 
+    def to_dfa(self, regex: str, what: str) -> ByteDFA:
+        """The regex as one plain DFA (calls flattened), for the automaton algebra."""
+        return flatten(self.module(regex, what), self.max_states, self.budget, what, self.flat_cache)
+
     def compact(self, regex: str | None, what: str, limit: int = 2000) -> str | None:
-        """Long regexes become one atom (their minimal DFA), so repeating them does not multiply text."""
+        """Long regexes become one atom (their module), so repeating them does not multiply text."""
         if regex is None or len(regex) <= limit:
             return regex
-        d = self.to_dfa(regex, what)
+        d = self.module(regex, what)
         return None if is_empty(d) else self.atom(d)
 
     def combine(self, a: str | None, b: str | None, op: str, what: str) -> str | None:
@@ -365,7 +385,8 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         return (self.open_obj, self.close_obj, self.open_arr, self.close_arr, self.comma, self.colon)
 
     def _any(self, depth: int) -> str:
-        return self.atom(_any_dfa(self._layout(), depth))
+        # numbers apart: the rest is prefix-free, so a large any-value is one called module, not a copy per use
+        return f"(?:{self.atom(_any_dfa(self._layout(), depth, False))}|{ANY_NUMBER_RE})"
 
     # ---- over-approximation ----------------------------------------------------------------------------
     def loose(self) -> str:
@@ -454,10 +475,13 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
 
 
 @functools.lru_cache(maxsize=64)
-def _any_dfa(layout: tuple, depth: int) -> ByteDFA:
-    """Any JSON value nested at most `depth` levels, in a layout (open/close object/array, comma, colon)."""
+def _any_dfa(layout: tuple, depth: int, numbers: bool = True) -> ByteDFA:
+    """Any JSON value nested at most `depth` levels, in a layout (open/close object/array, comma, colon).
+
+    numbers=False: not a number at the top level (nested values still may be).
+    """
     oo, co, oa, ca, comma, colon = layout
-    alts = [F.STRING, ANY_NUMBER_RE, F.BOOLEAN, F.NULL]
+    alts = [F.STRING, ANY_NUMBER_RE, F.BOOLEAN, F.NULL] if numbers else [F.STRING, F.BOOLEAN, F.NULL]
     atoms = {}
     if depth > 0:
         atoms[ATOM_BASE] = _any_dfa(layout, depth - 1)
