@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from .errors import GrammarError, is_fatal
 from .json_normal import Norm, Sub
 
 MAX_UNIQUE_VALUES = 8  # uniqueItems: distinct item values we can track (2^n subsets)
@@ -117,7 +118,12 @@ class ArraysMixin:
         if pre:
             self.refuse("uniqueItems", "with prefixItems / tuple items")
             return base
-        texts = self._finite_texts(item)
+        try:
+            texts = self._finite_texts(item)
+        except GrammarError as e:
+            if is_fatal(e):
+                raise
+            texts = None  # too large to enumerate: not a small finite domain
         if texts is None:
             self.refuse("uniqueItems", "the items can take unboundedly many values (distinctness is not regular; "
                                        "give the items an enum or a finite domain)")

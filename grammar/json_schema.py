@@ -22,14 +22,16 @@ from .errors import GrammarError, is_fatal
 from .fsa import is_empty, product
 from .json_arrays import ArraysMixin
 from .json_normal import TYPES, Ctx, Norm, Sub, add_part
-from .json_numbers import ANY_NUMBER_RE, NumbersMixin
+from .json_numbers import ANY_NUMBER_RE, MAX_DIGITS, NumbersMixin
 from .json_objects import ObjectsMixin
 from .json_refs import ROOT_URI, SchemaRegistry
 from .json_strings import StringsMixin
 from .json_vocab import DEFAULT_DRAFT, detect_draft
 from .regex_nfa import ATOM_BASE, ATOM_END, OptionalSlots
-from .rtn import Module, flatten, module_of
+from .rtn import Module, flatten, mark_value, module_of
+from .rtn_algebra import module_product
 from .rtn_build import regex_to_module
+from .rtn_program import Program
 
 ANY_DEPTH = 2  # nesting of unconstrained values ({} / true / missing items) below where they start
 MAX_DEPTH = 16  # instance nesting the converter generates; deeper optional parts are dropped
@@ -135,6 +137,8 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         self.module_cache: dict[str, Module] = {}
         self.flat_cache: dict = {}
         self.plain_text = False  # schema_to_regex: no fragments, everything as regex text
+        self._universal: dict[int, Module] = {}
+        self._anys: dict[int, Module] = {}
         self.ignored: set[str] = set()
         self.relaxed: list[str] = []
         self._branches = 0
@@ -185,7 +189,7 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         if regex is None or len(regex) <= limit:
             return regex
         d = self.module(regex, what)
-        return None if is_empty(d) else self.atom(d)
+        return None if is_empty(d) else self.atom(mark_value(d))
 
     def combine(self, a: str | None, b: str | None, op: str, what: str) -> str | None:
         """Regex (an atom) for L(a) op L(b) with op in and / or / diff; None when empty."""
@@ -193,8 +197,8 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
             return b if op == "or" else None
         if b is None:
             return None if op == "and" else a
-        d = product(self.to_dfa(a, what), self.to_dfa(b, what), op, self.max_states, self.budget, what)
-        return None if is_empty(d) else self.atom(d)
+        d = module_product(self.module(a, what), self.module(b, what), op, self.max_states, self.budget, what)
+        return None if is_empty(d) else self.atom(mark_value(d))
 
     # ---- bookkeeping -----------------------------------------------------------------------------------
     def ignore(self, keys) -> None:
@@ -342,7 +346,8 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
             r = self.under_norm(rest, ctx)
             if r is None:
                 return None
-            check = self.to_dfa(r, "enum")
+            check = r
+            matcher = Program(self.module(r, "enum"))
         out = []
         for v in n.enum:
             if not any(_is_type(v, t, self.draft) for t in types):
@@ -350,9 +355,14 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
             text = self.const_text(v)
             if text is None:
                 continue
-            if check is not None and is_empty(product(self.to_dfa(text, "enum"), check, "and", self.max_states,
-                                                      self.budget, "enum")):
-                continue
+            if check is not None:
+                lits = _scalar_texts(v)
+                if lits is not None:  # a scalar's texts are literals: keep those the automaton accepts
+                    text = alt([re.escape(t) for t in lits if matcher.fullmatch(t.encode())])
+                    if text is None:
+                        continue
+                elif self.combine(text, check, "and", "enum") is None:
+                    continue
             out.append(text)
         return alt(out)
 
@@ -386,12 +396,23 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
 
     def _any(self, depth: int) -> str:
         # numbers apart: the rest is prefix-free, so a large any-value is one called module, not a copy per use
-        return f"(?:{self.atom(_any_dfa(self._layout(), depth, False))}|{ANY_NUMBER_RE})"
+        return f"(?:{self.atom(mark_value(self._any_module(depth)))}|{ANY_NUMBER_RE})"
+
+    def _any_module(self, depth: int) -> Module:
+        got = self._anys.get(depth)
+        if got is None:
+            got = self._anys[depth] = module_of(_any_dfa(self._layout(), depth, False))
+        return got
 
     # ---- over-approximation ----------------------------------------------------------------------------
     def loose(self) -> str:
         """Every text the converter can generate (bracket nesting counted, not matched by kind)."""
-        return self.atom(_loose_dfa(self._layout(), self.max_level + ANY_DEPTH + 1))
+        depth = self.max_level + ANY_DEPTH + 1
+        u = self._universal.get(depth)
+        if u is None:  # numbers apart, the rest is prefix-free: one called module, marked universal for the algebra
+            d = _loose_dfa(self._layout(), depth, False)
+            u = self._universal[depth] = Module(d.trans, d.accepting, d.initial, universal=True, value=True)
+        return f"(?:{self.atom(u)}|{ANY_NUMBER_RE})"
 
     def over_norm(self, n: Norm, ctx: Ctx) -> str | None:
         if n.false:
@@ -493,16 +514,35 @@ def _any_dfa(layout: tuple, depth: int, numbers: bool = True) -> ByteDFA:
 
 
 @functools.lru_cache(maxsize=64)
-def _loose_dfa(layout: tuple, depth: int) -> ByteDFA:
-    """Superset of every generated value nested at most `depth` levels: brackets counted, not matched by kind."""
+def _loose_dfa(layout: tuple, depth: int, numbers: bool = True) -> ByteDFA:
+    """Superset of every generated value nested at most `depth` levels: brackets counted, not matched by kind.
+
+    numbers=False: not a number at the top level (nested values still may be).
+    """
     oo, co, oa, ca, comma, colon = layout
-    scalar = "(?:" + "|".join([F.STRING, ANY_NUMBER_RE, F.BOOLEAN, F.NULL]) + ")"
+    scalar = "(?:" + "|".join([F.STRING, ANY_NUMBER_RE, F.BOOLEAN, F.NULL] if numbers else
+                              [F.STRING, F.BOOLEAN, F.NULL]) + ")"
     if depth == 0:
         return regex_to_dfa(scalar, 1 << 20, what="the universe of JSON values")
     inner = chr(ATOM_BASE)
     item = f"(?:{F.STRING}{colon})?{inner}"
     return regex_to_dfa(f"(?:{scalar}|(?:{oo}|{oa})(?:{item}(?:{comma}{item})*)?(?:{co}|{ca}))", 1 << 20,
                         atoms={ATOM_BASE: _loose_dfa(layout, depth - 1)}, what="the universe of JSON values")
+
+
+def _scalar_texts(v: Any) -> list[str] | None:
+    """The texts const_text's regex matches for a scalar value (None for arrays and objects)."""
+    if isinstance(v, (dict, list)):
+        return None
+    if isinstance(v, float):
+        if v.is_integer():
+            i = str(int(v))
+            return [i, i + ".0"] if len(i) < MAX_DIGITS else [i]
+        from .json_numbers import _plain_decimal
+
+        t = _plain_decimal(v)
+        return [] if t is None else [t]
+    return [json.dumps(v, ensure_ascii=False)]
 
 
 def _copy(v):

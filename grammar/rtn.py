@@ -39,6 +39,8 @@ class Module:
     initial: int
     entries: tuple = ()  # Entry per call index
     classes: np.ndarray = field(default=None, repr=False)  # [256] byte class ids refining this module and its callees
+    universal: bool = False  # accepts every value the compiler generates (rtn_algebra may call it unchecked)
+    value: bool = False  # its strings are whole JSON values (set by the schema converter: see mark_value)
 
     def __post_init__(self):
         if self.classes is None:
@@ -74,6 +76,12 @@ class Module:
 
     def total_states(self) -> int:
         return sum(m.num_states for m in self.modules())
+
+
+def mark_value(mod: Module) -> Module:
+    """Record that every string of `mod` is one whole JSON value (what the universal-module shortcut needs)."""
+    object.__setattr__(mod, "value", True)
+    return mod
 
 
 def module_of(dfa: ByteDFA) -> Module:
