@@ -8,7 +8,6 @@ under(A) minus over(B). Annotations and keywords unknown to the draft are ignore
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import warnings
@@ -17,15 +16,16 @@ from typing import Any
 
 from . import json_formats as F
 from .budget import CompileBudget
-from .dfa import ByteDFA, regex_to_dfa
+from .dfa import ByteDFA
 from .errors import GrammarError, is_fatal
 from .fsa import is_empty, product
 from .json_arrays import ArraysMixin
 from .json_normal import TYPES, Ctx, Norm, Sub, add_part
 from .json_numbers import ANY_NUMBER_RE, MAX_DIGITS, NumbersMixin
-from .json_objects import ObjectsMixin
+from .json_objects import OVER_MAX_STATES, ObjectsMixin
 from .json_refs import ROOT_URI, SchemaRegistry
 from .json_strings import StringsMixin
+from .json_universe import any_module, loose_module
 from .json_vocab import DEFAULT_DRAFT, detect_draft
 from .regex_nfa import ATOM_BASE, ATOM_END, OptionalSlots
 from .rtn import Module, flatten, mark_value, module_of
@@ -136,9 +136,8 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         self.dfa_cache: dict = {}
         self.module_cache: dict[str, Module] = {}
         self.flat_cache: dict = {}
+        self.combine_cache: dict = {}
         self.plain_text = False  # schema_to_regex: no fragments, everything as regex text
-        self._universal: dict[int, Module] = {}
-        self._anys: dict[int, Module] = {}
         self.ignored: set[str] = set()
         self.relaxed: list[str] = []
         self._branches = 0
@@ -197,6 +196,13 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
             return b if op == "or" else None
         if b is None:
             return None if op == "and" else a
+        key = (a, b, op)
+        if key in self.combine_cache:
+            return self.combine_cache[key]
+        out = self.combine_cache[key] = self._combine(a, b, op, what)
+        return out
+
+    def _combine(self, a: str, b: str, op: str, what: str) -> str | None:
         d = module_product(self.module(a, what), self.module(b, what), op, self.max_states, self.budget, what)
         return None if is_empty(d) else self.atom(mark_value(d))
 
@@ -396,23 +402,12 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
 
     def _any(self, depth: int) -> str:
         # numbers apart: the rest is prefix-free, so a large any-value is one called module, not a copy per use
-        return f"(?:{self.atom(mark_value(self._any_module(depth)))}|{ANY_NUMBER_RE})"
-
-    def _any_module(self, depth: int) -> Module:
-        got = self._anys.get(depth)
-        if got is None:
-            got = self._anys[depth] = module_of(_any_dfa(self._layout(), depth, False))
-        return got
+        return f"(?:{self.atom(any_module(self._layout(), depth))}|{ANY_NUMBER_RE})"
 
     # ---- over-approximation ----------------------------------------------------------------------------
     def loose(self) -> str:
-        """Every text the converter can generate (bracket nesting counted, not matched by kind)."""
-        depth = self.max_level + ANY_DEPTH + 1
-        u = self._universal.get(depth)
-        if u is None:  # numbers apart, the rest is prefix-free: one called module, marked universal for the algebra
-            d = _loose_dfa(self._layout(), depth, False)
-            u = self._universal[depth] = Module(d.trans, d.accepting, d.initial, universal=True, value=True)
-        return f"(?:{self.atom(u)}|{ANY_NUMBER_RE})"
+        """Every text the converter can generate (and more: any nesting; brackets not matched by kind)."""
+        return f"(?:{self.atom(loose_module(self._layout()))}|{ANY_NUMBER_RE})"
 
     def over_norm(self, n: Norm, ctx: Ctx) -> str | None:
         if n.false:
@@ -442,7 +437,9 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
             else:  # dependentSchemas: the name is absent, or the dependent schema holds
                 name, dep = payload
                 other = alt([self.lacks_key(name), self.over(dep)])
-            out = self.combine(out, other, "and", kind)
+            cand = self.combine(out, other, "and", kind)
+            if cand is None or self.module(cand, kind).num_states <= OVER_MAX_STATES:
+                out = cand  # else dropped: a superset still
         return self.compact(out, "a subschema")
 
     def safe_diff(self, universe: str, sub: Sub) -> str | None:
@@ -493,41 +490,6 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         n = Norm(types={"object"}, props={k: [Sub({"const": x}, ctx)] for k, x in v.items()},
                  required=dict.fromkeys(v), groups=[(frozenset(v), {}, Sub(False, ctx), True)])
         return self.object_over(n, ctx)
-
-
-@functools.lru_cache(maxsize=64)
-def _any_dfa(layout: tuple, depth: int, numbers: bool = True) -> ByteDFA:
-    """Any JSON value nested at most `depth` levels, in a layout (open/close object/array, comma, colon).
-
-    numbers=False: not a number at the top level (nested values still may be).
-    """
-    oo, co, oa, ca, comma, colon = layout
-    alts = [F.STRING, ANY_NUMBER_RE, F.BOOLEAN, F.NULL] if numbers else [F.STRING, F.BOOLEAN, F.NULL]
-    atoms = {}
-    if depth > 0:
-        atoms[ATOM_BASE] = _any_dfa(layout, depth - 1)
-        inner = chr(ATOM_BASE)
-        alts.append(oa + f"(?:{inner}(?:{comma}{inner})*)?" + ca)
-        pair = F.STRING + colon + inner
-        alts.append(oo + f"(?:{pair}(?:{comma}{pair})*)?" + co)
-    return regex_to_dfa("(?:" + "|".join(alts) + ")", 1 << 20, atoms=atoms, what="any value")
-
-
-@functools.lru_cache(maxsize=64)
-def _loose_dfa(layout: tuple, depth: int, numbers: bool = True) -> ByteDFA:
-    """Superset of every generated value nested at most `depth` levels: brackets counted, not matched by kind.
-
-    numbers=False: not a number at the top level (nested values still may be).
-    """
-    oo, co, oa, ca, comma, colon = layout
-    scalar = "(?:" + "|".join([F.STRING, ANY_NUMBER_RE, F.BOOLEAN, F.NULL] if numbers else
-                              [F.STRING, F.BOOLEAN, F.NULL]) + ")"
-    if depth == 0:
-        return regex_to_dfa(scalar, 1 << 20, what="the universe of JSON values")
-    inner = chr(ATOM_BASE)
-    item = f"(?:{F.STRING}{colon})?{inner}"
-    return regex_to_dfa(f"(?:{scalar}|(?:{oo}|{oa})(?:{item}(?:{comma}{item})*)?(?:{co}|{ca}))", 1 << 20,
-                        atoms={ATOM_BASE: _loose_dfa(layout, depth - 1)}, what="the universe of JSON values")
 
 
 def _scalar_texts(v: Any) -> list[str] | None:

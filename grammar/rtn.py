@@ -207,7 +207,10 @@ def flatten(mod: Module, max_states: int, budget: CompileBudget | None = None, w
     cache = {} if cache is None else cache
     got = cache.get(id(mod))
     if got is not None:
+        if got[1] is None:
+            raise GrammarError(f"automaton too large: {what} nests without bound (a recursive module)")
         return got[1]
+    cache[id(mod)] = (mod, None)  # in progress
     if not mod.entries:
         out = ByteDFA(mod.trans, mod.accepting, mod.initial)
         cache[id(mod)] = (mod, out)
