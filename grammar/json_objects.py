@@ -248,11 +248,9 @@ class ObjectsMixin:
         filters.sort(key=lambda pf: pf[0])
         out = self._loose_obj()
         for _, f in filters[:MAX_OVER_FILTERS + 2]:
-            cand = self.combine(out, f, "and", "an object's keywords")
-            if cand is None:
+            out = self.narrow(out, f, "an object's keywords")
+            if out is None:
                 return None
-            if self.module(cand, "an object's keywords").num_states <= OVER_MAX_STATES:
-                out = cand
         return out
 
     def _not_key_body(self, name: str):

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import json_formats as F
 from .budget import CompileBudget
-from .dfa import ByteDFA
+from .dfa import DEAD, ByteDFA
 from .errors import GrammarError, is_fatal
 from .fsa import is_empty, product
 from .json_arrays import ArraysMixin
@@ -170,13 +170,16 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         self._atom_of[id(obj)] = self._atom_of[id(mod)] = chr(code)
         return chr(code)
 
-    def module(self, regex: str, what: str) -> Module:
-        """The regex (atoms embedded by reference: called or stepped, never copied) as one module."""
+    def module(self, regex: str, what: str, cap: int | None = None) -> Module:
+        """The regex (atoms embedded by reference: called or stepped, never copied) as one module.
+
+        cap: state limit instead of max_states (over-approximations that may be dropped when too large)."""
         if len(regex) == 1 and isinstance(self.atoms.get(ord(regex)), Module):  # an atom is its own automaton
             return self.atoms[ord(regex)]
         got = self.module_cache.get(regex)
         if got is None:
-            got = self.module_cache[regex] = regex_to_module(regex, self.max_states, self.budget, self.atoms, what)
+            got = self.module_cache[regex] = regex_to_module(regex, cap or self.max_states, self.budget, self.atoms,
+                                                             what)
         return got
 
     def to_dfa(self, regex: str, what: str) -> ByteDFA:
@@ -202,9 +205,32 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         out = self.combine_cache[key] = self._combine(a, b, op, what)
         return out
 
-    def _combine(self, a: str, b: str, op: str, what: str) -> str | None:
-        d = module_product(self.module(a, what), self.module(b, what), op, self.max_states, self.budget, what)
+    def _combine(self, a: str, b: str, op: str, what: str, cap: int | None = None) -> str | None:
+        d = module_product(self.module(a, what), self.module(b, what), op, cap or self.max_states, self.budget, what)
         return None if is_empty(d) else self.atom(mark_value(d))
+
+    def disjoint(self, a: str | None, b: str | None) -> bool:
+        """Cheap proof that L(a) and L(b) share no text: their first bytes differ (False = unknown)."""
+        if a is None or b is None:
+            return True
+        ma, mb = self.module(a, "a subschema"), self.module(b, "a subschema")
+        return not ((ma.trans[ma.initial] != DEAD) & (mb.trans[mb.initial] != DEAD)).any()
+
+    def narrow(self, a: str | None, b: str | None, what: str) -> str | None:
+        """Over-approximations: a and b, or just a when the intersection would exceed OVER_MAX_STATES (a
+        superset still); building stops as soon as it grows past the cap."""
+        if a is None or b is None:
+            return None
+        key = (a, b, "narrow")
+        if key not in self.combine_cache:
+            try:
+                self.module(b, what, OVER_MAX_STATES)
+                self.combine_cache[key] = self._combine(a, b, "and", what, OVER_MAX_STATES)
+            except GrammarError as e:
+                if is_fatal(e):
+                    raise
+                self.combine_cache[key] = a
+        return self.combine_cache[key]
 
     # ---- bookkeeping -----------------------------------------------------------------------------------
     def ignore(self, keys) -> None:
@@ -292,7 +318,8 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
                 return self.distribute(kind, payload, rest, ctx)
         out = self.typed_under(n, ctx)
         for kind, payload in n.apps:  # only `not` is left
-            out = self.combine(out, self.over(payload), "diff", "not")
+            o = self.over(payload)
+            out = out if self.disjoint(out, o) else self.combine(out, o, "diff", "not")
         return self.compact(out, "a subschema")
 
     def distribute(self, kind: str, payload, rest: Norm, ctx: Ctx) -> str | None:
@@ -303,18 +330,22 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         if kind == "anyOf":
             return alt([self.under_norm(self.extend(rest, [b]), ctx) for b in payload])
         if kind == "oneOf":
-            outs = []
+            outs, overs = [], None
             for i, b in enumerate(payload):
                 mine = self.under_norm(self.extend(rest, [b]), ctx)
                 if mine is None:
                     continue
-                others = alt([self.over(o) for j, o in enumerate(payload) if j != i])
-                outs.append(self.combine(mine, others, "diff", "oneOf"))
+                overs = overs or [self.over(o) for o in payload]
+                for j, o in enumerate(overs):  # one difference per other branch: no union automaton
+                    if j != i and mine is not None and not self.disjoint(mine, o):
+                        mine = self.combine(mine, o, "diff", "oneOf")
+                outs.append(mine)
             return alt(outs)
         if kind == "if":
             cond, then, els = payload
             yes = self.under_norm(self.extend(rest, [cond, then]), ctx)
-            no = self.combine(self.under_norm(self.extend(rest, [els]), ctx), self.over(cond), "diff", "if/else")
+            no, o = self.under_norm(self.extend(rest, [els]), ctx), self.over(cond)
+            no = no if self.disjoint(no, o) else self.combine(no, o, "diff", "if/else")
             return alt([yes, no])
         name, dep = payload  # dependentSchemas
         c = Ctx(ctx.base, ctx.scope, ctx.refs, ctx.level)
@@ -437,9 +468,7 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
             else:  # dependentSchemas: the name is absent, or the dependent schema holds
                 name, dep = payload
                 other = alt([self.lacks_key(name), self.over(dep)])
-            cand = self.combine(out, other, "and", kind)
-            if cand is None or self.module(cand, kind).num_states <= OVER_MAX_STATES:
-                out = cand  # else dropped: a superset still
+            out = self.narrow(out, other, kind)
         return self.compact(out, "a subschema")
 
     def safe_diff(self, universe: str, sub: Sub) -> str | None:
