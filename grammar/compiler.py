@@ -11,10 +11,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from .budget import CompileBudget
-from .dfa import regex_to_dfa
+from .dfa import ByteDFA, regex_to_dfa
 from .errors import GrammarError
 from .guide import Guide, RegexGuide
+from .rtn import Module
+from .rtn_guide import StackGuide
 from .vocab import TokenizerInfo
 
 # SGLang's dtype constraints (gen(..., dtype=int/float/bool/str)); the one definition (sglpy/ir.py uses it).
@@ -158,14 +162,19 @@ class GrammarCompiler:
             path = os.path.join(self.cache_dir, f"regex-{key}.npz")
             if os.path.exists(path):
                 try:
-                    return RegexGuide.load(path, self.info)
+                    with np.load(path) as z:
+                        stack = "kind" in z.files and str(z["kind"]) == "stack"
+                    return (StackGuide if stack else RegexGuide).load(path, self.info)
                 except (OSError, ValueError, KeyError):
                     pass  # unreadable or stale entry: rebuild and overwrite
         if make is None:
             dfa, schema_info = regex_to_dfa(pattern, self.max_states, self.unicode_classes, budget=budget), None
         else:
             dfa, schema_info = make()
-        guide = RegexGuide(dfa, self.info, pattern, budget=budget, schema_info=schema_info)
+        if isinstance(dfa, Module):  # a module network: calls between modules, stack states
+            guide = StackGuide(dfa, self.info, pattern, budget=budget, schema_info=schema_info)
+        else:
+            guide = RegexGuide(dfa, self.info, pattern, budget=budget, schema_info=schema_info)
         if path:
             os.makedirs(self.cache_dir, exist_ok=True)
             tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp.npz"
@@ -215,10 +224,9 @@ class GrammarCompiler:
             def make():
                 res = compile_schema(norm, whitespace_pattern=ws, strict=strict,
                                      max_recursion_depth=self.max_recursion_depth, budget=budget)
-                from .rtn import flat_minimal
-
-                dfa = flat_minimal(res.module, self.max_states, budget, "the JSON schema")
-                return dfa, SchemaInfo(res.draft, res.ignored, res.relaxed)
+                mod = res.module
+                auto = mod if mod.entries else ByteDFA(mod.trans, mod.accepting, mod.initial)
+                return auto, SchemaInfo(res.draft, res.ignored, res.relaxed)
 
             source = f"json_schema:{json.dumps([strict, ws, self.max_recursion_depth])}:{text}"
             return self._regex_guide(source, budget, make=make)

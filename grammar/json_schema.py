@@ -36,7 +36,7 @@ from .rtn_program import Program
 ANY_DEPTH = 2  # nesting of unconstrained values ({} / true / missing items) below where they start
 MAX_DEPTH = 16  # instance nesting the converter generates; deeper optional parts are dropped
 OVER_LEVELS = 2  # over-approximations look this many nesting levels below where the negation applies
-MAX_BRANCHES = 128  # anyOf / oneOf / if combinations explored at one position
+MAX_BRANCHES = 128  # anyOf / oneOf / if combinations explored at one instance position
 
 
 @dataclass(frozen=True)
@@ -354,6 +354,13 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         return alt([present, absent])
 
     def typed_under(self, n: Norm, ctx: Ctx) -> str | None:
+        saved, self._branches = self._branches, 0  # the values inside are other positions: their own count
+        try:
+            return self._typed_under(n, ctx)
+        finally:
+            self._branches = saved
+
+    def _typed_under(self, n: Norm, ctx: Ctx) -> str | None:
         types = TYPES if n.types is None else [t for t in TYPES if t in n.types]
         if n.enum is not None:
             return self.enum_under(n, ctx, types)

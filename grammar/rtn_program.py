@@ -29,7 +29,7 @@ class Program:
         pos = {id(m): i for i, m in enumerate(mods)}
         self.num_states, self.num_entries = g, k
         class_of = root.classes.astype(np.int64)
-        _, reps = np.unique(class_of, return_index=True)
+        _, reps = np.unique(class_of, return_index=True)  # class ids are 0..k-1
         n_classes = len(reps)
         trans = np.zeros((g, n_classes), np.int32)
         accepting = np.zeros(g, bool)
@@ -49,16 +49,29 @@ class Program:
             for j, e in enumerate(m.entries):
                 rets[entry_base[i] + j] = off + e.ret
                 ats[entry_base[i] + j] = offsets[pos[id(e.callee)]] + e.at
-        self.modules = mods
-        self.trans, self.class_of, self.reps = trans, class_of.astype(np.int32), reps
+        self.num_modules = len(mods)
+        self.trans, self.class_of = trans, class_of.astype(np.int32)
         self.accepting, self.pop, self.module_of = accepting, pop, module_of
         self.rets, self.ats = rets, ats
         self.initial: tuple = (offsets[0] + root.initial,) if root.initial != DEAD else (DEAD,)
-        self._flat = array("i", trans.tobytes())
-        self._cls = class_of.tolist()
-        self._k = n_classes
-        self._pop = pop.tolist()
-        self._rets, self._ats = rets.tolist(), ats.tolist()
+        self._derive()
+
+    def _derive(self) -> None:
+        self._flat = array("i", np.ascontiguousarray(self.trans, np.int32).tobytes())
+        self._cls = self.class_of.tolist()
+        self._k = self.trans.shape[1]
+        self._pop = self.pop.tolist()
+        self._rets, self._ats = self.rets.tolist(), self.ats.tolist()
+
+    _TABLES = ("num_states", "num_entries", "num_modules", "trans", "class_of", "accepting", "pop", "module_of",
+               "rets", "ats", "initial")
+
+    def __getstate__(self):
+        return {k: getattr(self, k) for k in self._TABLES}
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self._derive()
 
     def step(self, stack: list, b: int) -> bool:
         """Advance a configuration (a list, modified in place) by one byte; False if the byte is rejected."""

@@ -1,0 +1,209 @@
+"""Token index of a module network: per global state, the tokens read inside its frame, and the crossing ones.
+
+A token read from state g either stays in g's frame (it may call other modules and return from them
+inside the token, or end exactly where g's module returns): those tokens are g's mask, the same whatever
+called g's module. A token that goes on after g's module returned depends on the caller: those few
+(`"},`, `}]`, ...) are listed per state as (token, bytes read inside the frame), and the guide checks them
+against the actual stack when it first meets that stack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .dfa import DEAD, group_rows
+from .index import _csr_expand
+from .rtn_program import Program
+from .vocab import TokenizerInfo
+
+_MAX_PAIRS = 3_000_000
+_MAX_SCRATCH = 16_000_000
+
+
+@dataclass(frozen=True)
+class ProgramIndex:
+    """masks[mask_of[g]]: packed mask of state g (EOS included where the document may end);
+    cross_tok[cross_start[g]:cross_start[g + 1]]: tokens leaving g's frame, read cross_off bytes inside it."""
+
+    masks: np.ndarray  # [unique, words] int32, read-only
+    mask_of: np.ndarray  # [states] int64
+    has_token: np.ndarray  # [states] bool: some token stays inside the frame
+    cross_start: np.ndarray  # [states + 1] int64
+    cross_tok: np.ndarray  # [n] int64
+    cross_off: np.ndarray  # [n] int64
+
+
+def _classes(prog: Program, depth: int) -> np.ndarray:
+    """Representative state per class of states whose frames read the same byte strings up to `depth`."""
+    n = prog.num_states
+    t = prog.trans.astype(np.int64)
+    is_call = t < 0
+    e = np.where(is_call, -t - 1, 0)
+    plain = np.where(is_call, 0, t)
+    block = np.where(prog.pop, 1, 2).astype(np.int64)
+    block[DEAD] = 0
+    count = len(np.unique(block))
+    for _ in range(depth):
+        if prog.num_entries:
+            eg, _ = group_rows(np.column_stack([block[prog.ats], block[prog.rets]]))
+            vals = np.where(is_call, n + eg[e], block[plain])
+        else:
+            vals = block[plain]
+        block, new = group_rows(np.column_stack([block, vals]))
+        if new == count:
+            break
+        count = new
+    _, first = np.unique(block, return_index=True)
+    rep = np.empty(count, np.int64)
+    rep[block[first]] = first
+    return rep[block]
+
+
+def build_program_index(prog: Program, info: TokenizerInfo, budget=None) -> ProgramIndex:
+    """Walk the token trie from one representative per class of states, the stack kept per walk."""
+    n = prog.num_states
+    words = info.mask_words
+    rep_of = _classes(prog, info.longest_token)
+    reps = np.unique(rep_of[1:]) if n > 1 else np.zeros(0, np.int64)
+    rep_masks, cross = _walk(prog, info, reps, budget)
+    row = np.zeros(n, np.int64)
+    row[reps] = np.arange(len(reps))
+    masks = np.zeros((n, words), np.uint32)
+    masks[1:] = rep_masks[row[rep_of[1:]]]
+    has_token = masks.any(axis=1)
+    eos = np.array(info.eos_token_ids, dtype=np.int64)
+    eos_bits = np.zeros(words, np.uint32)
+    np.bitwise_or.at(eos_bits, eos >> 5, np.uint32(1) << (eos & 31).astype(np.uint32))
+    final = prog.accepting & (prog.module_of == 0)
+    final[DEAD] = False
+    masks[final] |= eos_bits
+    # cross lists: per representative, then per state
+    ck, ctok, coff = cross
+    order = np.lexsort((ctok, ck))
+    ck, ctok, coff = ck[order], ctok[order], coff[order]
+    rstart = np.searchsorted(ck, np.arange(len(reps) + 1))
+    counts = np.zeros(n, np.int64)
+    counts[1:] = (rstart[1:] - rstart[:-1])[row[rep_of[1:]]]
+    cross_start = np.concatenate([[0], np.cumsum(counts)])
+    owner, off = _csr_expand(counts)
+    src = rstart[row[rep_of[owner]]] + off
+    rows: dict[bytes, int] = {}
+    mask_of = np.array([rows.setdefault(m.tobytes(), len(rows)) for m in masks], dtype=np.int64)
+    unique = np.frombuffer(b"".join(rows), dtype=np.int32).reshape(len(rows), words).copy()
+    unique.setflags(write=False)
+    return ProgramIndex(unique, mask_of, has_token, cross_start, ctok[src], coff[src])
+
+
+def _subtree_tokens(trie, depth: int, nodes: np.ndarray, owners: np.ndarray):
+    """(owner, token, depth) for every token strictly below each trie node (nodes at `depth`)."""
+    out_o, out_t = [], []
+    out_d = []
+    lo, hi, own = nodes, nodes + 1, owners
+    d = depth
+    while len(lo) and d < trie.depth:
+        cs, cc = trie.child_start[d], trie.child_count[d]
+        nlo = cs[lo]
+        nhi = cs[hi - 1] + cc[hi - 1]
+        keep = nhi > nlo
+        lo, hi, own = nlo[keep], nhi[keep], own[keep]
+        d += 1
+        if not len(lo):
+            break
+        ts, tc = trie.tok_start[d], trie.tok_count[d]
+        a = ts[lo]
+        b = ts[hi - 1] + tc[hi - 1]
+        cnt = b - a
+        o, k = _csr_expand(cnt)
+        if len(o):
+            out_o.append(own[o])
+            out_t.append(trie.tok_ids[d][a[o] + k])
+    if not out_o:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(out_o), np.concatenate(out_t)
+
+
+def _walk(prog: Program, info: TokenizerInfo, states: np.ndarray, budget=None):
+    """Inner masks [len(states), words] and the crossing tokens (row, token, bytes inside) of the given states."""
+    trie = info.trie
+    flat = prog.trans
+    cls = prog.class_of.astype(np.int64)
+    pop = prog.pop
+    rets, ats = prog.rets.astype(np.int64), prog.ats.astype(np.int64)
+    vocab, words = info.vocab_size, info.mask_words
+    widest = max((len(b) for b in trie.byte[1:]), default=1)
+    chunk = max(1, min(max(len(states), 1), _MAX_PAIRS // max(widest, 1), _MAX_SCRATCH // max(vocab, 1)))
+    masks = np.zeros((len(states), words), dtype=np.uint32)
+    cross_k, cross_t, cross_o = [], [], []
+    g_count = np.int64(prog.num_states)
+    for c0 in range(0, len(states), chunk):
+        st = states[c0: c0 + chunk]
+        allowed = np.zeros((len(st), words * 32), dtype=bool)
+        parent, ret = [0], [0]  # local stacks: node 0 = empty (the start frame itself)
+        ids: dict[int, int] = {}
+        k_idx = np.repeat(np.arange(len(st)), len(trie.byte[1]))
+        node = np.tile(np.arange(len(trie.byte[1])), len(st))
+        cur = np.repeat(st, len(trie.byte[1]))
+        stk = np.zeros(len(k_idx), np.int64)
+        byte = trie.byte[1][node]
+        d = 1
+        while len(k_idx):
+            if budget is not None:
+                budget.check("the token index")
+            t = flat[cur, cls[byte]].astype(np.int64)
+            calls = t < 0
+            if calls.any():  # push the caller's return state, land in the callee
+                e = -t[calls] - 1
+                keys = stk[calls] * g_count + rets[e]
+                uk, inv = np.unique(keys, return_inverse=True)
+                new_ids = np.empty(len(uk), np.int64)
+                for i, key in enumerate(uk.tolist()):
+                    got = ids.get(key)
+                    if got is None:
+                        got = ids[key] = len(parent)
+                        parent.append(key // int(g_count))
+                        ret.append(key % int(g_count))
+                    new_ids[i] = got
+                stk[calls] = new_ids[inv.reshape(-1)]
+                t[calls] = ats[e]
+            alive = t != DEAD
+            k_idx, node, t, stk = k_idx[alive], node[alive], t[alive], stk[alive]
+            exited = np.zeros(len(k_idx), bool)
+            par, rt = np.array(parent, np.int64), np.array(ret, np.int64)
+            popping = pop[t]
+            while popping.any():  # the callee accepted: it returns (nested calls may end together)
+                top = popping & (stk == 0)
+                exited |= top
+                inner = popping & ~top
+                t[inner] = rt[stk[inner]]
+                stk[inner] = par[stk[inner]]
+                popping = inner & pop[t]
+            tc = trie.tok_count[d][node]
+            has = tc > 0
+            if has.any():
+                owner, off = _csr_expand(tc[has])
+                toks = trie.tok_ids[d][trie.tok_start[d][node[has]][owner] + off]
+                allowed[k_idx[has][owner], toks] = True
+            if exited.any():  # the start frame returned: longer tokens go on in the caller
+                o, tk = _subtree_tokens(trie, d, node[exited], k_idx[exited])
+                if len(o):
+                    cross_k.append(o + c0)
+                    cross_t.append(tk)
+                    cross_o.append(np.full(len(o), d, np.int64))
+                keep = ~exited
+                k_idx, node, t, stk = k_idx[keep], node[keep], t[keep], stk[keep]
+            if d == trie.depth:
+                break
+            cnt = trie.child_count[d][node]
+            owner, off = _csr_expand(cnt)
+            child = trie.child_start[d][node][owner] + off
+            k_idx, node, cur, stk = k_idx[owner], child, t[owner], stk[owner]
+            byte = trie.byte[d + 1][node]
+            d += 1
+        masks[c0: c0 + len(st)] = np.packbits(allowed, axis=1, bitorder="little").view("<u4")
+    if cross_k:
+        cross = (np.concatenate(cross_k), np.concatenate(cross_t), np.concatenate(cross_o))
+    else:
+        cross = (np.zeros(0, np.int64),) * 3
+    return masks, cross
