@@ -91,6 +91,8 @@ class ObjectsMixin:
         extra = self._extra_pair(n, names, uneval, ctx)
         many = n.min_props < 2  # duplicate free-form keys would not count twice after json.loads
         out = self.open_obj + self._members(slots, extra, many) + self.close_obj
+        if len(slots) > 2 and not self.plain_text:  # its own module: text length no longer tells its size
+            out = self.compact(out, "an object", 0)
         if n.min_props or n.max_props is not None:
             out = self.combine(out, self._count_filter(n.min_props, n.max_props), "and", "minProperties/maxProperties")
         for name, deps in n.dep_required:
@@ -120,7 +122,11 @@ class ObjectsMixin:
                     out += f"(?:{c}{f})?"
             return out + more
         if not self.plain_text:  # linear automaton instead of n^2 regex text
-            return self.atom(OptionalSlots([f for f, _ in slots], c, more, lone if extra is not None else ""))
+            key = ("slots", tuple(f for f, _ in slots), c, more, lone if extra is not None else "")
+            got = self.dfa_cache.get(key)
+            if got is None:
+                got = self.dfa_cache[key] = self.atom(OptionalSlots(list(key[1]), c, key[3], key[4]))
+            return got
         firsts = []
         for i, (f, _) in enumerate(slots):
             firsts.append(f + "".join(f"(?:{c}{g})?" for g, _ in slots[i + 1:]))

@@ -138,7 +138,7 @@ class StackGuide(Guide):
         """Token `token` leaves the top frame after `off` bytes: do the rest fit the frames below?"""
         stack = list(state[:-1])  # the top frame returned: its caller continues at the stored state
         pop = self.program._pop
-        while stack and pop[stack[-1]]:
+        while len(stack) > 1 and pop[stack[-1]]:
             stack.pop()
         step = self.program.step
         for b in self._token_bytes[token][off:]:

@@ -1,8 +1,9 @@
 """Program: a module network laid out with global state ids, read byte by byte with a stack of return states.
 
 A configuration is a tuple of global state ids, bottom to top: the root module's state at the bottom,
-then one return state per open call, the current state on top. The top is never an accepting state of
-a called module: those return at once (callees are prefix-free), so the configuration is normalised.
+then one return state per open call, the current state on top. Above the bottom, the top is never an
+accepting state of a called module: those return at once (callees are prefix-free), so configurations
+are normalised.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Program:
             g += m.num_states - 1
             k += len(m.entries)
         pos = {id(m): i for i, m in enumerate(mods)}
+        called_root = any(e.callee is root for m in mods for e in m.entries)  # a recursive root (loose)
         self.num_states, self.num_entries = g, k
         class_of = root.classes.astype(np.int64)
         _, reps = np.unique(class_of, return_index=True)  # class ids are 0..k-1
@@ -43,7 +45,7 @@ class Program:
             glob = np.where(t > 0, t + off, np.where(t < 0, t - entry_base[i], 0))
             trans[lo:hi] = glob
             accepting[lo:hi] = m.accepting[1:]
-            if i:
+            if i or called_root:
                 pop[lo:hi] = m.accepting[1:]
             module_of[lo:hi] = i
             for j, e in enumerate(m.entries):
@@ -84,7 +86,7 @@ class Program:
         else:
             stack[-1] = t
         pop = self._pop
-        while pop[stack[-1]]:
+        while pop[stack[-1]] and len(stack) > 1:
             stack.pop()
         return True
 
