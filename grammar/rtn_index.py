@@ -13,13 +13,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dfa import DEAD, group_rows
+from .dfa import _MIX, DEAD, group_rows
 from .index import _csr_expand
 from .rtn_program import Program
 from .vocab import TokenizerInfo
 
 _MAX_PAIRS = 3_000_000
 _MAX_SCRATCH = 16_000_000
+_CLASSES_FROM = 1000  # dense non-loop states from which grouping states into classes pays for itself
+_DENSE_BYTES = 128  # a state with this many live bytes reads string contents: its walk is dense
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,21 @@ class ProgramIndex:
     cross_start: np.ndarray  # [states + 1] int64
     cross_tok: np.ndarray  # [n] int64
     cross_off: np.ndarray  # [n] int64
+
+
+def _group(block: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, int]:
+    """Ids of the distinct (block, vals row) pairs: two 64-bit hashes, then checked (exact grouping on a collision)."""
+    m = vals.shape[1]
+    v = vals.astype(np.uint64)
+    h1 = (v * _MIX[0, 1: m + 1]).sum(axis=1) + block.astype(np.uint64) * _MIX[0, 0]
+    h2 = (v * _MIX[1, 1: m + 1]).sum(axis=1) + block.astype(np.uint64) * _MIX[1, 0]
+    ids, count = group_rows(np.column_stack([h1, h2]))
+    order = np.argsort(ids, kind="stable")
+    same = ids[order][1:] == ids[order][:-1]
+    rows = np.column_stack([block, vals])[order]
+    if ((rows[1:] != rows[:-1]).any(axis=1) & same).any():  # a collision merged different rows
+        return group_rows(np.column_stack([block, vals]))
+    return ids, count
 
 
 def _classes(prog: Program, depth: int) -> np.ndarray:
@@ -51,7 +68,7 @@ def _classes(prog: Program, depth: int) -> np.ndarray:
             vals = np.where(is_call, n + eg[e], block[plain])
         else:
             vals = block[plain]
-        block, new = group_rows(np.column_stack([block, vals]))
+        block, new = _group(block, vals)
         if new == count:
             break
         count = new
@@ -61,13 +78,59 @@ def _classes(prog: Program, depth: int) -> np.ndarray:
     return rep[block]
 
 
+# UTF-8 sequences of one character: lead byte range, then the continuation byte ranges (RFC 3629)
+_UTF8 = [((0xC2, 0xDF), [(0x80, 0xBF)]), ((0xE0, 0xE0), [(0xA0, 0xBF), (0x80, 0xBF)]),
+         ((0xE1, 0xEC), [(0x80, 0xBF)] * 2), ((0xED, 0xED), [(0x80, 0x9F), (0x80, 0xBF)]),
+         ((0xEE, 0xEF), [(0x80, 0xBF)] * 2), ((0xF0, 0xF0), [(0x90, 0xBF)] + [(0x80, 0xBF)] * 2),
+         ((0xF1, 0xF3), [(0x80, 0xBF)] * 3), ((0xF4, 0xF4), [(0x80, 0x8F)] + [(0x80, 0xBF)] * 2)]
+
+
+def _string_loops(prog: Program) -> np.ndarray:
+    """States that every character of `[^"\\\x00-\x1f]` leads back to themselves (inside a free string)."""
+    import itertools
+
+    t = np.where(prog.trans < 0, DEAD, prog.trans).astype(np.int64)  # a call is not a loop
+    cls = prog.class_of
+    q = np.arange(prog.num_states)
+    ok = q != DEAD
+    ascii_bytes = [b for b in range(0x20, 0x80) if b not in (0x22, 0x5C)]
+    for c in np.unique(cls[ascii_bytes]).tolist():
+        ok &= t[:, c] == q
+    for (lo, hi), conts in _UTF8:
+        sets = [np.unique(cls[lo: hi + 1]).tolist()] + [np.unique(cls[a: b + 1]).tolist() for a, b in conts]
+        if np.prod([len(x) for x in sets]) > 4096:
+            return np.zeros(prog.num_states, bool)  # too fragmented to check cheaply: walk everything
+        for path in itertools.product(*sets):
+            r = q
+            for c in path:
+                r = t[r, c]
+            ok &= r == q
+    return ok
+
+
 def build_program_index(prog: Program, info: TokenizerInfo, budget=None) -> ProgramIndex:
     """Walk the token trie from one representative per class of states, the stack kept per walk."""
     n = prog.num_states
     words = info.mask_words
-    rep_of = _classes(prog, info.longest_token)
+    # inside free strings, the tokens of whole string characters loop: OR their mask, walk only the others
+    inside, rest_trie = info.string_slice
+    loop_states = _string_loops(prog)
+    # Dense walks (most bytes live) outside such loops are the expensive ones: bounded strings (maxLength
+    # chains). When there are many, walk one state per class of states alike for the longest token's length.
+    live_bytes = (prog.trans != DEAD).astype(np.int64) @ np.bincount(prog.class_of, minlength=prog.trans.shape[1])
+    wide = (live_bytes >= _DENSE_BYTES) & ~loop_states
+    rep_of = _classes(prog, info.longest_token) if wide.sum() > _CLASSES_FROM else np.arange(n)
     reps = np.unique(rep_of[1:]) if n > 1 else np.zeros(0, np.int64)
-    rep_masks, cross = _walk(prog, info, reps, budget)
+    loops = loop_states[reps]
+    rep_masks = np.zeros((len(reps), words), np.uint32)
+    parts = []
+    for sel, trie in ((~loops, info.trie), (loops, rest_trie)):
+        if sel.any():
+            m, (ck, ct, co) = _walk(prog, info, reps[sel], trie, budget)
+            rep_masks[sel] = m
+            parts.append((np.flatnonzero(sel)[ck], ct, co))
+    rep_masks[loops] |= inside
+    cross = tuple(np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, np.int64) for i in range(3))
     row = np.zeros(n, np.int64)
     row[reps] = np.arange(len(reps))
     masks = np.zeros((n, words), np.uint32)
@@ -124,9 +187,9 @@ def _subtree_tokens(trie, depth: int, nodes: np.ndarray, owners: np.ndarray):
     return np.concatenate(out_o), np.concatenate(out_t)
 
 
-def _walk(prog: Program, info: TokenizerInfo, states: np.ndarray, budget=None):
-    """Inner masks [len(states), words] and the crossing tokens (row, token, bytes inside) of the given states."""
-    trie = info.trie
+def _walk(prog: Program, info: TokenizerInfo, states: np.ndarray, trie, budget=None):
+    """Inner masks [len(states), words] and the crossing tokens (row, token, bytes inside) of the given states,
+    over the tokens of `trie`."""
     flat = prog.trans
     cls = prog.class_of.astype(np.int64)
     pop = prog.pop
