@@ -37,6 +37,7 @@ class SchemaInfo:
     draft: str
     ignored: tuple[str, ...]  # annotations, keywords unknown to the draft, unknown formats ("format:name")
     relaxed: tuple[str, ...]  # strict=False: constraints that were not enforced
+    narrowed: tuple[str, ...] = ()  # enforced by generating a smaller valid language (uniqueItems: <= 1 item)
 
 
 def choices_regex(choices: list[str]) -> str:
@@ -226,7 +227,7 @@ class GrammarCompiler:
                                      max_recursion_depth=self.max_recursion_depth, budget=budget)
                 mod = res.module
                 auto = mod if mod.entries else ByteDFA(mod.trans, mod.accepting, mod.initial)
-                return auto, SchemaInfo(res.draft, res.ignored, res.relaxed)
+                return auto, SchemaInfo(res.draft, res.ignored, res.relaxed, res.narrowed)
 
             source = f"json_schema:{json.dumps([strict, ws, self.max_recursion_depth])}:{text}"
             return self._regex_guide(source, budget, make=make)

@@ -47,6 +47,7 @@ class CompiledSchema:
     draft: str
     ignored: tuple[str, ...]
     relaxed: tuple[str, ...]  # strict=False: constraints not enforced
+    narrowed: tuple[str, ...] = ()  # constraints enforced by generating a smaller (still valid) language
 
     @property
     def dfa(self) -> "Program":
@@ -90,7 +91,7 @@ def compile_schema(schema: Any, whitespace_pattern: str | None = None, strict: b
     mod = conv.module(regex, "the JSON schema")
     if is_empty(mod):
         raise GrammarError("json_schema admits no document (its constraints contradict each other)")
-    return CompiledSchema(mod, draft, tuple(sorted(conv.ignored)), tuple(conv.relaxed))
+    return CompiledSchema(mod, draft, tuple(sorted(conv.ignored)), tuple(conv.relaxed), tuple(sorted(conv.narrowed)))
 
 
 def schema_to_regex(schema: Any, whitespace_pattern: str | None = None, strict: bool = True,
@@ -140,6 +141,7 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         self.plain_text = False  # schema_to_regex: no fragments, everything as regex text
         self.ignored: set[str] = set()
         self.relaxed: list[str] = []
+        self.narrowed: set[str] = set()
         self._branches = 0
         self._over_origin: int | None = None  # instance level where the current over-approximation started
         if ws is None:

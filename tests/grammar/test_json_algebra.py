@@ -98,14 +98,30 @@ def test_annotations_and_unknown_keywords_are_listed_not_enforced():
 
 
 def test_refusals_name_the_keyword():
-    for schema, word in [({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "uniqueItems"),
+    for schema, word in [({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2},
+                           "uniqueItems"),
                          ({"type": "string", "pattern": "(?<=a)b"}, "pattern"),
                          ({"type": "number", "multipleOf": 0.25}, "multipleOf")]:
         with pytest.raises(GrammarError, match=f"'{word}'"):
             compile_schema(schema)
     with pytest.warns(UserWarning, match="uniqueItems"):
-        relaxed = compile_schema({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, strict=False)
+        relaxed = compile_schema({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2},
+                                 strict=False)
     assert relaxed.relaxed == ("uniqueItems",)
+
+
+def test_unique_items_over_unbounded_items_generate_at_most_one_item():
+    """Distinctness of free-form items is not regular: arrays of 0-1 items are unique, so that is generated."""
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                                                        "uniqueItems": True}}, "required": ["tags"]}
+    res = compile_schema(schema)
+    assert res.narrowed and "uniqueItems" in res.narrowed[0]
+    d = res.dfa
+    assert d.fullmatch(b'{"tags": []}') and d.fullmatch(b'{"tags": ["a"]}')
+    assert not d.fullmatch(b'{"tags": ["a", "b"]}') and not d.fullmatch(b'{"tags": ["a", "a"]}')
+    # tuple items: the same fallback; minItems >= 2 cannot fall back (refused above)
+    tup = compile_schema({"type": "array", "prefixItems": [{"type": "string"}], "uniqueItems": True})
+    assert tup.dfa.fullmatch(b'["x"]') and not tup.dfa.fullmatch(b'["x", "x"]')
 
 
 # ---- random schemas from the supported keywords: random walks produce only valid instances ----------------
