@@ -9,12 +9,13 @@ import numpy as np
 from .dfa import DEAD
 from .guide import Guide
 from .rtn import Module
-from .rtn_index import ProgramIndex, build_program_index
+from .rtn_index import ProgramIndex, StateIndex, build_program_index, index_state
 from .rtn_program import Program
 from .vocab import TokenizerInfo
 
 _MAX_FORCED = 4096
 _MASK_CACHE = 512  # masks of stacks whose crossing tokens were checked (the common case needs no cache)
+_LAZY_ROWS = 4096  # rows of lazily indexed states kept per guide (~6 KiB each at 49k tokens)
 TERMINATED = (-1,)
 
 
@@ -50,6 +51,7 @@ class StackGuide(Guide):
         self._single = single.tolist()
         self._cache: OrderedDict = OrderedDict()
         self._forced: dict = {}
+        self._lazy: dict[int, StateIndex] = {}  # rows of states the compile left to their first visit
 
     def __getstate__(self):
         """Pickle the network and its index; derived tables and caches are rebuilt on load."""
@@ -98,8 +100,9 @@ class StackGuide(Guide):
         return g
 
     def __repr__(self) -> str:
+        lazy = int((self.index.mask_of < 0).sum()) - len(self._lazy)
         return (f"StackGuide(states={self.num_states}, modules={self.program.num_modules}, "
-                f"masks={len(self._masks)}, source={self.source[:40]!r})")
+                f"masks={len(self._masks)}, lazy={lazy}, source={self.source[:40]!r})")
 
     def _check(self, state) -> tuple:
         if not isinstance(state, tuple) or not state or (state != TERMINATED and not all(
@@ -112,16 +115,21 @@ class StackGuide(Guide):
         if state == TERMINATED:
             return self._eos_mask()
         top = state[-1]
-        lo, hi = self._cross_start[top], self._cross_start[top + 1]
-        base = self._masks[self._mask_of[top]]
+        k = self._mask_of[top]
+        if k >= 0:
+            lo, hi = self._cross_start[top], self._cross_start[top + 1]
+            base = self._masks[k]
+            toks, offs = self._cross_tok, self._cross_off
+        else:
+            row = self._lazy_row(top)
+            lo, hi, base, toks, offs = 0, len(row.cross_tok), row.mask, row.cross_tok, row.cross_off
         if lo == hi or len(state) == 1:
             return base
         got = self._cache.get(state)
         if got is not None:
             self._cache.move_to_end(state)
             return got
-        extra = [t for t, off in zip(self._cross_tok[lo:hi], self._cross_off[lo:hi])
-                 if self._crosses(state, t, off)]
+        extra = [t for t, off in zip(toks[lo:hi], offs[lo:hi]) if self._crosses(state, t, off)]
         if extra:
             got = base.copy()
             ids = np.array(extra, np.int64)
@@ -133,6 +141,15 @@ class StackGuide(Guide):
         if len(self._cache) > _MASK_CACHE:
             self._cache.popitem(last=False)
         return got
+
+    def _lazy_row(self, g: int) -> StateIndex:
+        """The row of a state the compile did not index (one trie walk on first visit, then cached)."""
+        row = self._lazy.get(g)
+        if row is None:
+            if len(self._lazy) >= _LAZY_ROWS:
+                self._lazy.pop(next(iter(self._lazy)))  # the oldest first (bounded memory in long-lived guides)
+            row = self._lazy[g] = index_state(self.program, self.info, self.index, g)
+        return row
 
     def _crosses(self, state: tuple, token: int, off: int) -> bool:
         """Token `token` leaves the top frame after `off` bytes: do the rest fit the frames below?"""
@@ -188,7 +205,8 @@ class StackGuide(Guide):
         state = self._check(state)
         if state == TERMINATED:
             return False
-        if self._has_token[state[-1]]:
+        top = state[-1]
+        if self._has_token[top] or (self._mask_of[top] < 0 and self._lazy_row(top).has_token):
             return True
         m = self.allowed(state).view(np.uint32).copy()
         for e in self._eos:

@@ -22,19 +22,34 @@ _MAX_PAIRS = 3_000_000
 _MAX_SCRATCH = 16_000_000
 _CLASSES_FROM = 1000  # dense non-loop states from which grouping states into classes pays for itself
 _DENSE_BYTES = 128  # a state with this many live bytes reads string contents: its walk is dense
+EAGER_INDEX_S = 2.0  # compile-time share of the token index; states further from the start are indexed lazily
+EAGER_RESERVE_S = 0.4  # stop eager indexing this long before the compile deadline
+EAGER_CHUNK = 32  # first chunk of representatives walked together (then sized to ~0.1 s)
 
 
 @dataclass(frozen=True)
 class ProgramIndex:
     """masks[mask_of[g]]: packed mask of state g (EOS included where the document may end);
-    cross_tok[cross_start[g]:cross_start[g + 1]]: tokens leaving g's frame, read cross_off bytes inside it."""
+    cross_tok[cross_start[g]:cross_start[g + 1]]: tokens leaving g's frame, read cross_off bytes inside it.
+    mask_of[g] == -1: not indexed at compile time (past the eager budget); `index_states` does it on first visit."""
 
     masks: np.ndarray  # [unique, words] int32, read-only
-    mask_of: np.ndarray  # [states] int64
-    has_token: np.ndarray  # [states] bool: some token stays inside the frame
+    mask_of: np.ndarray  # [states] int64 (-1 = lazy)
+    has_token: np.ndarray  # [states] bool: some token stays inside the frame (lazy states: False, unknown)
     cross_start: np.ndarray  # [states + 1] int64
     cross_tok: np.ndarray  # [n] int64
     cross_off: np.ndarray  # [n] int64
+    loops: np.ndarray  # [states] bool: free-string loop states (their walk skips whole-character tokens)
+
+
+@dataclass(frozen=True)
+class StateIndex:
+    """One state's row, computed on first visit: packed mask (EOS included if final) and crossing tokens."""
+
+    mask: np.ndarray  # [words] int32, read-only
+    has_token: bool
+    cross_tok: list
+    cross_off: list
 
 
 def _group(block: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, int]:
@@ -108,55 +123,137 @@ def _string_loops(prog: Program) -> np.ndarray:
     return ok
 
 
-def build_program_index(prog: Program, info: TokenizerInfo, budget=None) -> ProgramIndex:
-    """Walk the token trie from one representative per class of states, the stack kept per walk."""
+def _bfs_order(prog: Program) -> np.ndarray:
+    """Live states by distance from the initial state (a call cell leads to the callee's entry and to its ret)."""
+    n = prog.num_states
+    seen = np.zeros(n, bool)
+    seen[DEAD] = True
+    frontier = np.array([g for g in prog.initial if g != DEAD], np.int64)
+    seen[frontier] = True
+    out = [frontier]
+    rets, ats = prog.rets.astype(np.int64), prog.ats.astype(np.int64)
+    while len(frontier):
+        t = prog.trans[frontier].reshape(-1).astype(np.int64)
+        calls = -t[t < 0] - 1
+        nxt = np.unique(np.concatenate([t[t > 0], rets[calls], ats[calls]]))
+        nxt = nxt[~seen[nxt]]
+        seen[nxt] = True
+        out.append(nxt)
+        frontier = nxt
+    rest = np.flatnonzero(~seen)  # unreachable from the start: never visited, indexed last (if at all)
+    return np.concatenate(out + [rest])
+
+
+def _eos_bits(info: TokenizerInfo) -> np.ndarray:
+    eos = np.array(info.eos_token_ids, dtype=np.int64)
+    bits = np.zeros(info.mask_words, np.uint32)
+    np.bitwise_or.at(bits, eos >> 5, np.uint32(1) << (eos & 31).astype(np.uint32))
+    return bits
+
+
+def _index_reps(prog: Program, info: TokenizerInfo, reps: np.ndarray, loops: np.ndarray, budget=None):
+    """Inner masks [len(reps), words] uint32 (no EOS) and crossing tokens (row, token, offset) of the given states."""
+    inside, rest_trie = info.string_slice
+    masks = np.zeros((len(reps), info.mask_words), np.uint32)
+    parts = []
+    for sel, trie in ((~loops, info.trie), (loops, rest_trie)):
+        if sel.any():
+            m, (ck, ct, co) = _walk(prog, info, reps[sel], trie, budget)
+            masks[sel] = m
+            parts.append((np.flatnonzero(sel)[ck], ct, co))
+    masks[loops] |= inside
+    cross = tuple(np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, np.int64) for i in range(3))
+    return masks, cross
+
+
+def index_state(prog: Program, info: TokenizerInfo, index: ProgramIndex, g: int) -> StateIndex:
+    """The row of one state that the compile left lazy (decode time: one trie walk, no budget)."""
+    m, (_, ct, co) = _index_reps(prog, info, np.array([g], np.int64), index.loops[[g]])
+    mask = m[0]
+    has = bool(mask.any())
+    if prog.accepting[g] and prog.module_of[g] == 0:
+        mask |= _eos_bits(info)
+    order = np.argsort(ct, kind="stable")
+    mask = mask.view(np.int32)
+    mask.setflags(write=False)
+    return StateIndex(mask, has, ct[order].tolist(), co[order].tolist())
+
+
+def build_program_index(prog: Program, info: TokenizerInfo, budget=None, eager_s: float = EAGER_INDEX_S) -> ProgramIndex:
+    """Walk the token trie from one representative per class of states, the stack kept per walk, states nearest
+    the start first; past `eager_s` seconds (or near the budget's deadline) the other states are left lazy."""
+    import time
+
+    t0 = time.perf_counter()
     n = prog.num_states
     words = info.mask_words
     # inside free strings, the tokens of whole string characters loop: OR their mask, walk only the others
-    inside, rest_trie = info.string_slice
     loop_states = _string_loops(prog)
     # Dense walks (most bytes live) outside such loops are the expensive ones: bounded strings (maxLength
     # chains). When there are many, walk one state per class of states alike for the longest token's length.
     live_bytes = (prog.trans != DEAD).astype(np.int64) @ np.bincount(prog.class_of, minlength=prog.trans.shape[1])
     wide = (live_bytes >= _DENSE_BYTES) & ~loop_states
     rep_of = _classes(prog, info.longest_token) if wide.sum() > _CLASSES_FROM else np.arange(n)
-    reps = np.unique(rep_of[1:]) if n > 1 else np.zeros(0, np.int64)
-    loops = loop_states[reps]
+    order = rep_of[_bfs_order(prog)]
+    _, first = np.unique(order, return_index=True)
+    reps = order[np.sort(first)]  # representatives in order of their first state's distance from the start
+    reps = reps[reps != DEAD]
+    stop = t0 + eager_s
+    if budget is not None and budget.deadline is not None:
+        stop = min(stop, budget.deadline - EAGER_RESERVE_S)
     rep_masks = np.zeros((len(reps), words), np.uint32)
-    parts = []
-    for sel, trie in ((~loops, info.trie), (loops, rest_trie)):
-        if sel.any():
-            m, (ck, ct, co) = _walk(prog, info, reps[sel], trie, budget)
-            rep_masks[sel] = m
-            parts.append((np.flatnonzero(sel)[ck], ct, co))
-    rep_masks[loops] |= inside
-    cross = tuple(np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, np.int64) for i in range(3))
-    row = np.zeros(n, np.int64)
-    row[reps] = np.arange(len(reps))
-    masks = np.zeros((n, words), np.uint32)
-    masks[1:] = rep_masks[row[rep_of[1:]]]
-    has_token = masks.any(axis=1)
-    eos = np.array(info.eos_token_ids, dtype=np.int64)
-    eos_bits = np.zeros(words, np.uint32)
-    np.bitwise_or.at(eos_bits, eos >> 5, np.uint32(1) << (eos & 31).astype(np.uint32))
+    cross_parts, done, step = [], 0, EAGER_CHUNK
+    while done < len(reps):
+        if budget is not None:
+            budget.check("the token index")
+        if done and time.perf_counter() > stop:
+            break
+        t1 = time.perf_counter()
+        sel = reps[done: done + step]
+        m, (ck, ct, co) = _index_reps(prog, info, sel, loop_states[sel], budget)
+        rep_masks[done: done + len(sel)] = m
+        cross_parts.append((ck + done, ct, co))
+        done += len(sel)
+        # chunks of about 0.1 s: the deadline is checked often, numpy calls stay large
+        step = int(min(4 * step, max(8, step * 0.1 / max(time.perf_counter() - t1, 1e-3))))
+    reps = reps[:done]
+    rep_masks = rep_masks[:done]
+    row = np.full(n, -1, np.int64)
+    row[reps] = np.arange(done)
+    state_row = row[rep_of]  # -1: its representative was not walked (lazy)
+    state_row[DEAD] = -1
+    has_row = state_row >= 0
+    has_token = np.zeros(n, bool)
+    has_token[has_row] = rep_masks.any(axis=1)[state_row[has_row]]
     final = prog.accepting & (prog.module_of == 0)
     final[DEAD] = False
-    masks[final] |= eos_bits
-    # cross lists: per representative, then per state
-    ck, ctok, coff = cross
-    order = np.lexsort((ctok, ck))
-    ck, ctok, coff = ck[order], ctok[order], coff[order]
-    rstart = np.searchsorted(ck, np.arange(len(reps) + 1))
-    counts = np.zeros(n, np.int64)
-    counts[1:] = (rstart[1:] - rstart[:-1])[row[rep_of[1:]]]
-    cross_start = np.concatenate([[0], np.cumsum(counts)])
-    owner, off = _csr_expand(counts)
-    src = rstart[row[rep_of[owner]]] + off
+    # one mask per (representative row, final) pair in use, then identical masks stored once
+    combo = np.where(has_row, 2 * state_row + final, -1)
+    combo[DEAD] = -2  # the dead state: an empty mask
+    used, inv = np.unique(combo[combo != -1], return_inverse=True)
+    eos = _eos_bits(info)
     rows: dict[bytes, int] = {}
-    mask_of = np.array([rows.setdefault(m.tobytes(), len(rows)) for m in masks], dtype=np.int64)
+    combo_mask = np.zeros(len(used), np.int64)
+    for i, c in enumerate(used.tolist()):
+        m = np.zeros(words, np.uint32) if c < 0 else (rep_masks[c >> 1] | eos if c & 1 else rep_masks[c >> 1])
+        combo_mask[i] = rows.setdefault(m.tobytes(), len(rows))
+    mask_of = np.full(n, -1, np.int64)
+    mask_of[combo != -1] = combo_mask[inv.reshape(-1)]
     unique = np.frombuffer(b"".join(rows), dtype=np.int32).reshape(len(rows), words).copy()
     unique.setflags(write=False)
-    return ProgramIndex(unique, mask_of, has_token, cross_start, ctok[src], coff[src])
+    # cross lists: per representative, then per state
+    ck = np.concatenate([p[0] for p in cross_parts]) if cross_parts else np.zeros(0, np.int64)
+    ctok = np.concatenate([p[1] for p in cross_parts]) if cross_parts else np.zeros(0, np.int64)
+    coff = np.concatenate([p[2] for p in cross_parts]) if cross_parts else np.zeros(0, np.int64)
+    srt = np.lexsort((ctok, ck))
+    ck, ctok, coff = ck[srt], ctok[srt], coff[srt]
+    rstart = np.searchsorted(ck, np.arange(done + 1))
+    counts = np.zeros(n, np.int64)
+    counts[has_row] = (rstart[1:] - rstart[:-1])[state_row[has_row]]
+    cross_start = np.concatenate([[0], np.cumsum(counts)])
+    owner, off = _csr_expand(counts)
+    src = rstart[state_row[owner]] + off
+    return ProgramIndex(unique, mask_of, has_token, cross_start, ctok[src], coff[src], loop_states)
 
 
 def _subtree_tokens(trie, depth: int, nodes: np.ndarray, owners: np.ndarray):

@@ -20,6 +20,7 @@ from sglpy.grammar.rtn import flat_minimal, flatten
 from sglpy.grammar.rtn_algebra import module_product
 from sglpy.grammar.rtn_build import regex_to_module
 from sglpy.grammar.rtn_guide import StackGuide
+from sglpy.grammar.rtn_index import EAGER_CHUNK, build_program_index
 from sglpy.grammar.rtn_program import Program
 from sglpy.grammar.testing import mask_to_ids, small_vocab_info
 
@@ -139,11 +140,17 @@ SCHEMAS = [
 ]
 
 
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
 @pytest.mark.parametrize("schema", SCHEMAS)
-def test_stack_guide_masks_equal_the_flat_guide(calls_everywhere, schema):
-    """Same masks, finality, forced bytes as the flattened DFA's guide along random walks."""
+def test_stack_guide_masks_equal_the_flat_guide(calls_everywhere, schema, lazy):
+    """Same masks, finality, forced bytes as the flattened DFA's guide along random walks (lazy: the compile
+    indexes only the first chunk of states; the others are indexed on first visit)."""
     mod = compile_schema(schema).module
-    sg, rg = StackGuide(mod, INFO), RegexGuide(flat_minimal(mod, 10**6), INFO)
+    prog = Program(mod)
+    index = build_program_index(prog, INFO, eager_s=0.0 if lazy else 60.0)
+    assert (index.mask_of < 0).any() == (lazy and prog.num_states > EAGER_CHUNK + 1)
+    sg, rg = StackGuide(mod, INFO, program=prog, index=index), RegexGuide(flat_minimal(mod, 10**6), INFO)
+    sg = pickle.loads(pickle.dumps(sg)) if lazy else sg  # lazy rows are computed after the transfer
     rng = random.Random(1)
     for _ in range(15):
         s1, s2 = sg.initial_state, rg.initial_state
@@ -158,6 +165,7 @@ def test_stack_guide_masks_equal_the_flat_guide(calls_everywhere, schema):
             s1, s2 = sg.advance(s1, t), rg.advance(s2, t)
             if sg.is_terminated(s1):
                 break
+    assert not lazy or sg._lazy, "no lazily indexed state was visited"
 
 
 ITEM = {"type": "object", "properties": {f"f{i}": {"type": "string", "maxLength": 8} for i in range(6)}}
