@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import re
 import random
 
 import jsonschema
@@ -210,3 +211,18 @@ def test_pairs_of_keywords_exhaustively_small():
         for v in INSTANCES:
             if dfa.fullmatch(_text(v)):
                 assert V(schema).is_valid(v), (schema, v)
+
+
+@pytest.mark.parametrize("pattern", [r"^(?!-)[-a-z0-9]{0,5}[a-z0-9]$", r"^(?=.*[0-9])[a-z0-9]{2,4}$",
+                                     r"^(?!ab|c)[abc]{1,3}", r"^(?![)])[()a]{1,2}$"])
+def test_leading_lookahead_patterns_are_exact(pattern):
+    """`^(?!X)Y` / `^(?=X)Y`: compiled as a difference / intersection with the texts starting with X."""
+    d = compile_schema({"type": "string", "pattern": pattern}).dfa
+    alphabet = sorted(set("abc-0()z"))
+    for k in range(0, 5):
+        for chars in itertools.product(alphabet, repeat=k):
+            s = "".join(chars)
+            assert d.fullmatch(json.dumps(s).encode()) == bool(re.search(pattern, s)), (pattern, s)
+    neg = compile_schema({"type": "string", "maxLength": 3, "not": {"pattern": pattern}}).dfa
+    for s in ["", "a", "-a", "ab", "a1", "ca", "(a", ")"]:
+        assert neg.fullmatch(json.dumps(s).encode()) == (not re.search(pattern, s)), (pattern, s)
