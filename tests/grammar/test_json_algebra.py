@@ -226,3 +226,12 @@ def test_leading_lookahead_patterns_are_exact(pattern):
     neg = compile_schema({"type": "string", "maxLength": 3, "not": {"pattern": pattern}}).dfa
     for s in ["", "a", "-a", "ab", "a1", "ca", "(a", ")"]:
         assert neg.fullmatch(json.dumps(s).encode()) == (not re.search(pattern, s)), (pattern, s)
+
+
+def test_duplicate_ids_resolve_pointers_in_the_resource_that_has_the_path():
+    """Real schemas reuse an $id for two embedded resources; a pointer goes to the one holding that path."""
+    a = {"$id": "https://x.invalid/t", "type": "object", "properties": {"n": {"type": "integer"}}}
+    b = {"$id": "https://x.invalid/t", "$defs": {"S": {"type": "string"}}, "type": "object",
+         "properties": {"s": {"$ref": "#/$defs/S"}}, "required": ["s"], "additionalProperties": False}
+    d = compile_schema({"$defs": {"A": a, "B": b}, "anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}).dfa
+    assert d.fullmatch(b'{"s": "x"}') and not d.fullmatch(b'{"s": 1}')
