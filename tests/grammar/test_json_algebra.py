@@ -233,5 +233,5 @@ def test_duplicate_ids_resolve_pointers_in_the_resource_that_has_the_path():
     a = {"$id": "https://x.invalid/t", "type": "object", "properties": {"n": {"type": "integer"}}}
     b = {"$id": "https://x.invalid/t", "$defs": {"S": {"type": "string"}}, "type": "object",
          "properties": {"s": {"$ref": "#/$defs/S"}}, "required": ["s"], "additionalProperties": False}
-    d = compile_schema({"$defs": {"A": a, "B": b}, "anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}).dfa
+    d = compile_schema({"$defs": {"B": b, "A": a}, "anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}).dfa
     assert d.fullmatch(b'{"s": "x"}') and not d.fullmatch(b'{"s": 1}')
