@@ -16,26 +16,23 @@ from typing import Any
 
 from . import json_formats as F
 from .budget import CompileBudget
-from .dfa import DEAD, ByteDFA
-from .errors import GrammarError, is_fatal
-from .fsa import is_empty, product
+from .errors import GrammarError
+from .fsa import is_empty
 from .json_arrays import ArraysMixin
-from .json_normal import TYPES, Ctx, Norm, Sub, add_part
+from .json_automata import AutomataMixin
+from .json_normal import TYPES, Ctx, Norm, Sub, add_part, alt, is_json_type
 from .json_numbers import ANY_NUMBER_RE, MAX_DIGITS, NumbersMixin
-from .json_objects import OVER_MAX_STATES, ObjectsMixin
+from .json_objects import ObjectsMixin
+from .json_over import ANY_DEPTH, OverMixin
 from .json_refs import ROOT_URI, SchemaRegistry
 from .json_strings import StringsMixin
-from .json_universe import any_module, loose_module
+from .json_universe import any_module
 from .json_vocab import DEFAULT_DRAFT, detect_draft
 from .regex_nfa import ATOM_BASE, ATOM_END, OptionalSlots
-from .rtn import Module, flatten, mark_value, module_of
-from .rtn_algebra import module_product
-from .rtn_build import regex_to_module
+from .rtn import Module
 from .rtn_program import Program
 
-ANY_DEPTH = 2  # nesting of unconstrained values ({} / true / missing items) below where they start
 MAX_DEPTH = 16  # instance nesting the converter generates; deeper optional parts are dropped
-OVER_LEVELS = 2  # over-approximations look this many nesting levels below where the negation applies
 MAX_BRANCHES = 128  # anyOf / oneOf / if combinations explored at one instance position
 
 
@@ -109,14 +106,8 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None, strict: 
     return regex
 
 
-def alt(parts: list[str]) -> str | None:
-    parts = list(dict.fromkeys(p for p in parts if p is not None))
-    if not parts:
-        return None
-    return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
 
-
-class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
+class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
     """Walks one root schema; subschema languages are regexes whose atoms are precompiled DFAs."""
 
     def __init__(self, root: Any, draft: str, ws: str | None, strict: bool, max_recursion_depth: int,
@@ -156,83 +147,6 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
             self.open_obj, self.close_obj = r"\{" + w, w + r"\}"
             self.open_arr, self.close_arr = r"\[" + w, w + r"\]"
             self.comma, self.colon = w + "," + w, w + ":" + w
-
-    # ---- automata ------------------------------------------------------------------------------------
-    def atom(self, obj: ByteDFA | Module | OptionalSlots) -> str:
-        """A one-character regex standing for an automaton or fragment (registered for build_nfa)."""
-        known = self._atom_of.get(id(obj))
-        if known is not None:
-            return known
-        code = ATOM_BASE + len(self.atoms)
-        if code > ATOM_END:
-            raise GrammarError("json_schema needs too many sub-automata")
-        mod = module_of(obj) if isinstance(obj, ByteDFA) else obj
-        self.atoms[code] = mod
-        self._alive += [obj, mod]
-        self._atom_of[id(obj)] = self._atom_of[id(mod)] = chr(code)
-        return chr(code)
-
-    def module(self, regex: str, what: str, cap: int | None = None) -> Module:
-        """The regex (atoms embedded by reference: called or stepped, never copied) as one module.
-
-        cap: state limit instead of max_states (over-approximations that may be dropped when too large)."""
-        if len(regex) == 1 and isinstance(self.atoms.get(ord(regex)), Module):  # an atom is its own automaton
-            return self.atoms[ord(regex)]
-        got = self.module_cache.get(regex)
-        if got is None:
-            got = self.module_cache[regex] = regex_to_module(regex, cap or self.max_states, self.budget, self.atoms,
-                                                             what)
-        return got
-
-    def to_dfa(self, regex: str, what: str) -> ByteDFA:
-        """The regex as one plain DFA (calls flattened), for the automaton algebra."""
-        return flatten(self.module(regex, what), self.max_states, self.budget, what, self.flat_cache)
-
-    def compact(self, regex: str | None, what: str, limit: int = 2000) -> str | None:
-        """Long regexes become one atom (their module), so repeating them does not multiply text."""
-        if regex is None or len(regex) <= limit:
-            return regex
-        d = self.module(regex, what)
-        return None if is_empty(d) else self.atom(mark_value(d))
-
-    def combine(self, a: str | None, b: str | None, op: str, what: str) -> str | None:
-        """Regex (an atom) for L(a) op L(b) with op in and / or / diff; None when empty."""
-        if a is None:
-            return b if op == "or" else None
-        if b is None:
-            return None if op == "and" else a
-        key = (a, b, op)
-        if key in self.combine_cache:
-            return self.combine_cache[key]
-        out = self.combine_cache[key] = self._combine(a, b, op, what)
-        return out
-
-    def _combine(self, a: str, b: str, op: str, what: str, cap: int | None = None) -> str | None:
-        d = module_product(self.module(a, what), self.module(b, what), op, cap or self.max_states, self.budget, what)
-        return None if is_empty(d) else self.atom(mark_value(d))
-
-    def disjoint(self, a: str | None, b: str | None) -> bool:
-        """Cheap proof that L(a) and L(b) share no text: their first bytes differ (False = unknown)."""
-        if a is None or b is None:
-            return True
-        ma, mb = self.module(a, "a subschema"), self.module(b, "a subschema")
-        return not ((ma.trans[ma.initial] != DEAD) & (mb.trans[mb.initial] != DEAD)).any()
-
-    def narrow(self, a: str | None, b: str | None, what: str) -> str | None:
-        """Over-approximations: a and b, or just a when the intersection would exceed OVER_MAX_STATES (a
-        superset still); building stops as soon as it grows past the cap."""
-        if a is None or b is None:
-            return None
-        key = (a, b, "narrow")
-        if key not in self.combine_cache:
-            try:
-                self.module(b, what, OVER_MAX_STATES)
-                self.combine_cache[key] = self._combine(a, b, "and", what, OVER_MAX_STATES)
-            except GrammarError as e:
-                if is_fatal(e):
-                    raise
-                self.combine_cache[key] = a
-        return self.combine_cache[key]
 
     # ---- bookkeeping -----------------------------------------------------------------------------------
     def ignore(self, keys) -> None:
@@ -296,17 +210,6 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         if sub.schema is True:
             return self.any_value(sub.ctx.level)
         return self.under_norm(self.norm([sub]), sub.ctx)
-
-    def over(self, sub: Sub) -> str | None:
-        if sub.schema is True:
-            return self.loose()
-        if self._over_origin is not None:
-            return self.over_norm(self.norm([sub]), sub.ctx)
-        self._over_origin = sub.ctx.level
-        try:
-            return self.over_norm(self.norm([sub]), sub.ctx)
-        finally:
-            self._over_origin = None
 
     # ---- under-approximation ---------------------------------------------------------------------------
     def under_norm(self, n: Norm, ctx: Ctx) -> str | None:
@@ -396,7 +299,7 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
             matcher = Program(self.module(r, "enum"))
         out = []
         for v in n.enum:
-            if not any(_is_type(v, t, self.draft) for t in types):
+            if not any(is_json_type(v, t, self.draft) for t in types):
                 continue
             text = self.const_text(v)
             if text is None:
@@ -444,92 +347,6 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         # numbers apart: the rest is prefix-free, so a large any-value is one called module, not a copy per use
         return f"(?:{self.atom(any_module(self._layout(), depth))}|{ANY_NUMBER_RE})"
 
-    # ---- over-approximation ----------------------------------------------------------------------------
-    def loose(self) -> str:
-        """Every text the converter can generate (and more: any nesting; brackets not matched by kind)."""
-        return f"(?:{self.atom(loose_module(self._layout()))}|{ANY_NUMBER_RE})"
-
-    def over_norm(self, n: Norm, ctx: Ctx) -> str | None:
-        if n.false:
-            return None
-        if n.cut or ctx.level > self.max_level + ANY_DEPTH or n == Norm():
-            return self.loose()
-        if self._over_origin is not None and ctx.level > self._over_origin + OVER_LEVELS:
-            return self.loose()  # deeper detail only sharpens the superset; it costs products
-        try:
-            out = self.typed_over(n, ctx)
-        except GrammarError as e:
-            if is_fatal(e):
-                raise
-            out = self.loose()
-        for kind, payload in n.apps:
-            if out is None:
-                return None
-            if kind in ("anyOf", "oneOf"):
-                other = alt([self.over(b) for b in payload])
-            elif kind == "not":
-                other = self.safe_diff(self.loose(), payload)
-            elif kind == "if":
-                cond, then, els = payload
-                yes = self.combine(self.over(cond), self.over(then), "and", "if/then")
-                no = self.combine(self.safe_diff(self.loose(), cond), self.over(els), "and", "if/else")
-                other = alt([yes, no])
-            else:  # dependentSchemas: the name is absent, or the dependent schema holds
-                name, dep = payload
-                other = alt([self.lacks_key(name), self.over(dep)])
-            out = self.narrow(out, other, kind)
-        return self.compact(out, "a subschema")
-
-    def safe_diff(self, universe: str, sub: Sub) -> str | None:
-        """universe minus under(sub); when under(sub) is refused, the whole universe (still a superset)."""
-        try:
-            u = self.under(sub)
-        except GrammarError as e:
-            if is_fatal(e):
-                raise
-            return universe
-        return self.combine(universe, u, "diff", "not")
-
-    def typed_over(self, n: Norm, ctx: Ctx) -> str | None:
-        types = TYPES if n.types is None else [t for t in TYPES if t in n.types]
-        if n.enum is not None:
-            vals = [v for v in n.enum if any(_is_type(v, t, self.draft) for t in types)]
-            return alt([self.const_over(v, ctx) for v in vals])
-        parts = []
-        for t in types:
-            if t == "null":
-                parts.append(F.NULL)
-            elif t == "boolean":
-                parts.append(F.BOOLEAN)
-            elif t == "string":
-                parts.append(self.string_re(n, "over"))
-            elif t in ("integer", "number"):
-                if t == "integer" and "number" in types:
-                    continue
-                parts.append(self.number_re(n, t == "integer", "over"))
-            elif t == "array":
-                parts.append(self.array_over(n, ctx))
-            else:
-                parts.append(self.object_over(n, ctx))
-        return alt(parts)
-
-    def const_over(self, v: Any, ctx: Ctx) -> str | None:
-        """Every generated text equal to `v` after json.loads (key order and duplicate keys included)."""
-        if isinstance(v, bool) or v is None:
-            return re.escape(json.dumps(v))
-        if isinstance(v, (int, float)):
-            return self.number_equal(v)
-        if isinstance(v, str):
-            return '"' + self.atom(self.key_body_dfa(v)) + '"'
-        if isinstance(v, list):
-            n = Norm(types={"array"}, min_items=len(v), max_items=len(v),
-                     prefix=[[Sub({"const": x}, ctx)] for x in v])
-            return self.array_over(n, ctx)
-        n = Norm(types={"object"}, props={k: [Sub({"const": x}, ctx)] for k, x in v.items()},
-                 required=dict.fromkeys(v), groups=[(frozenset(v), {}, Sub(False, ctx), True)])
-        return self.object_over(n, ctx)
-
-
 def _scalar_texts(v: Any) -> list[str] | None:
     """The texts const_text's regex matches for a scalar value (None for arrays and objects)."""
     if isinstance(v, (dict, list)):
@@ -553,24 +370,6 @@ def _copy(v):
     if isinstance(v, set):
         return set(v)
     return v
-
-
-def _is_type(v: Any, t: str, draft: str) -> bool:
-    if t == "null":
-        return v is None
-    if t == "boolean":
-        return isinstance(v, bool)
-    if isinstance(v, bool):
-        return False
-    if t == "integer":
-        return isinstance(v, int) or (draft != "4" and isinstance(v, float) and v.is_integer())
-    if t == "number":
-        return isinstance(v, (int, float))
-    if t == "string":
-        return isinstance(v, str)
-    if t == "array":
-        return isinstance(v, list)
-    return isinstance(v, dict)
 
 
 def _has_marker(schema: Any) -> bool:
