@@ -28,6 +28,9 @@ class EngineConfig:
     num_threads: int | None = None  # torch CPU threads; None = torch default
     seed: int = 0
     debug_invariants: bool = False  # check KV accounting after every step (tests)
+    grammar_workers: int = 2  # compile worker processes; 0 = compile on a thread of the engine (holds its GIL)
+    grammar_compile_timeout: float = 5.0  # CPU seconds one constraint compile may use (wall cap: 10x + 10 s)
+    grammar_max_states: int = 20_000  # largest automaton one constraint (or EBNF terminal) may compile to
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -41,6 +44,13 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if self.max_context_len is not None and self.max_context_len <= 1:
             raise ValueError(f"max_context_len must be > 1, got {self.max_context_len}")
+        if not isinstance(self.grammar_workers, int) or not 0 <= self.grammar_workers <= 64:
+            raise ValueError(f"grammar_workers must be an int in [0, 64], got {self.grammar_workers!r}")
+        t = self.grammar_compile_timeout
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 3600:
+            raise ValueError(f"grammar_compile_timeout must be a number of seconds in (0, 3600], got {t!r}")
+        if not isinstance(self.grammar_max_states, int) or self.grammar_max_states < 2:
+            raise ValueError(f"grammar_max_states must be an int >= 2, got {self.grammar_max_states!r}")
         if self.num_threads is not None and self.num_threads <= 0:
             raise ValueError(f"num_threads must be positive, got {self.num_threads}")
 

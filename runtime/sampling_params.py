@@ -19,6 +19,8 @@ CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf", "choices")
 GEN_ALIASES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
 # /generate sampling_params key -> field, for SGLang's alternative spellings.
 WIRE_ALIASES = {"sampling_seed": "seed"}
+MAX_STOPS = 32  # SGLang's MAX_STOP_COUNT / MAX_STOP_REGEX_COUNT
+MAX_STOP_REGEX_BYTES = 256  # SGLang's MAX_STOP_REGEX_LEN
 
 
 def _compile_stop_regex(pattern: str) -> re.Pattern:
@@ -65,7 +67,11 @@ class SamplingParams:
             fix(name, (v,) if isinstance(v, str) else () if v is None else tuple(v))
             if any(not isinstance(s, str) or s == "" for s in getattr(self, name)):
                 raise ValueError(f"{name} must be non-empty strings, got {getattr(self, name)!r}")
+            if len(getattr(self, name)) > MAX_STOPS:
+                raise ValueError(f"at most {MAX_STOPS} {name} entries are allowed, got {len(getattr(self, name))}")
         for pattern in self.stop_regex:
+            if len(pattern.encode("utf-8", "replace")) > MAX_STOP_REGEX_BYTES:
+                raise ValueError(f"stop_regex {pattern[:40]!r}... is over the {MAX_STOP_REGEX_BYTES}-byte limit")
             _compile_stop_regex(pattern)
         if self.stop_token_ids is None:
             fix("stop_token_ids", ())

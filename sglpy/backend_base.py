@@ -114,6 +114,12 @@ class ScoringPlan:
 
     @property
     def logprob_start_len(self) -> int:
+        """Where to ask prompt logprobs from: the earliest window (every entry after position 0 has a value)."""
+        return min(self.window_starts)
+
+    @property
+    def shared_prefix_len(self) -> int:
+        """Tokens every choice shares before its window: prefilled once so the scoring requests reuse their KV."""
         return min(self.window_starts)
 
 

@@ -81,9 +81,9 @@ class Engine(BaseBackend):
         plan = plan_scoring(self.tokenize, prefix, choices)
         start = plan.logprob_start_len
         # One prefill of the shared prefix first, so every choice below hits the radix cache.
-        if start > 0:
-            self.engine.generate(input_ids=plan.prefix_ids[:start] if start < len(plan.prefix_ids)
-                                 else plan.prefix_ids, sampling_params={"max_new_tokens": 0})
+        shared = plan.shared_prefix_len
+        if shared > 0:
+            self.engine.generate(input_ids=plan.prefix_ids[:shared], sampling_params={"max_new_tokens": 0})
         outs = self.engine.generate(input_ids=plan.full_ids, sampling_params={"max_new_tokens": 0, "temperature": 0},
                                     return_logprob=True, logprob_start_len=start, return_text_in_logprobs=True)
         metas = [check_output(o)["meta_info"] for o in outs]

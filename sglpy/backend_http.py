@@ -12,6 +12,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Optional
 
 from .backend_base import (
@@ -191,8 +192,8 @@ class RuntimeEndpoint(BaseBackend):
         table = dict(zip(texts, ids))
         plan = plan_scoring(lambda t: table[t] if t else [], prefix, choices)
         start = plan.logprob_start_len
-        if start > 0:  # prefill the shared prefix once; the choices then hit the radix cache
-            self.client.post("/generate", {"input_ids": plan.prefix_ids[:start],
+        if plan.shared_prefix_len > 0:  # prefill the shared prefix once; the choices then hit the radix cache
+            self.client.post("/generate", {"input_ids": plan.prefix_ids[:plan.shared_prefix_len],
                                            "sampling_params": {"max_new_tokens": 0}})
         metas = self._prompt_metas(plan.full_ids, start)
         uncond = None
@@ -202,12 +203,17 @@ class RuntimeEndpoint(BaseBackend):
                                     [m.get("cached_tokens") for m in metas])
 
     def _score_by_text(self, prefix: str, choices: list[str], need_unconditional: bool) -> list[ChoiceScore]:
-        """Servers without /tokenize (SGLang's original requests): score text, locate the window by token texts."""
+        """Servers without /tokenize (SGLang's server, sglang-router): score text, locate the window by token texts.
+
+        One request per choice, sent together: sglang-router refuses a batch `text: [...]` (422) and has no
+        /tokenize route, and under its cache_aware policy each choice follows the prefix to its worker."""
         res = self.client.post("/generate", {"text": prefix, "sampling_params": {"max_new_tokens": 0}})
         start = max(check_output(res)["meta_info"]["prompt_tokens"] - 2, 0)
-        out = self.client.post("/generate", {
-            "text": [prefix + c for c in choices], "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-            "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start})
+        bodies = [{"text": prefix + c, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+                   "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start}
+                  for c in choices]
+        with ThreadPoolExecutor(max_workers=min(len(bodies), 16)) as pool:
+            out = list(pool.map(lambda body: self.client.post("/generate", body), bodies))
         windows = []
         for c, o in zip(choices, out):
             entries = check_output(o)["meta_info"]["input_token_logprobs"]

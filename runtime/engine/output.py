@@ -29,11 +29,14 @@ def build_output(req: Req, tokenizer) -> ReqOutput:
         "ttft": None if req.first_token_time is None else req.first_token_time - req.created,
     }
     if req.return_logprob:
-        inp = list(req.input_logprobs)
-        if req.logprob_start_len == 0 and req.input_ids:
-            inp.insert(0, TokenLogprob(None, req.input_ids[0]))
+        # one entry per prompt position from the start on (the rule SGLang's frontend select was written for):
+        # position 0 has nothing to be scored against, and -1 gives one null entry for the last prompt token
+        start = req.input_logprob_start()
+        nulls = [TokenLogprob(None, req.input_ids[start])] if start == 0 or req.logprob_start_len < 0 else []
+        inp = nulls + req.input_logprobs
         meta["input_token_logprobs"] = _triples(inp, tokenizer, return_text_in_logprobs)
         meta["output_token_logprobs"] = _triples(req.output_logprobs, tokenizer, return_text_in_logprobs)
+        meta["output_token_logprobs_length"] = len(req.output_logprobs)
         if req.top_logprobs_num > 0:
             def tops(recs):
                 return [None if r.logprob is None else
@@ -42,3 +45,10 @@ def build_output(req: Req, tokenizer) -> ReqOutput:
             meta["input_top_logprobs"] = tops(inp)
             meta["output_top_logprobs"] = tops(req.output_logprobs)
     return ReqOutput(req.rid, visible_text(req), list(req.output_ids), meta, req.finished)
+
+
+def aborted_output(rid: str, prompt_tokens: int, message: str) -> ReqOutput:
+    """A final output for a request that ended without a normal one (aborted before it started, or unshapeable)."""
+    meta = {"id": rid, "finish_reason": {"type": "abort", "message": message}, "prompt_tokens": prompt_tokens,
+            "completion_tokens": 0, "cached_tokens": 0, "e2e_latency": 0.0}
+    return ReqOutput(rid, "", [], meta, finished=True)

@@ -50,7 +50,7 @@ class Scheduler:
     def _match(self, req: Req) -> None:
         """Reuse the longest cached prefix; always recompute the last token (its logits are needed)."""
         limit = req.seq_len - 1
-        if req.wants_input_logprobs():
+        if req.wants_input_logprobs():  # the logits from position logprob_start_len - 1 on are needed
             limit = min(limit, max(req.logprob_start_len - 1, 0))
         matched = self.kv.match_prefix(req, req.all_ids[:limit])
         if req.num_preemptions == 0:

@@ -7,6 +7,8 @@ reports a regex stop by its pattern. A streamed chunk never shows text that a la
 for a stop string, the longest suffix that is a prefix of it is held back; for a stop_regex, everything
 from the earliest position where a match could still start (a partial match reaching the end of the text,
 found with the `regex` module's partial matching) is held back.
+Patterns run on the `regex` module (Python `re` syntax, VERSION0) with a time budget per search, so a
+pattern that backtracks catastrophically aborts its own request instead of stalling the step loop.
 """
 
 from __future__ import annotations
@@ -32,6 +34,28 @@ def check_token_stop(req: Req, token: int, eos_ids: set[int], max_context: int) 
     return None
 
 
+STOP_REGEX_BUDGET = 0.05  # seconds one stop_regex search may take before its request is aborted
+
+
+class StopRegexTimeout(Exception):
+    """A stop_regex search ran over STOP_REGEX_BUDGET."""
+
+    def __init__(self, pattern: str):
+        super().__init__(pattern)
+        self.pattern = pattern
+
+
+def _search(pattern: str, compiled, text: str, partial: bool = False):
+    """One search, on the `regex` module with the time budget (Python's `re` when `regex` reads it differently)."""
+    fast = _partial_pattern(pattern)
+    if fast is None:
+        return None if partial else compiled.search(text)
+    try:
+        return fast.search(text, partial=partial, timeout=STOP_REGEX_BUDGET)
+    except TimeoutError:
+        raise StopRegexTimeout(pattern) from None
+
+
 def _first_text_stop(text: str, s: SamplingParams, old_len: int) -> tuple[int, int, str] | None:
     """(start, end, matched) of the earliest stop string (in the new text's window) or stop_regex match."""
     best = None
@@ -42,7 +66,7 @@ def _first_text_stop(text: str, s: SamplingParams, old_len: int) -> tuple[int, i
             if idx != -1 and (best is None or idx < best[0]):
                 best = (idx, idx + len(stop), stop)
     for pattern, compiled in zip(s.stop_regex, s.compiled_stop_regex()):
-        m = compiled.search(text)
+        m = _search(pattern, compiled, text)
         if m is not None and (best is None or m.start() < best[0]):
             best = (m.start(), m.end(), pattern)
     return best
@@ -57,7 +81,11 @@ def append_text(req: Req, delta: str) -> FinishReason | None:
     s = req.sampling
     if (not s.stop and not s.stop_regex) or len(req.output_ids) < s.min_new_tokens:
         return None
-    hit = _first_text_stop(req.text, s, old_len)
+    try:
+        hit = _first_text_stop(req.text, s, old_len)
+    except StopRegexTimeout as e:
+        return FinishReason("abort", message=f"stop_regex {e.pattern!r} took over {STOP_REGEX_BUDGET * 1000:.0f} ms "
+                                             "to search the output (catastrophic backtracking); simplify it")
     if hit is None:
         return None
     start, end, matched = hit
@@ -87,10 +115,12 @@ def visible_text(req: Req) -> str:
                 cut = min(cut, len(text) - k)
                 break
     for pattern in s.stop_regex:
-        compiled = _partial_pattern(pattern)
-        if compiled is None:
+        if _partial_pattern(pattern) is None:
             return ""  # cannot tell where a match could start: show nothing until the request ends
-        m = compiled.search(text, partial=True)
+        try:
+            m = _search(pattern, None, text, partial=True)
+        except StopRegexTimeout:
+            return ""  # the request is being aborted (append_text hit the same budget)
         if m is not None:
             cut = min(cut, m.start())
     return text[:cut]

@@ -45,7 +45,8 @@ class ModelRunner:
             ids.extend(all_ids[e.prefix_len:end])
             pos.extend(range(e.prefix_len, end))
             loc.extend(r.slots[e.prefix_len:end])
-            # prompt logprobs: logits at positions start-1 .. P-2 score prompt tokens start .. P-1
+            # prompt logprobs: logits at positions start-1 .. P-2 score prompt tokens start .. P-1 (position 0 has
+            # no logit before it: its entry is null)
             lo = hi = 0
             if r.wants_input_logprobs():
                 lo = max(max(r.logprob_start_len, 1) - 1, e.prefix_len)

@@ -17,27 +17,39 @@ import time
 
 from aiohttp import web
 
-from . import native_api, openai_api
+from . import native_api, openai_api, sglang_routes
 from ..messages import (DetokenizeReq, EngineError, FlushCacheReq, GenerateReqInput, GetServerInfoReq,
                         TokenizeReq)
 from ..sampling_params import SamplingParams
 from .engine_client import EngineClient
-from .http_common import (ApiError, auth_middleware, check_fields, error_middleware, error_response, is_bool, is_int_list,
-                          is_str, is_str_list, one_of, read_json_object)
+from .http_common import ApiError, auth_middleware, error_middleware, error_response, read_json_object
 from .metrics import CONTENT_TYPE_LATEST, PoolStats
 from .config import ServerConfig, config_from_args
 from .state import ServerState
+from .supervisor import stall_reason, supervise
+from .wire_tables import ABORT, DETOKENIZE, TOKENIZE
 
 logger = logging.getLogger("sglpy.server")
 
 
 async def health(request: web.Request) -> web.Response:
-    """GET /health: 200 while the engine is alive and the server is not shutting down (no generation)."""
+    """GET /health: 200 while the engine is alive, its step loop is not stalled and the server is not shutting down.
+
+    Never runs a generation. The X-Engine-Restarts header counts engine processes the supervisor replaced.
+    """
     state: ServerState = request.app["state"]
-    if state.ready:
-        return web.Response(status=200)
-    reason = "shutting down" if state.draining else (state.engine.dead_reason or "engine starting")
-    return error_response(503, f"unhealthy: {reason}")
+    headers = {"X-Engine-Restarts": str(state.engine_restarts)}
+    stalled = stall_reason(state)
+    state.metrics.engine_stalled.set(1 if stalled else 0)
+    if state.ready and stalled is None:
+        return web.Response(status=200, headers=headers)
+    if state.draining:
+        reason = "shutting down"
+    elif stalled is not None:
+        reason = stalled
+    else:
+        reason = state.restarting or state.engine.dead_reason or "engine starting"
+    return error_response(503, f"unhealthy: {reason}", headers=headers)
 
 
 async def health_generate(request: web.Request) -> web.Response:
@@ -87,7 +99,11 @@ async def server_info(request: web.Request) -> web.Response:
         "internal_states": [engine_state],
         "kv_pool": {"total": stats.total_tokens, "used": stats.used_tokens, "cached": stats.cached_tokens,
                     "free": stats.free_tokens},
-        "num_inflight_requests": state.engine.num_inflight, "version": __version__}, dumps=_dumps)
+        "num_inflight_requests": state.engine.num_inflight, "version": __version__,
+        "engine_restarts": state.engine_restarts, "engine_pid": state.engine.pid,
+        # what sglang-router reads as worker metadata (one GPU-less process: no tensor or data parallelism)
+        "tp_size": 1, "dp_size": 1, "served_model_name": state.model_name, "disaggregation_mode": "null"},
+        dumps=_dumps)
 
 
 def _dumps(obj) -> str:
@@ -104,8 +120,7 @@ async def flush_cache(request: web.Request) -> web.Response:
 async def abort_request(request: web.Request) -> web.Response:
     """POST /abort_request {"rid": str} or {"abort_all": true}."""
     state: ServerState = request.app["state"]
-    body = await read_json_object(request)
-    check_fields(body, {"rid": (is_str, "a string"), "abort_all": (is_bool, "a bool")}, "request")
+    body = ABORT.validate(await read_json_object(request))
     rids = state.engine.inflight_rids() if body.get("abort_all") else [body.get("rid")]
     if rids == [None]:
         raise ApiError(400, "give rid or abort_all", param="rid")
@@ -116,11 +131,7 @@ async def abort_request(request: web.Request) -> web.Response:
 async def tokenize(request: web.Request) -> web.Response:
     """POST /tokenize {"text": str | [str], "add_special_tokens": bool} -> {"tokens", "count", "max_model_len"}."""
     state: ServerState = request.app["state"]
-    body = await read_json_object(request)
-    check_fields(body, {"text": (one_of(is_str, is_str_list), "a string or a list of strings"),
-                        "add_special_tokens": (is_bool, "a bool"), "model": (is_str, "a string")}, "request")
-    if "text" not in body:
-        raise ApiError(400, "text is required", param="text")
+    body = TOKENIZE.validate(await read_json_object(request))
     texts = body["text"] if isinstance(body["text"], list) else [body["text"]]
     ids = await state.engine.call(TokenizeReq(texts, body.get("add_special_tokens", True)))
     single = not isinstance(body["text"], list)
@@ -132,11 +143,7 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     """POST /detokenize {"tokens": [int], "skip_special_tokens": bool} -> {"text"}."""
     state: ServerState = request.app["state"]
-    body = await read_json_object(request)
-    check_fields(body, {"tokens": (is_int_list, "a list of ints"), "skip_special_tokens": (is_bool, "a bool"),
-                        "model": (is_str, "a string")}, "request")
-    if "tokens" not in body:
-        raise ApiError(400, "tokens is required", param="tokens")
+    body = DETOKENIZE.validate(await read_json_object(request))
     text = await state.engine.call(DetokenizeReq(body["tokens"], body.get("skip_special_tokens", False)))
     return web.json_response({"text": text})
 
@@ -146,6 +153,7 @@ async def metrics(request: web.Request) -> web.Response:
     state: ServerState = request.app["state"]
     stats = await state.pool_stats(timeout=2.0) if state.engine.alive else None
     state.metrics.update_engine_gauges(stats, state.engine.num_inflight, state.engine.alive)
+    state.metrics.engine_stalled.set(1 if stall_reason(state) else 0)
     return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -174,6 +182,7 @@ def build_app(state: ServerState) -> web.Application:
     r.add_get("/v1/models/{model:.+}", openai_api.model)  # ids may be paths
     r.add_post("/v1/completions", openai_api.completions)
     r.add_post("/v1/chat/completions", openai_api.chat_completions)
+    sglang_routes.add_routes(r)
     return app
 
 
@@ -217,7 +226,12 @@ async def serve(config: ServerConfig) -> int:
     elif start.done():
         logger.info("ready: model %s, context %s tokens", engine.info.model_path, engine.info.context_len)
         gc.freeze()  # startup objects never die: keep them out of later full GC passes
+        state.engine_started_at = time.monotonic()
+        supervisor = asyncio.ensure_future(supervise(state))
         await stopper
+        state.draining = True  # no restart from here on
+        supervisor.cancel()
+        await asyncio.gather(supervisor, return_exceptions=True)
     logger.info("shutting down")
     start.cancel()
     await site.stop()  # stop accepting connections; open ones get 503 while draining
@@ -237,5 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if config.dp_size > 1:
+        from .replicas import launch  # N workers behind sglang-router; this process serves nothing itself
+
+        return launch(config)
+    sglang_routes.install_probe_log_filter()
     return asyncio.run(serve(config))
 

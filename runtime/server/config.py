@@ -11,6 +11,7 @@ from ..config import EngineConfig
 
 DEFAULT_ENGINE_FACTORY = "sglpy.runtime.engine:Engine"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")  # sglang-router's --policy values
 
 # One help line per EngineConfig field; a field added later still gets a flag (with a generic help).
 ENGINE_FLAG_HELP = {
@@ -29,6 +30,11 @@ ENGINE_FLAG_HELP = {
     "num_threads": "torch CPU threads of the engine process; default: torch's default",
     "seed": "random seed of the engine",
     "debug_invariants": "check KV accounting after every engine step (slow; for tests)",
+    "grammar_workers": "constraint compile worker processes (0: compile on a thread of the engine process, "
+    "which stalls the step loop while it runs)",
+    "grammar_compile_timeout": "CPU seconds one regex / json_schema / ebnf / choices compile may use before it "
+    "is refused with 400 (wall-clock cap: 10x this + 10 s)",
+    "grammar_max_states": "largest automaton (DFA states) one constraint may compile to; larger ones get 400",
 }
 
 SERVER_FLAG_HELP = {
@@ -42,10 +48,18 @@ SERVER_FLAG_HELP = {
     "graceful_shutdown_timeout": "on SIGTERM: seconds to let in-flight requests finish before aborting them",
     "engine_startup_timeout": "seconds to wait for the engine process to load the model",
     "health_generate_timeout": "seconds /health_generate waits for its one-token generation",
+    "health_stall_timeout": "/health answers 503 when the engine's step loop has work and made no progress for "
+    "this many seconds (or its process sent no heartbeat); 0 disables the check",
+    "engine_restart_attempts": "when the engine process dies: start attempts before giving up (0: never restart)",
+    "engine_restart_backoff": "seconds before a retried engine start (doubling per failure, at most 30 s); the "
+    "first restart after a death is immediate",
     "log_level": "logging level",
     "log_requests": "log one line per finished request (id, route, tokens, latency)",
     "engine_factory": "import path 'module:callable' that builds the engine in the engine process "
     "(tests swap in a fake engine; operators keep the default)",
+    "dp_size": "data-parallel replicas: N > 1 starts N workers on 127.0.0.1 ports PORT+1..PORT+N (torch threads "
+    "split between them) behind sglang-router on HOST:PORT; the launcher exits non-zero if any of them dies",
+    "router_policy": "sglang-router's --policy when --dp-size > 1",
 }
 
 
@@ -63,9 +77,14 @@ class ServerConfig:
     graceful_shutdown_timeout: float = 10.0
     engine_startup_timeout: float = 600.0
     health_generate_timeout: float = 20.0
+    health_stall_timeout: float = 30.0
+    engine_restart_attempts: int = 5
+    engine_restart_backoff: float = 1.0
     log_level: str = "info"
     log_requests: bool = True
     engine_factory: str = DEFAULT_ENGINE_FACTORY
+    dp_size: int = 1  # > 1: runtime/server/replicas.py launches workers + sglang-router instead of serving
+    router_policy: str = "cache_aware"
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self):
@@ -80,7 +99,11 @@ class ServerConfig:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if not isinstance(self.max_queued_requests, int) or self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be an int >= 0, got {self.max_queued_requests!r}")
-        for name in ("graceful_shutdown_timeout", "engine_startup_timeout", "health_generate_timeout"):
+        if not isinstance(self.engine_restart_attempts, int) or not 0 <= self.engine_restart_attempts <= 1000:
+            raise ValueError(f"engine_restart_attempts must be an int in [0, 1000], "
+                             f"got {self.engine_restart_attempts!r}")
+        for name in ("graceful_shutdown_timeout", "engine_startup_timeout", "health_generate_timeout",
+                     "health_stall_timeout", "engine_restart_backoff"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
@@ -88,6 +111,13 @@ class ServerConfig:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if ":" not in self.engine_factory:
             raise ValueError(f"engine_factory must look like 'module:callable', got {self.engine_factory!r}")
+        if not isinstance(self.dp_size, int) or self.dp_size < 1:
+            raise ValueError(f"dp_size must be an int >= 1, got {self.dp_size!r}")
+        if self.dp_size > 1 and not 0 < self.port <= 65535 - self.dp_size - 1:
+            raise ValueError(f"with dp_size {self.dp_size}, port must leave room for the workers' ports "
+                             f"PORT+1..PORT+{self.dp_size} and the router's metrics port, got {self.port}")
+        if self.router_policy not in ROUTER_POLICIES:
+            raise ValueError(f"router_policy must be one of {ROUTER_POLICIES}, got {self.router_policy!r}")
         if not isinstance(self.engine, EngineConfig):
             raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
 
@@ -127,6 +157,8 @@ def _add_fields(group, cls, helps: dict, skip=()):
                                default=default, help=f"{text} (default: {default})")
             continue
         kw = {"choices": LOG_LEVELS} if f.name == "log_level" else {}
+        if f.name == "router_policy":
+            kw = {"choices": ROUTER_POLICIES}
         if cls is EngineConfig and f.name == "dtype":
             from ..config import DTYPES
             kw = {"choices": DTYPES}
@@ -153,3 +185,19 @@ def config_from_args(argv: list[str] | None = None) -> ServerConfig:
     engine = EngineConfig(**{k: v for k, v in ns.items() if k in engine_names})
     server = {k: v for k, v in ns.items() if k not in engine_names}
     return ServerConfig(engine=engine, **server)
+
+
+def config_to_args(config: ServerConfig) -> list[str]:
+    """The `sglpy serve` flags that rebuild `config` (only fields that differ from their defaults)."""
+    args = []
+    for cls, obj in ((ServerConfig, config), (EngineConfig, config.engine)):
+        default = cls() if cls is EngineConfig else ServerConfig(engine=config.engine)
+        for f in dataclasses.fields(cls):
+            value = getattr(obj, f.name)
+            if f.name == "engine" or value == getattr(default, f.name):
+                continue
+            if isinstance(value, bool):
+                args.append(_flag(f.name) if value else "--no-" + f.name.replace("_", "-"))
+            else:
+                args += [_flag(f.name), str(value)]
+    return args

@@ -1,17 +1,16 @@
-"""HTTP plumbing shared by the native and OpenAI routes: errors, auth, body parsing, field checks, SSE."""
+"""HTTP plumbing shared by the native and OpenAI routes: errors, auth, body parsing (valid UTF-8), SSE."""
 
 from __future__ import annotations
 
 import hmac
 import json
 import logging
-from typing import Callable
-
 from aiohttp import web
 
 from ..messages import EngineError
 
 logger = logging.getLogger("sglpy.server")
+request_log = logging.getLogger("sglpy.server.requests")
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
@@ -43,6 +42,11 @@ async def error_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     except ApiError as e:
+        config = request.app.get("config")
+        if e.status != 401 and (config is None or config.log_requests):
+            # one line per request refused at the door (engine-side failures are logged by the request log)
+            request_log.info("rejected route=%s status=%d param=%s message=%s", request.path, e.status, e.param,
+                             " ".join(e.message.split())[:300])
         return error_response(e.status, e.message, e.param, e.headers)
     except EngineError as e:
         return error_response(e.status, e.message)
@@ -93,63 +97,34 @@ async def read_json_object(request: web.Request) -> dict:
         raise ApiError(400, "malformed JSON body: nested too deeply") from None
     if not isinstance(obj, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(obj).__name__}")
+    bad = first_bad_string(obj)
+    if bad is not None:
+        raise ApiError(400, f"{bad} is not valid UTF-8 text (it holds a lone surrogate escape such as \\ud800)",
+                       param=bad)
     return obj
 
 
-# ---- field checks: predicate + description used in the error message ----
-def is_int(v) -> bool:
-    """An int that is not a bool."""
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def is_num(v) -> bool:
-    """An int or float that is not a bool."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def is_bool(v) -> bool:
-    """A JSON true/false."""
-    return isinstance(v, bool)
-
-
-def is_str(v) -> bool:
-    """A string."""
-    return isinstance(v, str)
-
-
-def is_dict(v) -> bool:
-    """A JSON object."""
-    return isinstance(v, dict)
-
-
-def is_int_list(v) -> bool:
-    """A list of ints (empty allowed)."""
-    return isinstance(v, list) and all(is_int(x) for x in v)
-
-
-def is_str_list(v) -> bool:
-    """A list of strings (empty allowed)."""
-    return isinstance(v, list) and all(is_str(x) for x in v)
-
-
-def one_of(*preds: Callable) -> Callable:
-    """A predicate true when any of `preds` is."""
-    return lambda v: any(p(v) for p in preds)
-
-
-def nullable(pred: Callable) -> Callable:
-    """`pred`, or None."""
-    return lambda v: v is None or pred(v)
-
-
-def check_fields(obj: dict, spec: dict[str, tuple[Callable, str]], where: str, ignored: tuple = ()) -> None:
-    """400 naming the first unknown field or the first field of the wrong type."""
-    unknown = sorted(k for k in obj if k not in spec and k not in ignored)
-    if unknown:
-        raise ApiError(400, f"unknown field(s) in {where}: {unknown}", param=unknown[0])
-    for name, (pred, desc) in spec.items():
-        if name in obj and not pred(obj[name]):
-            raise ApiError(400, f"{where}.{name} must be {desc}, got {json.dumps(obj[name])[:80]}", param=name)
+def first_bad_string(obj, path: str = "body") -> str | None:
+    """The path of the first string (value or key) that is not valid Unicode text (a lone surrogate), else None."""
+    stack = [(obj, path)]
+    while stack:
+        v, p = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return p
+        elif isinstance(v, list):
+            stack.extend((x, f"{p}[{i}]") for i, x in enumerate(v) if isinstance(x, (str, list, dict)))
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                try:
+                    k.encode("utf-8")
+                except UnicodeEncodeError:
+                    return f"{p} (a key)"
+                if isinstance(x, (str, list, dict)):
+                    stack.append((x, f"{p}.{k}"))
+    return None
 
 
 # ---- server-sent events ----

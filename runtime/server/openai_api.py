@@ -12,9 +12,9 @@ from aiohttp import web
 from ..messages import ChatPromptReq, DetokenizeReq, EngineError, GenerateReqInput
 from ..sampling_params import LogprobOptions
 from .http_common import ApiError, error_body, read_json_object, send_sse, start_sse
-from .native_api import first_item, request_input, validate_sampling_params
+from .native_api import build_sampling, cache_namespace, check_token_ids, first_item, request_input
 from .openai_protocol import (chat_logprobs, chat_messages, check_request, completion_logprobs, finish_reason,
-                              sampling_params)
+                              sampling_fields)
 from .state import ServerState, new_rid
 
 
@@ -31,49 +31,52 @@ class _Job:
     echo_texts: list[str] | None = None
 
 
-async def _build_job(state: ServerState, body: dict, chat: bool) -> _Job:
-    check_request(body, chat)
-    sp = validate_sampling_params(sampling_params(body, chat), "request")
+async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, dict]:
+    f, options = check_request(body, chat)
+    vocab = state.info.vocab_size
+    sp = build_sampling(sampling_fields(f, chat), vocab, "request")
     if sp.n != 1:
         sp = dataclasses.replace(sp, n=1)  # n samples are n engine requests
     if chat:
-        if "messages" not in body:
-            raise ApiError(400, "messages is required", param="messages")
-        messages = chat_messages(body["messages"])
-        prompt = await state.engine.call(ChatPromptReq(messages, True, bool(body.get("continue_final_message")),
-                                                       body.get("chat_template_kwargs")))
-        prompts = [{"text": prompt}]
-        want, top = bool(body.get("logprobs")), int(body.get("top_logprobs") or 0)
+        messages = chat_messages(f["messages"])
+        if f.get("input_ids") is not None:  # SGLang: pre-tokenized prompt, the template is not applied
+            check_token_ids(f["input_ids"], vocab, "input_ids")
+            prompts = [{"input_ids": f["input_ids"]}]
+        else:
+            prompt = await state.engine.call(ChatPromptReq(messages, True, bool(f.get("continue_final_message")),
+                                                           f.get("chat_template_kwargs")))
+            prompts = [{"text": prompt}]
+        want, top = bool(f.get("logprobs")), int(f.get("top_logprobs") or 0)
     else:
-        if "prompt" not in body:
-            raise ApiError(400, "prompt is required", param="prompt")
-        p = body["prompt"]
+        p = f["prompt"]
         if isinstance(p, str):
             prompts = [{"text": p}]
-        elif p and all(isinstance(x, int) for x in p):
+        elif all(isinstance(x, int) for x in p):
             prompts = [{"input_ids": p}]
-        elif p and all(isinstance(x, str) for x in p):
+        elif all(isinstance(x, str) for x in p):
             prompts = [{"text": x} for x in p]
-        elif p and all(isinstance(x, list) and x for x in p):
-            prompts = [{"input_ids": x} for x in p]
         else:
-            raise ApiError(400, "prompt must not be empty", param="prompt")
-        want, top = body.get("logprobs") is not None, int(body.get("logprobs") or 0)
+            prompts = [{"input_ids": x} for x in p]
+        for q in prompts:
+            if "input_ids" in q:
+                check_token_ids(q["input_ids"], vocab, "prompt")
+        want, top = f.get("logprobs") is not None, int(f.get("logprobs") or 0)
     logprob = LogprobOptions(return_logprob=want, top_logprobs_num=top, logprob_start_len=-1,
                              return_text_in_logprobs=True)
-    job_id = ("chatcmpl-" if chat else "cmpl-") + (body.get("rid") or new_rid())
-    n = body.get("n") or 1
+    job_id = ("chatcmpl-" if chat else "cmpl-") + (f.get("rid") or new_rid())
+    n = f.get("n", 1)
+    key = cache_namespace(f.get("extra_key"), f.get("cache_salt"))
     items, prompt_of = [], []
     for i, p in enumerate(prompts):
         for j in range(n):
             rid = job_id if len(prompts) * n == 1 else f"{job_id}-{i}-{j}"
-            items.append(request_input(rid, p, sp, logprob, body.get("extra_key")))
+            items.append(request_input(rid, p, sp, logprob, key))
             prompt_of.append(i)
     job = _Job(job_id, chat, items, prompt_of, want, top)
-    if not chat and body.get("echo"):
+    if not chat and f.get("echo"):
         job.echo_texts = [p["text"] if "text" in p else await state.engine.call(DetokenizeReq(p["input_ids"]))
                           for p in prompts]
-    return job
+    return job, {**f, "stream_options": options}
 
 
 def _usage(job: _Job, metas: list[dict]) -> dict:
@@ -105,16 +108,16 @@ def _choice(job: _Job, idx: int, out: dict) -> dict:
 async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
     state: ServerState = request.app["state"]
     body = await read_json_object(request)
-    job = await _build_job(state, body, chat)
+    job, f = await _build_job(state, body, chat)
     state.admit(len(job.items))
     route = request.path
-    if not body.get("stream"):
+    if not f.get("stream"):
         outs = await state.run_many(job.items, route)
         return web.json_response({
             "id": job.id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": state.model_name, "choices": [_choice(job, i, o) for i, o in enumerate(outs)],
             "usage": _usage(job, [o.get("meta_info", {}) for o in outs])}, headers={"X-Request-Id": job.id})
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    include_usage = bool(f["stream_options"].get("include_usage"))
     return await _stream(request, state, job, route, include_usage)
 
 

@@ -1,8 +1,8 @@
 """OpenAI request fields -> engine arguments, and engine results -> OpenAI response pieces.
 
-Unknown-field policy: a field is accepted when it is an OpenAI or SGLang field we implement, or one of
-IGNORED (OpenAI bookkeeping fields that cannot change the output: user, metadata, store, ...).
-Anything else is a 400 naming the field, so a typo never silently changes sampling.
+The accepted fields, their types and which ones are implemented are the tables COMPLETIONS, CHAT,
+CHAT_MESSAGE and STREAM_OPTIONS of wire_tables.py (SGLang's OpenAI request models plus OpenAI's
+bookkeeping fields); anything else is a 400 naming the field, so a typo never silently changes sampling.
 """
 
 from __future__ import annotations
@@ -10,112 +10,39 @@ from __future__ import annotations
 import json
 
 from ..sampling_params import SamplingParams
-from .http_common import (ApiError, check_fields, is_bool, is_dict, is_int, is_int_list, is_num, is_str,
-                          is_str_list, nullable, one_of)
+from .http_common import ApiError
+from .wire_tables import CHAT, CHAT_MESSAGE, COMPLETIONS, STREAM_OPTIONS
 
-IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
-           "safety_identifier")
-
-_STOP = (nullable(one_of(is_str, is_str_list)), "a string or a list of strings")
-COMMON_FIELDS = {
-    "model": (nullable(is_str), "a string"),
-    "max_tokens": (nullable(is_int), "an int"),
-    "temperature": (nullable(is_num), "a number"),
-    "top_p": (nullable(is_num), "a number"),
-    "n": (nullable(is_int), "an int"),
-    "stop": _STOP,
-    "stream": (nullable(is_bool), "a bool"),
-    "stream_options": (nullable(is_dict), "an object"),
-    "seed": (nullable(is_int), "an int"),
-    "presence_penalty": (nullable(is_num), "a number"),
-    "frequency_penalty": (nullable(is_num), "a number"),
-    "logit_bias": (nullable(is_dict), "an object {token_id: bias}"),
-    "response_format": (nullable(is_dict), "an object"),
-    # SGLang extras
-    "top_k": (nullable(is_int), "an int"),
-    "min_p": (nullable(is_num), "a number"),
-    "min_tokens": (nullable(is_int), "an int"),
-    "repetition_penalty": (nullable(is_num), "a number"),
-    "stop_token_ids": (nullable(is_int_list), "a list of ints"),
-    "stop_regex": _STOP,
-    "ignore_eos": (nullable(is_bool), "a bool"),
-    "skip_special_tokens": (nullable(is_bool), "a bool"),
-    "spaces_between_special_tokens": (nullable(is_bool), "a bool"),
-    "no_stop_trim": (nullable(is_bool), "a bool"),
-    "regex": (nullable(is_str), "a string"),
-    "ebnf": (nullable(is_str), "a string"),
-    "json_schema": (nullable(one_of(is_str, is_dict)), "a string or an object"),
-    "rid": (nullable(is_str), "a string"),
-    "extra_key": (nullable(is_str), "a string"),  # prefix-cache namespace (SGLang's cache salt)
-}
-COMPLETION_FIELDS = {
-    **COMMON_FIELDS,
-    "prompt": (one_of(is_str, is_str_list, is_int_list, lambda v: isinstance(v, list) and all(
-        is_int_list(x) for x in v)), "a string, a list of strings, a list of ints or a list of lists of ints"),
-    "logprobs": (nullable(is_int), "an int (number of top alternatives, 0-20)"),
-    "echo": (nullable(is_bool), "a bool"),
-    "best_of": (nullable(is_int), "an int"),
-    "suffix": (nullable(is_str), "a string"),
-}
-CHAT_FIELDS = {
-    **COMMON_FIELDS,
-    "messages": (lambda v: isinstance(v, list) and len(v) > 0 and all(is_dict(m) for m in v),
-                 "a non-empty list of message objects"),
-    "max_completion_tokens": (nullable(is_int), "an int"),
-    "logprobs": (nullable(is_bool), "a bool"),
-    "top_logprobs": (nullable(is_int), "an int (0-20)"),
-    "tools": (nullable(lambda v: isinstance(v, list)), "a list"),
-    "tool_choice": (nullable(one_of(is_str, is_dict)), "a string or an object"),
-    "chat_template_kwargs": (nullable(is_dict), "an object"),
-    "continue_final_message": (nullable(is_bool), "a bool"),
-}
-MESSAGE_FIELDS = {
-    "role": (lambda v: v in ("system", "developer", "user", "assistant", "tool"),
-             "one of system, developer, user, assistant, tool"),
-    "content": (nullable(one_of(is_str, lambda v: isinstance(v, list) and all(is_dict(p) for p in v))),
-                "a string or a list of content parts"),
-    "name": (nullable(is_str), "a string"),
-    "tool_call_id": (nullable(is_str), "a string"),
-    "tool_calls": (nullable(lambda v: v == []), "absent (tool calls are not supported)"),
-    "refusal": (nullable(is_str), "a string"),
-}
 # OpenAI/SGLang request field -> SamplingParams field, derived from the one field list: every request field
 # named like a field maps to it, min_tokens is renamed; max_tokens (its default differs per route), n (one
-# engine request per sample) and logit_bias (string keys) are handled in sampling_params() below.
-_DIRECT = {**{name: name for name in SamplingParams.field_names() if name in COMMON_FIELDS
+# engine request per sample) and logit_bias are handled in sampling_fields() below.
+_REQUEST_NAMES = {f.name for f in COMPLETIONS.fields} | {f.name for f in CHAT.fields}
+_DIRECT = {**{name: name for name in SamplingParams.field_names() if name in _REQUEST_NAMES
               and name not in ("n", "logit_bias")}, "min_tokens": "min_new_tokens"}
-MAX_TOP_LOGPROBS = 20
+MAX_N = 64
 _TEMPLATE_RESERVED = {"chat_template", "conversation", "tools", "documents", "tokenize", "add_generation_prompt",
                       "continue_final_message", "padding", "truncation", "max_length", "return_tensors",
                       "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "messages"}
 
 
-def check_request(body: dict, chat: bool) -> None:
-    """400 for unknown fields, wrong types and unsupported features."""
-    check_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS, "request", ignored=IGNORED)
-    n = body.get("n") or 1
-    if n < 1 or n > 64:
-        raise ApiError(400, f"n must be in [1, 64], got {n}", param="n")
+def check_request(body: dict, chat: bool) -> tuple[dict, dict]:
+    """400 for unknown fields, wrong types and unsupported values; returns (implemented fields, stream_options)."""
+    f = (CHAT if chat else COMPLETIONS).validate(body)
+    options = STREAM_OPTIONS.validate(f.get("stream_options") or {}, "stream_options")
+    n = f.get("n", 1)
+    if n > MAX_N:
+        raise ApiError(400, f"n must be in [1, {MAX_N}], got {n}", param="n")
     if not chat:
-        if body.get("suffix"):
-            raise ApiError(400, "suffix is not supported", param="suffix")
-        if body.get("best_of") not in (None, n):
+        if f.get("best_of") not in (None, n):
             raise ApiError(400, "best_of other than n is not supported", param="best_of")
-        if body.get("echo") and body.get("logprobs") is not None:
+        if f.get("echo") and f.get("logprobs") is not None:
             raise ApiError(400, "echo together with logprobs is not supported", param="echo")
-    if chat and body.get("tools"):
-        raise ApiError(400, "tools / function calling is not supported by this server", param="tools")
-    if chat and body.get("tool_choice") not in (None, "none", "auto"):
-        raise ApiError(400, "tool_choice needs tools, which are not supported", param="tool_choice")
-    for key, value in (body.get("chat_template_kwargs") or {}).items():
+    for key, value in (f.get("chat_template_kwargs") or {}).items():
         # template variables only (e.g. enable_thinking): never a template, tokenizer option or tool list
         if key in _TEMPLATE_RESERVED or not key.isidentifier() or not isinstance(value, (str, int, float, bool)):
             raise ApiError(400, f"chat_template_kwargs.{key} is not allowed (scalar template variables only)",
                            param="chat_template_kwargs")
-    lp = body.get("logprobs") if not chat else body.get("top_logprobs")
-    if lp is not None and not 0 <= lp <= MAX_TOP_LOGPROBS:
-        raise ApiError(400, f"{'logprobs' if not chat else 'top_logprobs'} must be in [0, {MAX_TOP_LOGPROBS}]",
-                       param="logprobs" if not chat else "top_logprobs")
+    return f, options
 
 
 def _response_format_schema(rf: dict) -> str | None:
@@ -136,22 +63,18 @@ def _response_format_schema(rf: dict) -> str | None:
                    param="response_format")
 
 
-def sampling_params(body: dict, chat: bool) -> dict:
-    """SGLang sampling_params for the engine (validated by the engine's SamplingParams later)."""
-    sp = {dst: body[src] for src, dst in _DIRECT.items() if body.get(src) is not None}
-    if chat and body.get("max_completion_tokens") is not None:
-        sp["max_new_tokens"] = body["max_completion_tokens"]
-    elif body.get("max_tokens") is not None:
-        sp["max_new_tokens"] = body["max_tokens"]
+def sampling_fields(f: dict, chat: bool) -> dict:
+    """SGLang sampling_params (wire names) from a request's validated fields; built by native_api.build_sampling."""
+    sp = {dst: f[src] for src, dst in _DIRECT.items() if f.get(src) is not None}
+    if chat:
+        # SGLang: max_completion_tokens or max_tokens; 0 or none = the room left in the context
+        sp["max_new_tokens"] = f.get("max_completion_tokens") or f.get("max_tokens") or None
     else:
-        sp["max_new_tokens"] = None if chat else 16  # chat: the room left in the context (OpenAI/SGLang)
-    if body.get("logit_bias"):
-        try:
-            sp["logit_bias"] = {int(k): float(v) for k, v in body["logit_bias"].items()}
-        except (TypeError, ValueError):
-            raise ApiError(400, "logit_bias must map token ids to numbers", param="logit_bias") from None
-    if body.get("response_format"):
-        schema = _response_format_schema(body["response_format"])
+        sp["max_new_tokens"] = f.get("max_tokens", 16)
+    if f.get("logit_bias"):
+        sp["logit_bias"] = f["logit_bias"]
+    if f.get("response_format"):
+        schema = _response_format_schema(f["response_format"])
         if schema is not None:
             if "json_schema" in sp:
                 raise ApiError(400, "give either response_format or json_schema, not both", param="response_format")
@@ -160,23 +83,25 @@ def sampling_params(body: dict, chat: bool) -> dict:
 
 
 def chat_messages(messages: list[dict]) -> list[dict]:
-    """Validate messages and flatten text content parts into strings for the chat template."""
+    """Validate messages (CHAT_MESSAGE) and flatten text content parts into strings for the chat template."""
     out = []
     for i, m in enumerate(messages):
-        check_fields(m, MESSAGE_FIELDS, f"messages[{i}]")
-        if "role" not in m:
-            raise ApiError(400, f"messages[{i}] has no role", param="messages")
-        content = m.get("content")
+        f = CHAT_MESSAGE.validate(m, f"messages[{i}]")
+        content = f.get("content")
+        if content is None:
+            raise ApiError(400, f"messages[{i}].content is required", param="messages")
         if isinstance(content, list):
             texts = []
             for part in content:
-                if part.get("type") != "text" or not is_str(part.get("text")):
-                    raise ApiError(400, f"messages[{i}]: only text content parts are supported", param="messages")
+                if part.get("type") != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+                    raise ApiError(400, f"messages[{i}]: only text content parts {{\"type\": \"text\", \"text\": ...}} "
+                                        "are supported", param="messages")
                 texts.append(part["text"])
             content = "".join(texts)
-        msg = {"role": m["role"], "content": content or ""}
-        if m.get("name"):
-            msg["name"] = m["name"]
+        msg = {"role": f["role"].lower(), "content": content}
+        for name in ("name", "tool_call_id"):
+            if f.get(name):
+                msg[name] = f[name]
         out.append(msg)
     return out
 

@@ -31,7 +31,11 @@ class ServerState:
         self.engine = engine
         self.draining = False
         self.started_at = time.time()
+        self.engine_started_at = time.monotonic()  # the current engine process's start (supervisor backoff)
+        self.engine_restarts = 0
+        self.restarting: str | None = None  # what /health says while the supervisor starts a new engine
         self.metrics = ServerMetrics(config.served_model_name or config.engine.model or "default")
+        self._unrecorded = ServerMetrics("unrecorded")  # never exported
 
     @property
     def model_name(self) -> str:
@@ -56,8 +60,8 @@ class ServerState:
         if self.draining:
             raise ApiError(503, "the server is shutting down", headers=headers)
         if not self.engine.alive:
-            raise ApiError(503, f"the engine is unavailable: {self.engine.dead_reason or 'starting'}",
-                           headers=headers)
+            why = self.restarting or self.engine.dead_reason or "starting"
+            raise ApiError(503, f"the engine is unavailable: {why}", headers=headers)
         limit = self.config.max_inflight_requests
         if n > limit:
             raise ApiError(400, f"this request needs {n} generations; the server admits at most {limit} at once")
@@ -73,15 +77,17 @@ class ServerState:
         except EngineError:
             return None
 
-    async def run_one(self, inp: GenerateReqInput, route: str) -> AsyncIterator[dict]:
-        """Stream one generation's cumulative chunks, recording metrics and one log line at the end."""
+    async def run_one(self, inp: GenerateReqInput, route: str, record_metrics: bool = True,
+                      log: bool = True) -> AsyncIterator[dict]:
+        """Stream one generation's cumulative chunks, recording metrics and one log line at the end (unless told not to:
+        SGLang's log_metrics / no_logs)."""
         rid = inp.rid
         t0 = time.perf_counter()
         first = last_t = None
         last_n = 0
         final: dict | None = None
         outcome = "ok"
-        m = self.metrics
+        m = self.metrics if record_metrics else self._unrecorded  # log_metrics: false
         try:
             async with contextlib.aclosing(self.engine.generate(inp)) as gen:
                 async for chunk in gen:
@@ -111,7 +117,7 @@ class ServerState:
             if final is not None or outcome.startswith("client"):
                 m.record_finished(meta, aborted, inp.sampling.constraint is not None)
                 m.e2e.observe(e2e)
-            if self.config.log_requests:
+            if self.config.log_requests and log:
                 ttft = f"{first - t0:.3f}s" if first is not None else "-"
                 request_log.info(
                     "rid=%s route=%s outcome=%s finish=%s prompt_tokens=%s completion_tokens=%s "
@@ -119,33 +125,33 @@ class ServerState:
                     reason.get("type") if isinstance(reason, dict) else reason, meta.get("prompt_tokens", "-"),
                     meta.get("completion_tokens", "-"), meta.get("cached_tokens", "-"), ttft, e2e)
 
-    async def run_to_end(self, inp: GenerateReqInput, route: str) -> dict:
+    async def run_to_end(self, inp: GenerateReqInput, route: str, **opts) -> dict:
         """The final (complete) object of one generation."""
         final = None
-        async with contextlib.aclosing(self.run_one(inp, route)) as gen:
+        async with contextlib.aclosing(self.run_one(inp, route, **opts)) as gen:
             async for chunk in gen:
                 final = chunk
         if final is None:
             raise EngineError(500, "the engine finished the request without output")
         return final
 
-    async def run_many(self, items: list[GenerateReqInput], route: str) -> list[dict]:
+    async def run_many(self, items: list[GenerateReqInput], route: str, **opts) -> list[dict]:
         """Run several generations concurrently; the first failure aborts the others."""
-        tasks = [asyncio.ensure_future(self.run_to_end(inp, route)) for inp in items]
+        tasks = [asyncio.ensure_future(self.run_to_end(inp, route, **opts)) for inp in items]
         try:
             return list(await asyncio.gather(*tasks))
         finally:
             for t in tasks:
                 t.cancel()
 
-    async def merge_streams(self, items: list[GenerateReqInput], route: str) -> AsyncIterator[tuple[int, dict]]:
+    async def merge_streams(self, items: list[GenerateReqInput], route: str, **opts) -> AsyncIterator[tuple[int, dict]]:
         """Interleave the chunk streams of several generations as (index, chunk) in arrival order."""
         queue: asyncio.Queue = asyncio.Queue()
         done_marker = object()
 
         async def pump(i, inp):
             try:
-                async with contextlib.aclosing(self.run_one(inp, route)) as gen:
+                async with contextlib.aclosing(self.run_one(inp, route, **opts)) as gen:
                     async for chunk in gen:
                         await queue.put((i, chunk))
                 await queue.put((i, done_marker))

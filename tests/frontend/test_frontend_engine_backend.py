@@ -26,8 +26,10 @@ class StubRuntime:
         reason = {"type": "abort", "message": self.abort_msg} if self.abort_msg else {"type": "length", "length": 1}
         meta = {"prompt_tokens": len(ids), "completion_tokens": 1, "cached_tokens": 0, "finish_reason": reason}
         if return_logprob:
-            meta["input_token_logprobs"] = [[None if i == 0 else -float(t % 7), t, chr(t)]
-                                            for i, t in enumerate(ids) if i >= (logprob_start_len or 0)]
+            start = len(ids) - 1 if logprob_start_len in (None, -1) else logprob_start_len
+            # SGLang's rule: entries from the start position on, the first one without a logprob
+            meta["input_token_logprobs"] = [[None if i == start else -float(t % 7), t, chr(t)]
+                                            for i, t in enumerate(ids) if i >= start]
         prefill_only = SamplingParams.from_dict(sp).max_new_tokens == 0  # the real engine takes both forms
         return {"text": "" if prefill_only else self.answer, "output_ids": [], "meta_info": meta}
 
@@ -77,7 +79,7 @@ def test_select_prefills_prefix_then_scores_choice_windows():
     prefill, batch, uncond = rt.calls
     assert prefill["input_ids"] == [ord(c) for c in "Q? "] and prefill["sampling_params"] == {"max_new_tokens": 0}
     assert batch["input_ids"] == [[ord(c) for c in "Q? ab"], [ord(c) for c in "Q? c"]]
-    assert batch["logprob_start_len"] == 3 and batch["return_text_in_logprobs"] is True
+    assert batch["logprob_start_len"] == 3 and batch["return_text_in_logprobs"] is True  # the window start
     assert uncond["input_ids"] == [[ord("a"), ord("b")], [ord("c")]] and uncond["logprob_start_len"] == 0
     windows = st.get_meta_info("x")["input_token_logprobs"]
     assert [[e[2] for e in w] for w in windows] == [["a", "b"], ["c"]]
@@ -129,5 +131,36 @@ def test_gen_stop_regex_on_the_in_process_engine(tiny_model_path):
         st = prog.run(backend=eng, temperature=0, pattern=pattern)
         assert st["x"] == full[: re.search(pattern, full).start()]
         assert st.get_meta_info("x")["finish_reason"] == {"type": "stop", "matched": pattern}
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_select_scores_are_exactly_the_choice_tokens_logprobs(tiny_model_path):
+    """Each choice's window holds the logprob of each of its own tokens given everything before it (the
+    conditional log-likelihood), for every method, whatever start position the backend asks the runtime for."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    eng = Engine(tiny_model_path, max_total_tokens=2048)
+    try:
+        prefix, choices = "Is the sky blue? Answer:", [" yes", " no", " maybe not"]
+        for method in (sgl.token_length_normalized, sgl.greedy_token_selection,
+                       sgl.unconditional_likelihood_normalized):
+            @sgl.function
+            def prog(s):
+                s += prefix + sgl.select("a", choices, choices_method=method)
+
+            meta = prog.run(backend=eng).get_meta_info("a")
+            for c, window, norm in zip(choices, meta["input_token_logprobs"], meta["normalized_prompt_logprobs"]):
+                ids = eng.tokenize(prefix + c)
+                start = len(ids) - len(window)
+                assert [e[1] for e in window] == ids[start:] and start >= 1
+                with torch.no_grad():
+                    ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
+                expected = [ref[p - 1, ids[p]].item() for p in range(start, len(ids))]
+                assert [e[0] for e in window] == pytest.approx(expected, abs=1e-4)
+                assert norm == pytest.approx(sum(expected) / len(expected), abs=1e-4)
     finally:
         eng.shutdown()

@@ -87,8 +87,10 @@ class Stub:
                         "finish_reason": {"type": "length", "length": 0}}
                 if body.get("return_logprob"):
                     start = body.get("logprob_start_len", -1)
+                    start = len(ids) - 1 if start == -1 else start
+                    # SGLang's rule: entries from the start position on, the first one without a logprob
                     meta["input_token_logprobs"] = [
-                        [None if i == 0 else (-0.1 if chr(t) in stub.liked else -2.0), t, chr(t)]
+                        [None if i == start else (-0.1 if chr(t) in stub.liked else -2.0), t, chr(t)]
                         for i, t in enumerate(ids) if i >= start]
                 text = "" if sp.get("max_new_tokens") == 0 else stub.answer
                 return {"text": text, "output_ids": [], "meta_info": meta}
@@ -215,9 +217,11 @@ def test_select_without_tokenize_falls_back_to_text_requests():
 
         st = prog.run(backend=ep)
         assert st["x"] == "BB"
-        prefix_req, batch, uncond = stub.posts()
+        prefix_req, *per_choice, uncond = stub.posts()
         assert prefix_req == {"text": "Pick: ", "sampling_params": {"max_new_tokens": 0}}
-        assert batch["text"] == ["Pick: AAA", "Pick: BB"] and batch["logprob_start_len"] == len("Pick: ") - 2
+        # one single-text request per choice (sglang-router refuses a batch `text: [...]`), sent concurrently
+        assert sorted(r["text"] for r in per_choice) == ["Pick: AAA", "Pick: BB"]
+        assert all(r["logprob_start_len"] == len("Pick: ") - 2 and r["return_logprob"] for r in per_choice)
         assert uncond["input_ids"] == [[ord(c) for c in "AAA"], [ord(c) for c in "BB"]]
         windows = st.get_meta_info("x")["input_token_logprobs"]
         assert [[e[2] for e in w] for w in windows] == [list("AAA"), list("BB")]

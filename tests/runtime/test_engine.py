@@ -153,6 +153,38 @@ def test_prompt_logprobs_for_select_style_scoring(engine, tiny_model_path):
     _assert_no_leak(engine)
 
 
+def test_prompt_logprobs_follow_the_frontend_start_rule(engine, tiny_model_path):
+    """logprob_start_len k >= 0: entries for positions k..P-1 with values, null only for position 0 (the rule
+    SGLang's frontend select was written for; SGLang 0.5.23 nulls the first entry for every k, docs/server.md);
+    -1 with return_logprob: one null entry for the last prompt token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    ids = engine.tokenizer.encode("Counting the entries of a scored prompt")
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
+    engine.generate(input_ids=ids[:5], sampling_params={"max_new_tokens": 0})  # a cached prefix must not matter
+    for k in (0, 1, 3, 5, len(ids) - 1, len(ids)):
+        meta = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_logprob=True,
+                               logprob_start_len=k, top_logprobs_num=1)["meta_info"]
+        lps = meta["input_token_logprobs"]
+        assert [e[1] for e in lps] == ids[k:]
+        first = 1 if k == 0 else k
+        if k == 0:
+            assert lps[0][0] is None and meta["input_top_logprobs"][0] is None
+        assert [e[0] for e in lps[first - k:]] == pytest.approx(
+            [ref[p - 1, ids[p]].item() for p in range(first, len(ids))], abs=1e-3)
+        assert meta["output_token_logprobs"] == [] and meta["output_token_logprobs_length"] == 0
+    for start in (None, -1):
+        out = engine.generate(input_ids=[ids, ids[:4]], sampling_params={"max_new_tokens": 2, "temperature": 0},
+                              return_logprob=True, logprob_start_len=start, return_text_in_logprobs=True)
+        for o, x in zip(out, (ids, ids[:4])):
+            assert o["meta_info"]["input_token_logprobs"] == [[None, x[-1], engine.tokenizer.decode([x[-1]])]]
+            assert o["meta_info"]["output_token_logprobs_length"] == 2
+    _assert_no_leak(engine)
+
+
 def test_output_logprobs_shape(engine):
     out = engine.generate("x y z", {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
                           return_logprob=True, top_logprobs_num=3, return_text_in_logprobs=True)

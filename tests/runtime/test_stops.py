@@ -2,6 +2,7 @@
 
 import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -72,3 +73,11 @@ def test_streamed_text_is_always_a_prefix_of_the_final_text(pieces, pattern):
     if req.finished:
         whole = "".join(pieces)
         assert final == whole[: re.search(pattern, whole).start()]
+
+
+@pytest.mark.timeout(60)  # Python's re alone would backtrack for hours on this output
+def test_a_catastrophic_stop_regex_aborts_its_own_request():
+    req = _req(stop_regex=[r"(a|aa)+b"], max_new_tokens=100)
+    _feed(req, ["a"] * 60)
+    assert req.finish_reason is not None and req.finish_reason.type == "abort"
+    assert "stop_regex" in req.finish_reason.message

@@ -1,6 +1,7 @@
 """Random request bodies never crash a route: every answer is 200 or a 4xx with an OpenAI error body.
 
-Bodies mix real field names with random ones and random JSON values of every type (fake engine).
+Bodies mix every field name of each POST route's table (runtime/server/wire_tables.py) with random ones and
+random JSON values of every type, lone surrogates included (fake engine).
 """
 
 import pytest
@@ -8,24 +9,18 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sglpy.runtime.server import wire_tables as t
 from sglpy.runtime.testing.server_harness import FAKE, run_server
 
-FIELDS = {
-    "/generate": ["text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
-                  "top_logprobs_num", "return_text_in_logprobs", "stream", "image_data"],
-    "/v1/completions": ["model", "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "stream", "logprobs",
-                        "echo", "response_format", "logit_bias", "seed", "regex", "stream_options"],
-    "/v1/chat/completions": ["model", "messages", "max_tokens", "temperature", "n", "stop", "stream", "logprobs",
-                             "top_logprobs", "response_format", "tools", "chat_template_kwargs"],
-    "/tokenize": ["text", "add_special_tokens"],
-    "/detokenize": ["tokens"],
-    "/abort_request": ["rid", "abort_all"],
-}
-SP_NAMES = ["max_new_tokens", "temperature", "top_p", "top_k", "stop", "n", "regex", "json_schema", "ignore_eos",
-            "min_new_tokens", "bogus"]
+ROUTES = {"/generate": t.GENERATE, "/v1/completions": t.COMPLETIONS, "/v1/chat/completions": t.CHAT,
+          "/tokenize": t.TOKENIZE, "/detokenize": t.DETOKENIZE, "/abort_request": t.ABORT,
+          "/concate_and_append_request": t.CONCATE_AND_APPEND}
+FIELDS = {route: [f.name for f in schema.fields] for route, schema in ROUTES.items()}
+SP_NAMES = [f.name for f in t.SAMPLING.fields] + ["bogus"]
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 40), st.floats(-3, 3, allow_nan=False),
-                    st.text(max_size=8))
+texts = st.one_of(st.text(max_size=8), st.text(st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010,
+                                                             exclude_categories=()), max_size=3))
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 40), st.floats(-3, 3, allow_nan=False), texts)
 values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                         st.dictionaries(st.text(max_size=6), inner, max_size=3)),
                       max_leaves=8)
@@ -37,7 +32,7 @@ messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "sys
 @st.composite
 def bodies(draw):
     route = draw(st.sampled_from(sorted(FIELDS)))
-    names = draw(st.lists(st.sampled_from(FIELDS[route] + ["unknown_x"]), max_size=5, unique=True))
+    names = draw(st.lists(st.sampled_from(FIELDS[route] + ["unknown_x"]), max_size=6, unique=True))
     body = {}
     for name in names:
         if name == "sampling_params":
@@ -65,7 +60,7 @@ def srv():
         yield s
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(bodies())
 def test_random_bodies_get_200_or_a_clean_4xx(srv, case):
     route, body = case
