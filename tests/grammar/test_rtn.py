@@ -197,3 +197,28 @@ def test_shared_definitions_stay_one_module():
     callees = {id(e.callee) for e in mod.entries}
     assert len(callees) <= 2
     assert mod.total_states() < 3000
+
+
+def test_stack_guide_travels_like_compile_workers_send_it():
+    """pack_guide/unpack_guide (runtime/grammar_worker.py): the TokenizerInfo stays behind as a reference, the
+    network and its partial index travel, and the receiving side indexes the lazy states itself."""
+    from sglpy.runtime.grammar_worker import pack_guide, unpack_guide
+
+    mod = compile_schema(SHARED).module
+    prog = Program(mod)
+    g = StackGuide(mod, INFO, program=prog, index=build_program_index(prog, INFO, eager_s=0.0))
+    payload = pack_guide(g, INFO)
+    assert b"TokenizerInfo" not in payload and b"TokenTrie" not in payload  # the vocabulary is not copied
+    h = unpack_guide(payload, INFO)
+    assert h.info is INFO and not h._lazy
+    rng = random.Random(3)
+    s1 = s2 = g.initial_state
+    for _ in range(200):
+        m1, m2 = g.allowed(s1), h.allowed(s2)
+        assert np.array_equal(m1, m2)
+        ids = mask_to_ids(m1, INFO.vocab_size)
+        t = int(ids[rng.randrange(len(ids))])
+        s1, s2 = g.advance(s1, t), h.advance(s2, t)
+        if g.is_terminated(s1):
+            break
+    assert h._lazy
