@@ -33,7 +33,7 @@ from .rtn import Module
 from .rtn_program import Program
 
 MAX_DEPTH = 16  # instance nesting the converter generates; deeper optional parts are dropped
-MAX_BRANCHES = 128  # anyOf / oneOf / if combinations explored at one instance position
+MAX_BRANCHES = 256  # anyOf / oneOf / if combinations explored at one instance position
 
 
 @dataclass(frozen=True)
