@@ -65,12 +65,14 @@ class GrammarCompiler:
         cache_dir: str | None = None,
         unicode_classes: bool = False,
         compile_timeout_s: float | None = 4.5,
+        budget_clock: str = "wall",
     ):
         """cache_dir: optional folder for compiled regex/JSON guides keyed by constraint + tokenizer hash.
 
         unicode_classes: \\d \\w \\s in regexes are ASCII unless this is True (then Python's Unicode classes).
         compile_timeout_s: wall-clock budget of one compile (token index included; deadline checks overshoot by
         up to ~0.3 s, so 4.5 keeps compiles under 5 s); None = unlimited.
+        budget_clock: "wall" or "cpu" (the compiling thread's CPU time: for callers that cap wall time themselves).
         """
         if not isinstance(tokenizer_info, TokenizerInfo):
             raise ValueError("GrammarCompiler needs a TokenizerInfo (use TokenizerInfo.from_hf(tokenizer))")
@@ -80,7 +82,10 @@ class GrammarCompiler:
             raise ValueError(f"cache_size must be >= 0, got {cache_size}")
         if compile_timeout_s is not None and not compile_timeout_s > 0:
             raise ValueError(f"compile_timeout_s must be > 0 or None, got {compile_timeout_s}")
+        if budget_clock not in ("wall", "cpu"):
+            raise ValueError(f"budget_clock must be 'wall' or 'cpu', got {budget_clock!r}")
         self.compile_timeout_s = compile_timeout_s
+        self.budget_clock = budget_clock
         self.info = tokenizer_info
         self.max_states = max_states
         self.cache_size = cache_size
@@ -99,7 +104,7 @@ class GrammarCompiler:
     def budget(self, cancel: Any = None, timeout_s: Any = ...) -> CompileBudget:
         """A fresh budget with this compiler's limits (timeout_s overrides compile_timeout_s)."""
         t = self.compile_timeout_s if timeout_s is ... else timeout_s
-        return CompileBudget(time_s=t, max_states=self.max_states, cancel=cancel)
+        return CompileBudget(time_s=t, max_states=self.max_states, cancel=cancel, clock=self.budget_clock)
 
     def _cached(self, key: tuple, build: Callable[[], Guide]) -> Guide:
         while True:

@@ -184,7 +184,8 @@ def build_program_index(prog: Program, info: TokenizerInfo, budget=None, eager_s
     the start first; past `eager_s` seconds (or near the budget's deadline) the other states are left lazy."""
     import time
 
-    t0 = time.perf_counter()
+    clock = budget.now if budget is not None else time.perf_counter  # the deadline is on the budget's clock
+    t0 = clock()
     n = prog.num_states
     words = info.mask_words
     # inside free strings, the tokens of whole string characters loop: OR their mask, walk only the others
@@ -206,16 +207,16 @@ def build_program_index(prog: Program, info: TokenizerInfo, budget=None, eager_s
     while done < len(reps):
         if budget is not None:
             budget.check("the token index")
-        if done and time.perf_counter() > stop:
+        if done and clock() > stop:
             break
-        t1 = time.perf_counter()
+        t1 = clock()
         sel = reps[done: done + step]
         m, (ck, ct, co) = _index_reps(prog, info, sel, loop_states[sel], budget)
         rep_masks[done: done + len(sel)] = m
         cross_parts.append((ck + done, ct, co))
         done += len(sel)
         # chunks of about 0.1 s: the deadline is checked often, numpy calls stay large
-        step = int(min(4 * step, max(8, step * 0.1 / max(time.perf_counter() - t1, 1e-3))))
+        step = int(min(4 * step, max(8, step * 0.1 / max(clock() - t1, 1e-3))))
     reps = reps[:done]
     rep_masks = rep_masks[:done]
     row = np.full(n, -1, np.int64)
