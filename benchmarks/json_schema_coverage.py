@@ -96,56 +96,144 @@ def run_suite(draft_dir: str, draft: str, timeout_s: float, max_states: int, loo
 def percentiles(times: list[float]) -> str:
     if not times:
         return "-"
-    q = statistics.quantiles(times, n=20) if len(times) > 1 else [times[0]] * 19
-    return f"p50 {statistics.median(times) * 1e3:.0f} ms, p95 {q[18] * 1e3:.0f} ms, max {max(times) * 1e3:.0f} ms"
+    xs = sorted(times)
+    p95 = xs[min(len(xs) - 1, int(0.95 * len(xs)))]
+    return f"p50 {statistics.median(xs) * 1e3:.0f} ms, p95 {p95 * 1e3:.0f} ms, max {xs[-1] * 1e3:.0f} ms"
 
 
-def run_dir(folder: str, timeout_s: float, max_states: int, tokenizer: bool, walks: int) -> dict:
+def timed_walk(guide, rng: random.Random, max_steps: int = 400, eos_bias: float = 0.8):
+    """A uniform random walk (EOS taken with eos_bias when allowed), timing allowed() and advance() per token.
+
+    Returns (bytes, finished, [(allowed_us, advance_us, first_visit)])."""
+    from sglpy.grammar.testing import mask_to_ids
+
+    info = guide.info
+    eos = set(info.eos_token_ids)
+    state, data, costs, seen = guide.initial_state, bytearray(), [], set()
+    for _ in range(max_steps):
+        first = state not in seen
+        seen.add(state)
+        t0 = time.perf_counter()
+        mask = guide.allowed(state)
+        t1 = time.perf_counter()
+        ids = mask_to_ids(mask, info.vocab_size)
+        finals = [t for t in ids if t in eos]
+        tok = finals[0] if finals and rng.random() < eos_bias else int(ids[rng.randrange(len(ids))])
+        t2 = time.perf_counter()
+        state = guide.advance(state, tok)
+        t3 = time.perf_counter()
+        costs.append(((t1 - t0) * 1e6, (t3 - t2) * 1e6, first))
+        if tok in eos:
+            return bytes(data), True, costs
+        data += info.token_bytes[tok]
+    return bytes(data), False, costs
+
+
+def pickle_cost(guide, info) -> tuple[int, float]:
+    """Bytes and seconds (dump + load) of the guide pickled without its TokenizerInfo, as compile workers send it."""
+    import io
+    import pickle
+
+    refs = {id(info): "."} | {id(v): k for k, v in vars(info).items() if not isinstance(v, (int, float, str, bool))}
+
+    class P(pickle.Pickler):
+        def persistent_id(self, obj):
+            return refs.get(id(obj))
+
+    class U(pickle.Unpickler):
+        def persistent_load(self, pid):
+            return info if pid == "." else getattr(info, pid)
+
+    t0 = time.perf_counter()
+    buf = io.BytesIO()
+    P(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(guide)
+    U(io.BytesIO(buf.getvalue())).load()
+    return len(buf.getvalue()), time.perf_counter() - t0
+
+
+def run_dir(folder: str, timeout_s: float, max_states: int, tokenizer: bool, walks: int, clock: str = "wall") -> dict:
     """Compile every *.json schema of a folder (optionally with the real tokenizer's index) and sample walks."""
     from sglpy.grammar import GrammarCompiler
     from sglpy.grammar.errors import GrammarError
     from sglpy.grammar.json_vocab import detect_draft
-    from sglpy.grammar.testing import random_walk, small_vocab_info
+    from sglpy.grammar.testing import small_vocab_info
 
     info = _real_tokenizer_info() if tokenizer else small_vocab_info()
-    comp = GrammarCompiler(info, max_states=max_states, cache_size=0, compile_timeout_s=timeout_s)
+    comp = GrammarCompiler(info, max_states=max_states, cache_size=0, compile_timeout_s=timeout_s, budget_clock=clock)
     comp.warmup()
-    stats, reasons, times, unsound, per_source = Counter(), Counter(), [], [], Counter()
     rng = random.Random(0)
+    records = []
     for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
         schema = json.load(open(path))
-        src = os.path.basename(path).split("_")[0]
-        stats["schemas"] += 1
-        per_source[src, "schemas"] += 1
-        t0 = time.perf_counter()
+        rec = {"file": os.path.basename(path), "source": os.path.basename(path).split("_")[0], "ok": False,
+               "reason": None, "walks": 0, "invalid": 0, "costs": []}
+        records.append(rec)
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             guide = comp.compile_json_schema(schema)
         except GrammarError as e:
-            times.append(time.perf_counter() - t0)
-            reasons[reason(str(e))] += 1
-            continue
+            rec["reason"], rec["error"] = reason(str(e)), str(e)[:200]
         except RecursionError:
-            times.append(time.perf_counter() - t0)
-            reasons["RecursionError"] += 1
+            rec["reason"] = "RecursionError"
+        rec["seconds"], rec["cpu_seconds"] = time.perf_counter() - t0, time.process_time() - c0
+        if rec["reason"] is not None:
             continue
-        times.append(time.perf_counter() - t0)
-        stats["compiled"] += 1
-        per_source[src, "compiled"] += 1
-        V = validator_for(detect_draft(schema))
+        rec["ok"], rec["guide"] = True, repr(guide)
+        rec["pickle_bytes"], rec["pickle_s"] = pickle_cost(guide, info)
         try:
-            validator = V(schema)
+            validator = validator_for(detect_draft(schema))(schema)
             for _ in range(walks):
-                w = random_walk(guide, rng, max_steps=400, eos_bias=0.8)
-                if not w.finished:
+                data, finished, costs = timed_walk(guide, rng)
+                rec["costs"] += costs
+                if not finished:
                     continue
-                stats["walks"] += 1
-                doc = json.loads(w.data.decode("utf-8"))
-                if not validator.is_valid(doc):
-                    unsound.append((os.path.basename(path), w.data[:200]))
+                rec["walks"] += 1
+                if not validator.is_valid(json.loads(data.decode("utf-8"))):
+                    rec["invalid"] += 1
+                    rec.setdefault("unsound", []).append(data[:200].decode("utf-8", "replace"))
         except Exception as e:  # the validator itself cannot handle the schema (remote refs...)
-            stats["unvalidated"] += 1
-            del e
-    return {"stats": stats, "reasons": reasons, "times": times, "unsound": unsound, "per_source": per_source}
+            rec["unvalidated"] = repr(e)[:100]
+    return {"records": records}
+
+
+def report_dir(records: list, folder: str) -> None:
+    """Coverage per source and refusal reasons, walks, compile time and per-token cost percentiles."""
+    ok = [r for r in records if r["ok"]]
+    times = [r["seconds"] for r in records]
+    walks, invalid = sum(r["walks"] for r in records), sum(r["invalid"] for r in records)
+    unval = sum("unvalidated" in r for r in records)
+    print(f"{folder}: {len(ok)}/{len(records)} compiled ({100 * len(ok) / max(len(records), 1):.0f}%), {walks} walks "
+          f"validated, {invalid} invalid, {unval} not validatable; compile {percentiles(times)}; "
+          f"over 5 s: {sum(t > 5 for t in times)}")
+    budget = [r for r in records if r["reason"] == "time budget"]
+    if budget:
+        cpu = sorted(r["cpu_seconds"] for r in budget)
+        print(f"  time-budget refusals: {len(budget)}, their CPU time p50 {cpu[len(cpu) // 2]:.1f} s, min {cpu[0]:.1f} s "
+              f"(with --clock wall a loaded machine refuses more)")
+    for src in sorted({r["source"] for r in records}):
+        mine = [r for r in records if r["source"] == src]
+        why = Counter(r["reason"] for r in mine if not r["ok"])
+        print(f"  {src}: {sum(r['ok'] for r in mine)}/{len(mine)}" +
+              (" -- refused: " + ", ".join(f"{k} {v}" for k, v in why.most_common()) if why else ""))
+    costs = [c for r in records for c in r["costs"]]
+    if costs:
+        def pct(xs, q):
+            xs = sorted(xs)
+            return xs[min(len(xs) - 1, int(q * len(xs)))]
+        al = [c[0] for c in costs]
+        first = [c[0] for c in costs if c[2]]
+        adv = [c[1] for c in costs]
+        print(f"  per token ({len(costs)} steps): allowed p50 {pct(al, .5):.0f} us, p99 {pct(al, .99):.0f} us, "
+              f"max {max(al):.0f} us; first visit of a state p50 {pct(first, .5):.0f} us, p99 {pct(first, .99):.0f} us, "
+              f"max {max(first):.0f} us; advance p50 {pct(adv, .5):.0f} us, p99 {pct(adv, .99):.0f} us")
+    sizes = [(r["pickle_bytes"], r["pickle_s"]) for r in ok if "pickle_bytes" in r]
+    if sizes:
+        kb, ps = sorted(x[0] / 1024 for x in sizes), sorted(x[1] * 1e3 for x in sizes)
+        print(f"  pickled guide (no TokenizerInfo): p50 {kb[len(kb) // 2]:.0f} KiB, max {kb[-1]:.0f} KiB; "
+              f"dump+load p50 {ps[len(ps) // 2]:.1f} ms, max {ps[-1]:.1f} ms")
+    for r in records:
+        for u in r.get("unsound", [])[:2]:
+            print("  UNSOUND", r["file"], u[:160])
 
 
 def _real_tokenizer_info():
@@ -161,25 +249,23 @@ def _real_tokenizer_info():
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", help="folder of *.json schemas instead of the test suite")
-    ap.add_argument("--timeout", type=float, default=5.0, help="compile time budget per schema (s)")
+    ap.add_argument("--timeout", type=float, default=4.5, help="compile time budget per schema (s; the compiler default)")
     ap.add_argument("--max-states", type=int, default=20_000)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="--dir: budget clock; cpu = the compiling thread's CPU time, as the engine's workers count it")
     ap.add_argument("--tokenizer", action="store_true", help="--dir: build the token index (real tokenizer)")
     ap.add_argument("--walks", type=int, default=5, help="--dir: random walks validated per compiled schema")
-    ap.add_argument("--show-refusals", action="store_true")
+    ap.add_argument("--jsonl", help="--dir: write one JSON record per schema here")
     args = ap.parse_args()
     print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
     if args.dir:
-        r = run_dir(args.dir, args.timeout, args.max_states, args.tokenizer, args.walks)
-        s = r["stats"]
-        print(f"{args.dir}: {s['compiled']}/{s['schemas']} compiled ({100 * s['compiled'] / max(s['schemas'], 1):.0f}%), "
-              f"{s['walks']} walks validated, {len(r['unsound'])} invalid, {s['unvalidated']} not validatable; "
-              f"compile {percentiles(r['times'])}; over 5 s: {sum(t > 5 for t in r['times'])}")
-        srcs = sorted({k for k, _ in r["per_source"]})
-        print("  per source: " + ", ".join(f"{k} {r['per_source'][k, 'compiled']}/{r['per_source'][k, 'schemas']}"
-                                         for k in srcs))
-        print("  refused: " + ", ".join(f"{k} {v}" for k, v in r["reasons"].most_common()))
-        for u in r["unsound"][:10]:
-            print("  UNSOUND", u)
+        r = run_dir(args.dir, args.timeout, args.max_states, args.tokenizer, args.walks, args.clock)
+        report_dir(r["records"], args.dir)
+        if args.jsonl:
+            with open(args.jsonl, "w") as f:
+                for rec in r["records"]:
+                    rec = dict(rec, costs=len(rec["costs"]))
+                    f.write(json.dumps(rec) + "\n")
         return
     for d, draft in DRAFTS.items():
         r = run_suite(d, draft, args.timeout, args.max_states)

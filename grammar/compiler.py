@@ -11,10 +11,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from .budget import CompileBudget
-from .dfa import regex_to_dfa
+from .dfa import ByteDFA, regex_to_dfa
 from .errors import GrammarError
 from .guide import Guide, RegexGuide
+from .rtn import Module
+from .rtn_guide import StackGuide
 from .vocab import TokenizerInfo
 
 # SGLang's dtype constraints (gen(..., dtype=int/float/bool/str)); the one definition (sglpy/ir.py uses it).
@@ -33,6 +37,7 @@ class SchemaInfo:
     draft: str
     ignored: tuple[str, ...]  # annotations, keywords unknown to the draft, unknown formats ("format:name")
     relaxed: tuple[str, ...]  # strict=False: constraints that were not enforced
+    narrowed: tuple[str, ...] = ()  # enforced by generating a smaller valid language (uniqueItems: <= 1 item)
 
 
 def choices_regex(choices: list[str]) -> str:
@@ -60,12 +65,14 @@ class GrammarCompiler:
         cache_dir: str | None = None,
         unicode_classes: bool = False,
         compile_timeout_s: float | None = 4.5,
+        budget_clock: str = "wall",
     ):
         """cache_dir: optional folder for compiled regex/JSON guides keyed by constraint + tokenizer hash.
 
         unicode_classes: \\d \\w \\s in regexes are ASCII unless this is True (then Python's Unicode classes).
         compile_timeout_s: wall-clock budget of one compile (token index included; deadline checks overshoot by
         up to ~0.3 s, so 4.5 keeps compiles under 5 s); None = unlimited.
+        budget_clock: "wall" or "cpu" (the compiling thread's CPU time: for callers that cap wall time themselves).
         """
         if not isinstance(tokenizer_info, TokenizerInfo):
             raise ValueError("GrammarCompiler needs a TokenizerInfo (use TokenizerInfo.from_hf(tokenizer))")
@@ -75,7 +82,10 @@ class GrammarCompiler:
             raise ValueError(f"cache_size must be >= 0, got {cache_size}")
         if compile_timeout_s is not None and not compile_timeout_s > 0:
             raise ValueError(f"compile_timeout_s must be > 0 or None, got {compile_timeout_s}")
+        if budget_clock not in ("wall", "cpu"):
+            raise ValueError(f"budget_clock must be 'wall' or 'cpu', got {budget_clock!r}")
         self.compile_timeout_s = compile_timeout_s
+        self.budget_clock = budget_clock
         self.info = tokenizer_info
         self.max_states = max_states
         self.cache_size = cache_size
@@ -94,7 +104,7 @@ class GrammarCompiler:
     def budget(self, cancel: Any = None, timeout_s: Any = ...) -> CompileBudget:
         """A fresh budget with this compiler's limits (timeout_s overrides compile_timeout_s)."""
         t = self.compile_timeout_s if timeout_s is ... else timeout_s
-        return CompileBudget(time_s=t, max_states=self.max_states, cancel=cancel)
+        return CompileBudget(time_s=t, max_states=self.max_states, cancel=cancel, clock=self.budget_clock)
 
     def _cached(self, key: tuple, build: Callable[[], Guide]) -> Guide:
         while True:
@@ -158,14 +168,19 @@ class GrammarCompiler:
             path = os.path.join(self.cache_dir, f"regex-{key}.npz")
             if os.path.exists(path):
                 try:
-                    return RegexGuide.load(path, self.info)
+                    with np.load(path) as z:
+                        stack = "kind" in z.files and str(z["kind"]) == "stack"
+                    return (StackGuide if stack else RegexGuide).load(path, self.info)
                 except (OSError, ValueError, KeyError):
                     pass  # unreadable or stale entry: rebuild and overwrite
         if make is None:
             dfa, schema_info = regex_to_dfa(pattern, self.max_states, self.unicode_classes, budget=budget), None
         else:
             dfa, schema_info = make()
-        guide = RegexGuide(dfa, self.info, pattern, budget=budget, schema_info=schema_info)
+        if isinstance(dfa, Module):  # a module network: calls between modules, stack states
+            guide = StackGuide(dfa, self.info, pattern, budget=budget, schema_info=schema_info)
+        else:
+            guide = RegexGuide(dfa, self.info, pattern, budget=budget, schema_info=schema_info)
         if path:
             os.makedirs(self.cache_dir, exist_ok=True)
             tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp.npz"
@@ -215,7 +230,9 @@ class GrammarCompiler:
             def make():
                 res = compile_schema(norm, whitespace_pattern=ws, strict=strict,
                                      max_recursion_depth=self.max_recursion_depth, budget=budget)
-                return res.dfa, SchemaInfo(res.draft, res.ignored, res.relaxed)
+                mod = res.module
+                auto = mod if mod.entries else ByteDFA(mod.trans, mod.accepting, mod.initial)
+                return auto, SchemaInfo(res.draft, res.ignored, res.relaxed, res.narrowed)
 
             source = f"json_schema:{json.dumps([strict, ws, self.max_recursion_depth])}:{text}"
             return self._regex_guide(source, budget, make=make)

@@ -69,6 +69,8 @@ def _byte_classes(nfa: NFA) -> tuple[np.ndarray, int]:
 
 def nfa_to_dfa(nfa: NFA, max_states: int, budget: CompileBudget | None = None, what: str = "the automaton") -> ByteDFA:
     """Subset construction over byte classes, then trimming and minimisation (budget checked as it grows)."""
+    if nfa.embeds:
+        raise GrammarError("internal: an NFA embedding modules needs rtn_build.nfa_to_module")
     class_of, n_classes = _byte_classes(nfa)
     cedges = [[(int(class_of[lo]), int(class_of[hi]), t) for lo, hi, t in es] for es in nfa.edges]
     eps, accept = nfa.eps, nfa.accept
@@ -201,11 +203,16 @@ def _is_congruence(block: np.ndarray, ctrans: np.ndarray, accepting: np.ndarray)
 
 
 def _minimise(ctrans: np.ndarray, accepting: np.ndarray, initial: int, budget: CompileBudget | None = None,
-              what: str = "the automaton"):
-    """Moore partition refinement, vectorised: split blocks until the signatures stop changing."""
+              what: str = "the automaton", start: np.ndarray | None = None, blocks: list | None = None):
+    """Moore partition refinement, vectorised: split blocks until the signatures stop changing.
+
+    start: initial partition (block ids, DEAD's block 0); default: by acceptance.
+    blocks: if a list, the new state id of every old state is appended to it.
+    """
     n = ctrans.shape[0]
-    start = accepting.astype(np.int64) + 1
-    start[DEAD] = 0
+    if start is None:
+        start = accepting.astype(np.int64) + 1
+        start[DEAD] = 0
     if ctrans.shape[1] + 1 > _MIX.shape[1]:
         raise GrammarError("automaton has too many byte classes")
     # Each round costs O(states); long chains (maxLength 1000) need one round per link and are usually
@@ -224,21 +231,21 @@ def _minimise(ctrans: np.ndarray, accepting: np.ndarray, initial: int, budget: C
                 block, new_count = _hash_group(block, ctrans)
                 rounds += 1
                 if rounds > round_budget:
+                    if blocks is not None:
+                        blocks.append(np.arange(n))
                     return ctrans, accepting, initial
             if new_count == count:
                 break
             count = new_count
-        if exact or _is_congruence(block, ctrans, accepting):
+        if exact or _is_congruence(block, ctrans, start):
             break
-    # renumber so that the dead state's block is 0
-    order = np.full(count, -1, np.int64)
-    order[block[DEAD]] = 0
-    nxt = 1
-    for b in block:
-        if order[b] < 0:
-            order[b] = nxt
-            nxt += 1
+    # renumber blocks in order of their first state (so the dead state's block is 0)
+    _, first = np.unique(block, return_index=True)
+    order = np.empty(count, np.int64)
+    order[np.argsort(first, kind="stable")] = np.arange(count)
     block = order[block]
+    if blocks is not None:
+        blocks.append(block)
     rep = np.zeros(count, np.int64)
     rep[block[::-1]] = np.arange(n)[::-1]  # first state of each block
     new_trans = block[ctrans[rep]].astype(np.int32)

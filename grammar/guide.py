@@ -136,7 +136,7 @@ class RegexGuide(Guide):
             if meta is not None:
                 from .compiler import SchemaInfo
 
-                g.schema_info = SchemaInfo(meta[0], tuple(meta[1]), tuple(meta[2]))
+                g.schema_info = SchemaInfo(meta[0], *(tuple(m) for m in meta[1:]))
             return g
 
     def __repr__(self) -> str:

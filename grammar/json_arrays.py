@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
+from .errors import GrammarError, is_fatal
 from .json_normal import Norm, Sub
 
 MAX_UNIQUE_VALUES = 8  # uniqueItems: distinct item values we can track (2^n subsets)
@@ -51,6 +53,10 @@ class ArraysMixin:
                 return None
             out = self.combine(out, self._contains_filter(c, cmin, cmax, rest, mode), "and", "contains")
         if n.unique and mode == "under" and out is not None and (hi is None or hi > 1):
+            if not self._unique_trackable(pre, item, hi) and lo <= 1:
+                # distinctness is not regular here; arrays of at most one item are unique (a sound subset)
+                self.narrowed.add("uniqueItems: arrays of at most 1 item (the items' domain is unbounded)")
+                return self._array(replace(n, max_items=1), ctx, mode)
             out = self._unique(pre, item, lo, hi, out)
         return out
 
@@ -112,12 +118,36 @@ class ArraysMixin:
             alts.append(oa + lead + inside + more + tail + ca)
         return "(?:" + "|".join(alts) + ")" if alts else None
 
+    def _unique_trackable(self, pre: list, item: str | None, hi: int | None) -> bool:
+        """uniqueItems can be enforced exactly: no tuple items, a small finite item domain."""
+        if pre:
+            return False
+        try:
+            texts = self._finite_texts(item)
+        except GrammarError as e:
+            if is_fatal(e):
+                raise
+            return False
+        if texts is None:
+            return False
+        values: list = []
+        for t in texts:
+            v = json.loads(t)
+            if not any(self.json_eq(u, v) for u in values):
+                values.append(v)
+        return len(values) <= MAX_UNIQUE_VALUES or (hi is not None and hi <= 2)
+
     def _unique(self, pre: list, item: str | None, lo: int, hi: int | None, base: str) -> str | None:
         """uniqueItems over a finite item domain: sequences of distinct values (one state per used set)."""
         if pre:
             self.refuse("uniqueItems", "with prefixItems / tuple items")
             return base
-        texts = self._finite_texts(item)
+        try:
+            texts = self._finite_texts(item)
+        except GrammarError as e:
+            if is_fatal(e):
+                raise
+            texts = None  # too large to enumerate: not a small finite domain
         if texts is None:
             self.refuse("uniqueItems", "the items can take unboundedly many values (distinctness is not regular; "
                                        "give the items an enum or a finite domain)")

@@ -254,3 +254,29 @@ def _keyword(conv, n: Norm, s: dict, key: str, v: Any, ctx: Ctx, top: bool) -> N
         n.uneval.append((key, Sub(v, child)))
     else:
         raise GrammarError(f"unsupported JSON-schema keyword {key!r}")
+
+
+def alt(parts: list[str]) -> str | None:
+    """Regex alternation of the distinct non-None parts (None when there are none)."""
+    parts = list(dict.fromkeys(p for p in parts if p is not None))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+
+
+def is_json_type(v: Any, t: str, draft: str) -> bool:
+    if t == "null":
+        return v is None
+    if t == "boolean":
+        return isinstance(v, bool)
+    if isinstance(v, bool):
+        return False
+    if t == "integer":
+        return isinstance(v, int) or (draft != "4" and isinstance(v, float) and v.is_integer())
+    if t == "number":
+        return isinstance(v, (int, float))
+    if t == "string":
+        return isinstance(v, str)
+    if t == "array":
+        return isinstance(v, list)
+    return isinstance(v, dict)

@@ -15,9 +15,12 @@ from itertools import combinations
 from . import json_formats as F
 from .errors import GrammarError
 from .json_normal import Norm
+from .regex_nfa import OptionalSlots
+from .rtn_program import Program
 
 MAX_PATTERN_REGIONS = 3  # patterns whose every combination gets its own key region
 MAX_OVER_FILTERS = 6  # over-approximation: constraints kept per object (the rest dropped: still a superset)
+OVER_MAX_STATES = 1500  # over-approximation: a filter that would grow the object's automaton past this is dropped
 
 
 class ObjectsMixin:
@@ -52,7 +55,7 @@ class ObjectsMixin:
         text = json.dumps(name, ensure_ascii=False).encode()
         for sub in names:
             r = self.under(sub)
-            if r is None or not self.to_dfa(r, "propertyNames").fullmatch(text):
+            if r is None or not Program(self.module(r, "propertyNames")).fullmatch(text):
                 return False
         return True
 
@@ -88,6 +91,8 @@ class ObjectsMixin:
         extra = self._extra_pair(n, names, uneval, ctx)
         many = n.min_props < 2  # duplicate free-form keys would not count twice after json.loads
         out = self.open_obj + self._members(slots, extra, many) + self.close_obj
+        if len(slots) > 2 and not self.plain_text:  # its own module: text length no longer tells its size
+            out = self.compact(out, "an object", 0)
         if n.min_props or n.max_props is not None:
             out = self.combine(out, self._count_filter(n.min_props, n.max_props), "and", "minProperties/maxProperties")
         for name, deps in n.dep_required:
@@ -116,6 +121,12 @@ class ObjectsMixin:
                 else:
                     out += f"(?:{c}{f})?"
             return out + more
+        if not self.plain_text:  # linear automaton instead of n^2 regex text
+            key = ("slots", tuple(f for f, _ in slots), c, more, lone if extra is not None else "")
+            got = self.dfa_cache.get(key)
+            if got is None:
+                got = self.dfa_cache[key] = self.atom(OptionalSlots(list(key[1]), c, key[3], key[4]))
+            return got
         firsts = []
         for i, (f, _) in enumerate(slots):
             firsts.append(f + "".join(f"(?:{c}{g})?" for g, _ in slots[i + 1:]))
@@ -187,20 +198,34 @@ class ObjectsMixin:
     def object_over(self, n: Norm, ctx) -> str | None:
         if n.max_props is not None and n.max_props < n.min_props:
             return None
-        out = self._loose_obj()
-        filters = [self._has(r) for r in list(n.required)[:MAX_OVER_FILTERS]]
+        # Filters are intersected most telling first (required discriminators: const/enum), and one is dropped
+        # when it would grow the automaton past OVER_MAX_STATES: per-key "last occurrence" filters multiply
+        # (3 states each), and dropping a filter keeps a superset.
+        filters: list[tuple[int, str]] = []
         lp, c, cl, loose = self._lp(), self.comma, self.colon, self.loose()
-        for name, subs in n.props.items():
-            if len(filters) >= MAX_OVER_FILTERS:
-                break
-            x = self.over_norm(self.norm(subs), subs[0].ctx)
+        names = list(n.props) + [r for r in n.required if r not in n.props]
+        for name in names[:MAX_OVER_FILTERS * 2]:
+            req = name in n.required
+            subs = n.props.get(name)
+            norm = self.norm(subs) if subs else None
+            x = self.over_norm(norm, subs[0].ctx) if subs else loose
             if x == loose:
+                if req:
+                    filters.append((1, self._has(name)))
                 continue  # any value: no constraint on this property
             key = self._key(name)
             other = '"' + self.atom(self._not_key_body(name)) + '"' + cl + loose
             last = f"(?:{lp}{c})*{key}{cl}{x}(?:{c}{other})*" if x is not None else None
             none = f"(?:{other}(?:{c}{other})*)?"
-            filters.append(self.open_obj + (f"(?:{last}|{none})" if last else none) + self.close_obj)
+            if req:
+                body = last
+            else:
+                body = f"(?:{last}|{none})" if last else none
+            if body is None:
+                return None  # required, but no value can satisfy it
+            disc = norm is not None and norm.enum is not None
+            filters.append(((0 if disc else 1) if req else (2 if disc else 3), self.open_obj + body + self.close_obj))
+        extra: list[str] = []
         for own, pats, addl, _ in n.groups:
             if addl is None or addl.schema is not False:
                 continue
@@ -214,19 +239,22 @@ class ObjectsMixin:
             if any(k is None for k in keys):
                 continue
             pair = ('"(?:' + "|".join(keys) + ')"' + cl + loose) if keys else None
-            filters.append(self._loose_obj(pair) if pair else self.open_obj + self.close_obj)
+            extra.append(self._loose_obj(pair) if pair else self.open_obj + self.close_obj)
         for sub in n.names:
             key = self.over(sub)
-            filters.append(self._loose_obj(key + cl + loose) if key is not None else self.open_obj + self.close_obj)
+            extra.append(self._loose_obj(key + cl + loose) if key is not None else self.open_obj + self.close_obj)
         if n.min_props:
-            filters.append(self._count_filter(n.min_props, None))
+            extra.append(self._count_filter(n.min_props, None))
         for name, deps in n.dep_required:
             need = self._loose_obj()
             for d in deps:
                 need = self.combine(need, self._has(d), "and", "dependentRequired")
-            filters.append(self.combine(self.lacks_key(name), need, "or", "dependentRequired"))
-        for f in filters[:MAX_OVER_FILTERS + 2]:
-            out = self.combine(out, f, "and", "an object's keywords")
+            extra.append(self.combine(self.lacks_key(name), need, "or", "dependentRequired"))
+        filters += [(3, f) for f in extra]
+        filters.sort(key=lambda pf: pf[0])
+        out = self._loose_obj()
+        for _, f in filters[:MAX_OVER_FILTERS + 2]:
+            out = self.narrow(out, f, "an object's keywords")
             if out is None:
                 return None
         return out

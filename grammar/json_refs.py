@@ -37,6 +37,7 @@ class SchemaRegistry:
     def __init__(self, root: Any, draft: str):
         self.draft = draft
         self.resources: dict[str, Any] = {}
+        self.duplicates: dict[str, list] = {}  # later resources with an $id already taken
         self.anchors: dict[str, Any] = {}
         self.dynamic: dict[str, dict[str, Any]] = {}  # resource URI -> {$dynamicAnchor name -> subschema}
         self.recursive: set[str] = set()  # resources whose root has $recursiveAnchor: true
@@ -65,7 +66,8 @@ class SchemaRegistry:
                     self.anchors[f"{base}#{frag}"] = node  # location-independent identifier
                 elif uri:
                     base = uri
-                    self.resources.setdefault(uri, node)
+                    if self.resources.setdefault(uri, node) is not node:  # an $id used twice (invalid, seen)
+                        self.duplicates.setdefault(uri, []).append(node)
             self.base_of[id(node)] = base
             for key in ("$anchor", "$dynamicAnchor"):
                 name = node.get(key)
@@ -94,6 +96,12 @@ class SchemaRegistry:
         if not frag:
             return doc, uri
         if frag.startswith("/"):
+            for other in self.duplicates.get(uri, []):  # a pointer into whichever resource has that path
+                try:
+                    _pointer(doc, frag, ref)
+                    break
+                except GrammarError:
+                    doc = other
             node = _pointer(doc, frag, ref)
             return node, self.base(node, uri)
         node = self.anchors.get(f"{uri}#{frag}")

@@ -8,7 +8,6 @@ under(A) minus over(B). Annotations and keywords unknown to the draft are ignore
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import warnings
@@ -17,32 +16,42 @@ from typing import Any
 
 from . import json_formats as F
 from .budget import CompileBudget
-from .dfa import ByteDFA, regex_to_dfa
-from .errors import GrammarError, is_fatal
-from .fsa import is_empty, product
+from .errors import GrammarError
+from .fsa import is_empty
 from .json_arrays import ArraysMixin
-from .json_normal import TYPES, Ctx, Norm, Sub, add_part
-from .json_numbers import ANY_NUMBER_RE, NumbersMixin
+from .json_automata import AutomataMixin
+from .json_normal import TYPES, Ctx, Norm, Sub, add_part, alt, is_json_type
+from .json_numbers import ANY_NUMBER_RE, MAX_DIGITS, NumbersMixin
 from .json_objects import ObjectsMixin
+from .json_over import ANY_DEPTH, OverMixin
 from .json_refs import ROOT_URI, SchemaRegistry
 from .json_strings import StringsMixin
+from .json_universe import any_module
 from .json_vocab import DEFAULT_DRAFT, detect_draft
-from .regex_nfa import ATOM_BASE, ATOM_END
+from .regex_nfa import ATOM_BASE, ATOM_END, OptionalSlots
+from .rtn import Module
+from .rtn_program import Program
 
-ANY_DEPTH = 2  # nesting of unconstrained values ({} / true / missing items) below where they start
 MAX_DEPTH = 16  # instance nesting the converter generates; deeper optional parts are dropped
-OVER_LEVELS = 2  # over-approximations look this many nesting levels below where the negation applies
-MAX_BRANCHES = 128  # anyOf / oneOf / if combinations explored at one position
+MAX_BRANCHES = 256  # anyOf / oneOf / if combinations explored at one instance position
 
 
 @dataclass(frozen=True)
 class CompiledSchema:
-    """A schema's automaton plus what the compile ignored (annotations, unknown keywords, unknown formats)."""
+    """A schema's automaton (a module network) plus what the compile ignored (annotations, unknown keywords)."""
 
-    dfa: ByteDFA
+    module: Module
     draft: str
     ignored: tuple[str, ...]
     relaxed: tuple[str, ...]  # strict=False: constraints not enforced
+    narrowed: tuple[str, ...] = ()  # constraints enforced by generating a smaller (still valid) language
+
+    @property
+    def dfa(self) -> "Program":
+        """The automaton as a byte matcher (`fullmatch`, `num_states`), without flattening it."""
+        from .rtn_program import Program
+
+        return Program(self.module)
 
 
 def normalize_schema(schema: Any) -> Any:
@@ -76,10 +85,10 @@ def compile_schema(schema: Any, whitespace_pattern: str | None = None, strict: b
     if regex is None:
         raise GrammarError(f"json_schema admits no document (false subschemas, contradictory keywords, or $ref "
                            f"recursion deeper than {max_recursion_depth})")
-    dfa = conv.to_dfa(regex, "the JSON schema")
-    if is_empty(dfa):
+    mod = conv.module(regex, "the JSON schema")
+    if is_empty(mod):
         raise GrammarError("json_schema admits no document (its constraints contradict each other)")
-    return CompiledSchema(dfa, draft, tuple(sorted(conv.ignored)), tuple(conv.relaxed))
+    return CompiledSchema(mod, draft, tuple(sorted(conv.ignored)), tuple(conv.relaxed), tuple(sorted(conv.narrowed)))
 
 
 def schema_to_regex(schema: Any, whitespace_pattern: str | None = None, strict: bool = True,
@@ -88,6 +97,7 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None, strict: 
     schema = normalize_schema(schema)
     conv = SchemaConverter(schema, detect_draft(schema), whitespace_pattern, strict, max_recursion_depth,
                            CompileBudget(time_s=None))
+    conv.plain_text = True
     regex = conv.under(Sub(schema, conv.root_ctx))
     if regex is None:
         raise GrammarError("json_schema admits no document")
@@ -96,14 +106,8 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None, strict: 
     return regex
 
 
-def alt(parts: list[str]) -> str | None:
-    parts = list(dict.fromkeys(p for p in parts if p is not None))
-    if not parts:
-        return None
-    return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
 
-
-class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
+class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
     """Walks one root schema; subschema languages are regexes whose atoms are precompiled DFAs."""
 
     def __init__(self, root: Any, draft: str, ws: str | None, strict: bool, max_recursion_depth: int,
@@ -118,11 +122,17 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         hops = 1 + self.registry.ref_count * max_recursion_depth
         self.max_level = min(MAX_DEPTH, (self.registry.depth + 1) * hops)
         self.root_ctx = Ctx(self.registry.base(root, ROOT_URI), (self.registry.base(root, ROOT_URI),), (), 0)
-        self.atoms: dict[int, ByteDFA] = {}
-        self._atom_of: dict[int, str] = {}  # id(dfa) -> marker (the dfa stays alive in self.atoms)
+        self.atoms: dict[int, Module | OptionalSlots] = {}
+        self._atom_of: dict[int, str] = {}  # id(automaton) -> marker (kept alive in self._alive)
+        self._alive: list = []
         self.dfa_cache: dict = {}
+        self.module_cache: dict[str, Module] = {}
+        self.flat_cache: dict = {}
+        self.combine_cache: dict = {}
+        self.plain_text = False  # schema_to_regex: no fragments, everything as regex text
         self.ignored: set[str] = set()
         self.relaxed: list[str] = []
+        self.narrowed: set[str] = set()
         self._branches = 0
         self._over_origin: int | None = None  # instance level where the current over-approximation started
         if ws is None:
@@ -137,44 +147,6 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
             self.open_obj, self.close_obj = r"\{" + w, w + r"\}"
             self.open_arr, self.close_arr = r"\[" + w, w + r"\]"
             self.comma, self.colon = w + "," + w, w + ":" + w
-
-    # ---- automata ------------------------------------------------------------------------------------
-    def atom(self, dfa: ByteDFA) -> str:
-        """A one-character regex standing for `dfa` (registered for build_nfa)."""
-        known = self._atom_of.get(id(dfa))
-        if known is not None:
-            return known
-        code = ATOM_BASE + len(self.atoms)
-        if code > ATOM_END:
-            raise GrammarError("json_schema needs too many sub-automata")
-        self.atoms[code] = dfa
-        self._atom_of[id(dfa)] = chr(code)
-        return chr(code)
-
-    def to_dfa(self, regex: str, what: str) -> ByteDFA:
-        if len(regex) == 1 and ord(regex) in self.atoms:  # an atom is its own automaton
-            return self.atoms[ord(regex)]
-        got = self.dfa_cache.get(regex)
-        if got is None:
-            got = self.dfa_cache[regex] = regex_to_dfa(regex, self.max_states, budget=self.budget,
-                                                       atoms=self.atoms, what=what, allow_empty=True)
-        return got
-
-    def compact(self, regex: str | None, what: str, limit: int = 2000) -> str | None:
-        """Long regexes become one atom (their minimal DFA), so repeating them does not multiply text."""
-        if regex is None or len(regex) <= limit:
-            return regex
-        d = self.to_dfa(regex, what)
-        return None if is_empty(d) else self.atom(d)
-
-    def combine(self, a: str | None, b: str | None, op: str, what: str) -> str | None:
-        """Regex (an atom) for L(a) op L(b) with op in and / or / diff; None when empty."""
-        if a is None:
-            return b if op == "or" else None
-        if b is None:
-            return None if op == "and" else a
-        d = product(self.to_dfa(a, what), self.to_dfa(b, what), op, self.max_states, self.budget, what)
-        return None if is_empty(d) else self.atom(d)
 
     # ---- bookkeeping -----------------------------------------------------------------------------------
     def ignore(self, keys) -> None:
@@ -239,17 +211,6 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
             return self.any_value(sub.ctx.level)
         return self.under_norm(self.norm([sub]), sub.ctx)
 
-    def over(self, sub: Sub) -> str | None:
-        if sub.schema is True:
-            return self.loose()
-        if self._over_origin is not None:
-            return self.over_norm(self.norm([sub]), sub.ctx)
-        self._over_origin = sub.ctx.level
-        try:
-            return self.over_norm(self.norm([sub]), sub.ctx)
-        finally:
-            self._over_origin = None
-
     # ---- under-approximation ---------------------------------------------------------------------------
     def under_norm(self, n: Norm, ctx: Ctx) -> str | None:
         if n.false or n.cut or ctx.level > self.max_level:
@@ -262,7 +223,8 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
                 return self.distribute(kind, payload, rest, ctx)
         out = self.typed_under(n, ctx)
         for kind, payload in n.apps:  # only `not` is left
-            out = self.combine(out, self.over(payload), "diff", "not")
+            o = self.over(payload)
+            out = out if self.disjoint(out, o) else self.combine(out, o, "diff", "not")
         return self.compact(out, "a subschema")
 
     def distribute(self, kind: str, payload, rest: Norm, ctx: Ctx) -> str | None:
@@ -273,18 +235,22 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         if kind == "anyOf":
             return alt([self.under_norm(self.extend(rest, [b]), ctx) for b in payload])
         if kind == "oneOf":
-            outs = []
+            outs, overs = [], None
             for i, b in enumerate(payload):
                 mine = self.under_norm(self.extend(rest, [b]), ctx)
                 if mine is None:
                     continue
-                others = alt([self.over(o) for j, o in enumerate(payload) if j != i])
-                outs.append(self.combine(mine, others, "diff", "oneOf"))
+                overs = overs or [self.over(o) for o in payload]
+                for j, o in enumerate(overs):  # one difference per other branch: no union automaton
+                    if j != i and mine is not None and not self.disjoint(mine, o):
+                        mine = self.combine(mine, o, "diff", "oneOf")
+                outs.append(mine)
             return alt(outs)
         if kind == "if":
             cond, then, els = payload
             yes = self.under_norm(self.extend(rest, [cond, then]), ctx)
-            no = self.combine(self.under_norm(self.extend(rest, [els]), ctx), self.over(cond), "diff", "if/else")
+            no, o = self.under_norm(self.extend(rest, [els]), ctx), self.over(cond)
+            no = no if self.disjoint(no, o) else self.combine(no, o, "diff", "if/else")
             return alt([yes, no])
         name, dep = payload  # dependentSchemas
         c = Ctx(ctx.base, ctx.scope, ctx.refs, ctx.level)
@@ -293,6 +259,13 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         return alt([present, absent])
 
     def typed_under(self, n: Norm, ctx: Ctx) -> str | None:
+        saved, self._branches = self._branches, 0  # the values inside are other positions: their own count
+        try:
+            return self._typed_under(n, ctx)
+        finally:
+            self._branches = saved
+
+    def _typed_under(self, n: Norm, ctx: Ctx) -> str | None:
         types = TYPES if n.types is None else [t for t in TYPES if t in n.types]
         if n.enum is not None:
             return self.enum_under(n, ctx, types)
@@ -322,17 +295,23 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
             r = self.under_norm(rest, ctx)
             if r is None:
                 return None
-            check = self.to_dfa(r, "enum")
+            check = r
+            matcher = Program(self.module(r, "enum"))
         out = []
         for v in n.enum:
-            if not any(_is_type(v, t, self.draft) for t in types):
+            if not any(is_json_type(v, t, self.draft) for t in types):
                 continue
             text = self.const_text(v)
             if text is None:
                 continue
-            if check is not None and is_empty(product(self.to_dfa(text, "enum"), check, "and", self.max_states,
-                                                      self.budget, "enum")):
-                continue
+            if check is not None:
+                lits = _scalar_texts(v)
+                if lits is not None:  # a scalar's texts are literals: keep those the automaton accepts
+                    text = alt([re.escape(t) for t in lits if matcher.fullmatch(t.encode())])
+                    if text is None:
+                        continue
+                elif self.combine(text, check, "and", "enum") is None:
+                    continue
             out.append(text)
         return alt(out)
 
@@ -365,120 +344,22 @@ class SchemaConverter(StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
         return (self.open_obj, self.close_obj, self.open_arr, self.close_arr, self.comma, self.colon)
 
     def _any(self, depth: int) -> str:
-        return self.atom(_any_dfa(self._layout(), depth))
+        # numbers apart: the rest is prefix-free, so a large any-value is one called module, not a copy per use
+        return f"(?:{self.atom(any_module(self._layout(), depth))}|{ANY_NUMBER_RE})"
 
-    # ---- over-approximation ----------------------------------------------------------------------------
-    def loose(self) -> str:
-        """Every text the converter can generate (bracket nesting counted, not matched by kind)."""
-        return self.atom(_loose_dfa(self._layout(), self.max_level + ANY_DEPTH + 1))
+def _scalar_texts(v: Any) -> list[str] | None:
+    """The texts const_text's regex matches for a scalar value (None for arrays and objects)."""
+    if isinstance(v, (dict, list)):
+        return None
+    if isinstance(v, float):
+        if v.is_integer():
+            i = str(int(v))
+            return [i, i + ".0"] if len(i) < MAX_DIGITS else [i]
+        from .json_numbers import _plain_decimal
 
-    def over_norm(self, n: Norm, ctx: Ctx) -> str | None:
-        if n.false:
-            return None
-        if n.cut or ctx.level > self.max_level + ANY_DEPTH or n == Norm():
-            return self.loose()
-        if self._over_origin is not None and ctx.level > self._over_origin + OVER_LEVELS:
-            return self.loose()  # deeper detail only sharpens the superset; it costs products
-        try:
-            out = self.typed_over(n, ctx)
-        except GrammarError as e:
-            if is_fatal(e):
-                raise
-            out = self.loose()
-        for kind, payload in n.apps:
-            if out is None:
-                return None
-            if kind in ("anyOf", "oneOf"):
-                other = alt([self.over(b) for b in payload])
-            elif kind == "not":
-                other = self.safe_diff(self.loose(), payload)
-            elif kind == "if":
-                cond, then, els = payload
-                yes = self.combine(self.over(cond), self.over(then), "and", "if/then")
-                no = self.combine(self.safe_diff(self.loose(), cond), self.over(els), "and", "if/else")
-                other = alt([yes, no])
-            else:  # dependentSchemas: the name is absent, or the dependent schema holds
-                name, dep = payload
-                other = alt([self.lacks_key(name), self.over(dep)])
-            out = self.combine(out, other, "and", kind)
-        return self.compact(out, "a subschema")
-
-    def safe_diff(self, universe: str, sub: Sub) -> str | None:
-        """universe minus under(sub); when under(sub) is refused, the whole universe (still a superset)."""
-        try:
-            u = self.under(sub)
-        except GrammarError as e:
-            if is_fatal(e):
-                raise
-            return universe
-        return self.combine(universe, u, "diff", "not")
-
-    def typed_over(self, n: Norm, ctx: Ctx) -> str | None:
-        types = TYPES if n.types is None else [t for t in TYPES if t in n.types]
-        if n.enum is not None:
-            vals = [v for v in n.enum if any(_is_type(v, t, self.draft) for t in types)]
-            return alt([self.const_over(v, ctx) for v in vals])
-        parts = []
-        for t in types:
-            if t == "null":
-                parts.append(F.NULL)
-            elif t == "boolean":
-                parts.append(F.BOOLEAN)
-            elif t == "string":
-                parts.append(self.string_re(n, "over"))
-            elif t in ("integer", "number"):
-                if t == "integer" and "number" in types:
-                    continue
-                parts.append(self.number_re(n, t == "integer", "over"))
-            elif t == "array":
-                parts.append(self.array_over(n, ctx))
-            else:
-                parts.append(self.object_over(n, ctx))
-        return alt(parts)
-
-    def const_over(self, v: Any, ctx: Ctx) -> str | None:
-        """Every generated text equal to `v` after json.loads (key order and duplicate keys included)."""
-        if isinstance(v, bool) or v is None:
-            return re.escape(json.dumps(v))
-        if isinstance(v, (int, float)):
-            return self.number_equal(v)
-        if isinstance(v, str):
-            return '"' + self.atom(self.key_body_dfa(v)) + '"'
-        if isinstance(v, list):
-            n = Norm(types={"array"}, min_items=len(v), max_items=len(v),
-                     prefix=[[Sub({"const": x}, ctx)] for x in v])
-            return self.array_over(n, ctx)
-        n = Norm(types={"object"}, props={k: [Sub({"const": x}, ctx)] for k, x in v.items()},
-                 required=dict.fromkeys(v), groups=[(frozenset(v), {}, Sub(False, ctx), True)])
-        return self.object_over(n, ctx)
-
-
-@functools.lru_cache(maxsize=64)
-def _any_dfa(layout: tuple, depth: int) -> ByteDFA:
-    """Any JSON value nested at most `depth` levels, in a layout (open/close object/array, comma, colon)."""
-    oo, co, oa, ca, comma, colon = layout
-    alts = [F.STRING, ANY_NUMBER_RE, F.BOOLEAN, F.NULL]
-    atoms = {}
-    if depth > 0:
-        atoms[ATOM_BASE] = _any_dfa(layout, depth - 1)
-        inner = chr(ATOM_BASE)
-        alts.append(oa + f"(?:{inner}(?:{comma}{inner})*)?" + ca)
-        pair = F.STRING + colon + inner
-        alts.append(oo + f"(?:{pair}(?:{comma}{pair})*)?" + co)
-    return regex_to_dfa("(?:" + "|".join(alts) + ")", 1 << 20, atoms=atoms, what="any value")
-
-
-@functools.lru_cache(maxsize=64)
-def _loose_dfa(layout: tuple, depth: int) -> ByteDFA:
-    """Superset of every generated value nested at most `depth` levels: brackets counted, not matched by kind."""
-    oo, co, oa, ca, comma, colon = layout
-    scalar = "(?:" + "|".join([F.STRING, ANY_NUMBER_RE, F.BOOLEAN, F.NULL]) + ")"
-    if depth == 0:
-        return regex_to_dfa(scalar, 1 << 20, what="the universe of JSON values")
-    inner = chr(ATOM_BASE)
-    item = f"(?:{F.STRING}{colon})?{inner}"
-    return regex_to_dfa(f"(?:{scalar}|(?:{oo}|{oa})(?:{item}(?:{comma}{item})*)?(?:{co}|{ca}))", 1 << 20,
-                        atoms={ATOM_BASE: _loose_dfa(layout, depth - 1)}, what="the universe of JSON values")
+        t = _plain_decimal(v)
+        return [] if t is None else [t]
+    return [json.dumps(v, ensure_ascii=False)]
 
 
 def _copy(v):
@@ -489,24 +370,6 @@ def _copy(v):
     if isinstance(v, set):
         return set(v)
     return v
-
-
-def _is_type(v: Any, t: str, draft: str) -> bool:
-    if t == "null":
-        return v is None
-    if t == "boolean":
-        return isinstance(v, bool)
-    if isinstance(v, bool):
-        return False
-    if t == "integer":
-        return isinstance(v, int) or (draft != "4" and isinstance(v, float) and v.is_integer())
-    if t == "number":
-        return isinstance(v, (int, float))
-    if t == "string":
-        return isinstance(v, str)
-    if t == "array":
-        return isinstance(v, list)
-    return isinstance(v, dict)
 
 
 def _has_marker(schema: Any) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 from . import json_formats as F
 from .dfa import DEAD, ByteDFA, _minimise, _trim, regex_to_dfa
 from .errors import GrammarError, is_fatal
-from .fsa import intersect_all
+from .fsa import intersect_all, product
 
 _ESCAPES = {ord('"'): ord('"'), ord("\\"): ord("\\"), ord("/"): ord("/"), ord("b"): 8, ord("f"): 12,
             ord("n"): 10, ord("r"): 13, ord("t"): 9}
@@ -46,12 +46,26 @@ def encode_json_body(dfa: ByteDFA) -> ByteDFA:
 class StringsMixin:
     """String typing for the schema converter (needs `atom`, `budget`, `max_states`, `refuse`, `ignore`)."""
 
+    def _search_dfa(self, pattern: str, mode: str) -> ByteDFA:
+        return regex_to_dfa(pattern, self.max_states, unicode_classes=mode == "over", budget=self.budget,
+                            what=f"pattern {pattern[:40]!r}", allow_empty=True, search=True,
+                            dollar_newline=mode == "over")
+
     def pattern_dfa(self, pattern: str, mode: str) -> ByteDFA | None:
         """Decoded strings `re.search(pattern, s)` matches (under: subset, over: superset); None = no constraint."""
         try:
-            return regex_to_dfa(pattern, self.max_states, unicode_classes=mode == "over", budget=self.budget,
-                                what=f"pattern {pattern[:40]!r}", allow_empty=True, search=True,
-                                dollar_newline=mode == "over")
+            split = leading_lookahead(pattern)
+            if split is None:
+                return self._search_dfa(pattern, mode)
+            # `^(?=X)Y` / `^(?!X)Y`: a lookahead at the start of the text is a regular condition on its
+            # prefix: L(^Y) and (or minus) the texts with a prefix in L(X), i.e. re.search(^X)
+            negative, look, rest = split
+            body = self._search_dfa("^" + rest, mode)
+            # a difference subtracts the other approximation: under - over(X) is a subset, over - under(X) a superset
+            flip = {"under": "over", "over": "under"}[mode] if negative else mode
+            prefix = self._search_dfa("^(?:" + look + ")", flip)
+            return product(body, prefix, "diff" if negative else "and", self.max_states, self.budget,
+                           f"pattern {pattern[:40]!r}")
         except GrammarError as e:
             if is_fatal(e):
                 raise
@@ -113,3 +127,28 @@ class StringsMixin:
                                allow_empty=True)
             got = self.dfa_cache[key] = encode_json_body(lit)
         return got
+
+
+def leading_lookahead(pattern: str) -> tuple[bool, str, str] | None:
+    """(negative, X, Y) for a pattern `^(?=X)Y` or `^(?!X)Y` (the lookahead right after a leading `^`), else None."""
+    if not (pattern.startswith("^(?=") or pattern.startswith("^(?!")):
+        return None
+    depth, i, in_class, first = 1, 4, False, -1
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]" or i == first  # a `]` first in a class is a literal
+        elif c == "[":
+            in_class = True
+            first = i + 2 if pattern[i + 1: i + 2] == "^" else i + 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return pattern[3] == "!", pattern[4:i], pattern[i + 1:]
+        i += 1
+    return None

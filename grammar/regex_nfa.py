@@ -54,6 +54,7 @@ class NFA:
         self.budget = budget
         self.start = 0
         self.accept = 0
+        self.embeds: dict[int, list] = {}  # state -> [(module, end)]: run the module, then continue at end
 
     def new(self) -> int:
         if len(self.eps) >= self.max_states:
@@ -262,10 +263,18 @@ class _Builder:
         raise GrammarError(f"unsupported regex construct: {names.get(op, str(op).lower())}")
 
     def atom(self, marker: int) -> tuple[int, int]:
-        """A copy of the registered DFA: its states become NFA states, its accepting states lead to one end."""
+        """The registered automaton: a module is embedded by reference (rtn_build steps or calls it), a
+        fragment builds itself, a plain DFA is copied (its accepting states lead to one end)."""
         nfa = self.nfa
         if self.budget is not None:
             self.budget.check("the automaton of an embedded subschema")
+        obj = self.atoms[marker]
+        if isinstance(obj, OptionalSlots):
+            return obj.emit(self)
+        if getattr(obj, "entries", None) is not None:
+            s, e = nfa.new(), nfa.new()
+            nfa.embeds.setdefault(s, []).append((obj, e))
+            return s, e
         edges = self._atom_edges.get(marker)
         if edges is None:
             edges = self._atom_edges[marker] = dfa_edges(self.atoms[marker])
@@ -335,6 +344,38 @@ class _Builder:
         for src, lo, hi, dst in edges:
             nfa.edges[ids[src]].append((lo, hi, ids[dst]))
         return ids[start], ids[accept]
+
+
+class OptionalSlots:
+    """Regex fragment: any subsequence of `slots` in order, joined by `sep`, then `tail_some` if at least one
+    slot was written, else `tail_none` (None = not allowed). Linear in the slots (a regex needs n^2 text)."""
+
+    def __init__(self, slots: list[str], sep: str, tail_some: str | None = "", tail_none: str | None = ""):
+        self.slots, self.sep, self.tail_some, self.tail_none = list(slots), sep, tail_some, tail_none
+
+    def emit(self, b: "_Builder") -> tuple[int, int]:
+        nfa = b.nfa
+
+        def frag(text: str) -> tuple[int, int]:
+            return b.seq(list(parse(text)), False, False)
+
+        none, some = nfa.new(), nfa.new()  # nothing written yet / something written, before the next slot
+        start, end = none, nfa.new()
+        for slot in self.slots:  # one copy of each slot, entered from both tracks
+            none2, some2 = nfa.new(), nfa.new()
+            s, e = frag(slot)
+            sep_s, sep_e = frag(self.sep)
+            nfa.eps[none].extend([none2, s])
+            nfa.eps[some].extend([some2, sep_s])
+            nfa.eps[sep_e].append(s)
+            nfa.eps[e].append(some2)
+            none, some = none2, some2
+        for track, tail in ((some, self.tail_some), (none, self.tail_none)):
+            if tail is not None:
+                s, e = frag(tail)
+                nfa.eps[track].append(s)
+                nfa.eps[e].append(end)
+        return start, end
 
 
 def dfa_edges(dfa) -> tuple[int, tuple, int, tuple]:

@@ -36,7 +36,7 @@ class WorkerInit:
 
     info_fields: dict
     max_states: int
-    timeout_s: float | None  # passed to the compiler's own budget where it has one (wall clock)
+    timeout_s: float | None  # passed to the compiler's own budget where it has one (the worker's CPU clock)
     nice: int
 
 
@@ -181,7 +181,9 @@ def worker_main(read_fd: int, write_fd: int) -> None:
     from sglpy.grammar.ebnf_imports import bundled_grammars
 
     info = TokenizerInfo(**init.info_fields)
-    compiler = GrammarCompiler(info, max_states=init.max_states, cache_size=0)  # the engine caches results
+    # the engine caches results; the budget counts this worker's CPU time (a loaded box must not refuse a compile
+    # that got little CPU) while the engine bounds its wall time
+    compiler = GrammarCompiler(info, max_states=init.max_states, cache_size=0, budget_clock="cpu")
     compiler.warmup()
     bundled_grammars()  # lark's own grammars, read once before the sandbox closes
     import lark  # noqa: F401 - imported now, not under the sandbox

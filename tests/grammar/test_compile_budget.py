@@ -86,3 +86,18 @@ def test_deep_ref_chain_is_a_grammar_error():
     defs["d3000"] = {"type": "integer"}
     with pytest.raises(GrammarError, match="nested too deeply"):
         compile_schema({"$defs": defs, "$ref": "#/$defs/d0"})
+
+
+def test_cpu_clock_budget_ignores_time_spent_waiting():
+    """A cpu-clock budget counts the compiling thread's CPU: sleeping (a loaded box) does not use it up."""
+    import time as _time
+
+    b = CompileBudget(time_s=0.2, clock="cpu")
+    _time.sleep(0.3)
+    b.check("nothing")  # would raise on the wall clock
+    w = CompileBudget(time_s=0.2)
+    _time.sleep(0.3)
+    with pytest.raises(BudgetExceeded):
+        w.check("nothing")
+    with pytest.raises(ValueError, match="clock"):
+        CompileBudget(clock="sundial")

@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import re
 import random
 
 import jsonschema
@@ -98,14 +99,30 @@ def test_annotations_and_unknown_keywords_are_listed_not_enforced():
 
 
 def test_refusals_name_the_keyword():
-    for schema, word in [({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "uniqueItems"),
+    for schema, word in [({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2},
+                           "uniqueItems"),
                          ({"type": "string", "pattern": "(?<=a)b"}, "pattern"),
                          ({"type": "number", "multipleOf": 0.25}, "multipleOf")]:
         with pytest.raises(GrammarError, match=f"'{word}'"):
             compile_schema(schema)
     with pytest.warns(UserWarning, match="uniqueItems"):
-        relaxed = compile_schema({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, strict=False)
+        relaxed = compile_schema({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2},
+                                 strict=False)
     assert relaxed.relaxed == ("uniqueItems",)
+
+
+def test_unique_items_over_unbounded_items_generate_at_most_one_item():
+    """Distinctness of free-form items is not regular: arrays of 0-1 items are unique, so that is generated."""
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                                                        "uniqueItems": True}}, "required": ["tags"]}
+    res = compile_schema(schema)
+    assert res.narrowed and "uniqueItems" in res.narrowed[0]
+    d = res.dfa
+    assert d.fullmatch(b'{"tags": []}') and d.fullmatch(b'{"tags": ["a"]}')
+    assert not d.fullmatch(b'{"tags": ["a", "b"]}') and not d.fullmatch(b'{"tags": ["a", "a"]}')
+    # tuple items: the same fallback; minItems >= 2 cannot fall back (refused above)
+    tup = compile_schema({"type": "array", "prefixItems": [{"type": "string"}], "uniqueItems": True})
+    assert tup.dfa.fullmatch(b'["x"]') and not tup.dfa.fullmatch(b'["x", "x"]')
 
 
 # ---- random schemas from the supported keywords: random walks produce only valid instances ----------------
@@ -194,3 +211,27 @@ def test_pairs_of_keywords_exhaustively_small():
         for v in INSTANCES:
             if dfa.fullmatch(_text(v)):
                 assert V(schema).is_valid(v), (schema, v)
+
+
+@pytest.mark.parametrize("pattern", [r"^(?!-)[-a-z0-9]{0,5}[a-z0-9]$", r"^(?=.*[0-9])[a-z0-9]{2,4}$",
+                                     r"^(?!ab|c)[abc]{1,3}", r"^(?![)])[()a]{1,2}$"])
+def test_leading_lookahead_patterns_are_exact(pattern):
+    """`^(?!X)Y` / `^(?=X)Y`: compiled as a difference / intersection with the texts starting with X."""
+    d = compile_schema({"type": "string", "pattern": pattern}).dfa
+    alphabet = sorted(set("abc-0()z"))
+    for k in range(0, 5):
+        for chars in itertools.product(alphabet, repeat=k):
+            s = "".join(chars)
+            assert d.fullmatch(json.dumps(s).encode()) == bool(re.search(pattern, s)), (pattern, s)
+    neg = compile_schema({"type": "string", "maxLength": 3, "not": {"pattern": pattern}}).dfa
+    for s in ["", "a", "-a", "ab", "a1", "ca", "(a", ")"]:
+        assert neg.fullmatch(json.dumps(s).encode()) == (not re.search(pattern, s)), (pattern, s)
+
+
+def test_duplicate_ids_resolve_pointers_in_the_resource_that_has_the_path():
+    """Real schemas reuse an $id for two embedded resources; a pointer goes to the one holding that path."""
+    a = {"$id": "https://x.invalid/t", "type": "object", "properties": {"n": {"type": "integer"}}}
+    b = {"$id": "https://x.invalid/t", "$defs": {"S": {"type": "string"}}, "type": "object",
+         "properties": {"s": {"$ref": "#/$defs/S"}}, "required": ["s"], "additionalProperties": False}
+    d = compile_schema({"$defs": {"B": b, "A": a}, "anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}).dfa
+    assert d.fullmatch(b'{"s": "x"}') and not d.fullmatch(b'{"s": 1}')

@@ -132,7 +132,7 @@ def test_no_runaway_whitespace(engine):
 @pytest.mark.parametrize("sp, match", [
     ({"regex": "(a"}, "regex"),
     ({"regex": r"(a)\1"}, "backreference"),
-    ({"json_schema": {"type": "object", "properties": {"x": {"type": "array", "uniqueItems": True}}}},
+    ({"json_schema": {"type": "object", "properties": {"x": {"type": "array", "uniqueItems": True, "minItems": 2}}}},
      "uniqueItems"),
     ({"json_schema": "{not json"}, "JSON"),
     ({"ebnf": "start: ("}, "invalid EBNF"),

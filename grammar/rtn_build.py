@@ -1,0 +1,156 @@
+"""Subset construction for NFAs that embed modules: callable sub-automata become call cells, not copies.
+
+NFA states may embed a module (regex_nfa `atoms`): "run this module from its initial state, then continue
+at `end`". Subsets hold NFA states and module items `(module, state, continuation)`, where the
+continuation is an item again. Whenever every item left after a byte sits in the same state of one
+callable module, the cell becomes a call entry landing there, and the subset of continuations becomes the
+caller's return state: the callee's states are never copied. Anything else (modules too small to call,
+branches that cannot tell their modules apart yet) is stepped through the subset as usual, so the
+result is deterministic and exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .budget import CompileBudget
+from .dfa import DEAD
+from .errors import GrammarError
+from .regex_nfa import NFA
+from .rtn import Entry, Module, finish_module, refine_classes
+
+
+def _nfa_classes(nfa: NFA, modules: list[Module]) -> tuple[np.ndarray, np.ndarray]:
+    cuts = {0, 256}
+    for edges in nfa.edges:
+        for lo, hi, _ in edges:
+            cuts.add(lo)
+            cuts.add(hi + 1)
+    bounds = np.array(sorted(cuts), dtype=np.int64)
+    own = (np.searchsorted(bounds, np.arange(256), side="right") - 1).astype(np.int32)
+    return refine_classes([own] + [m.classes for m in modules])
+
+
+def nfa_to_module(nfa: NFA, max_states: int, budget: CompileBudget | None = None,
+                  what: str = "the automaton") -> Module:
+    """Deterministic module of an NFA with embedded modules (see the module docstring)."""
+    embedded = {id(m): m for es in nfa.embeds.values() for m, _ in es}
+    class_of, reps = _nfa_classes(nfa, list(embedded.values()))
+    n_classes = len(reps)
+    # refined classes are not byte intervals: each edge lists the classes its byte range covers
+    span: dict[tuple[int, int], tuple] = {}
+    cedges = [[(span.setdefault((lo, hi), tuple(np.unique(class_of[lo:hi + 1]).tolist())), t) for lo, hi, t in es]
+              for es in nfa.edges]
+    eps, accept, embeds = nfa.eps, nfa.accept, nfa.embeds
+    row_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
+
+    def cells(m: Module, x: int) -> list[tuple[int, int]]:
+        key = (id(m), x)
+        got = row_cache.get(key)
+        if got is None:
+            row = m.trans[x, reps]
+            nz = np.flatnonzero(row)
+            got = row_cache[key] = list(zip(nz.tolist(), row[nz].tolist()))
+        return got
+
+    def closure(seeds) -> tuple[frozenset, bool]:
+        seen = set()
+        stack = list(seeds)
+        while stack:
+            it = stack.pop()
+            if it in seen:
+                continue
+            seen.add(it)
+            if type(it) is int:
+                stack.extend(eps[it])
+                for m, end in embeds.get(it, ()):
+                    if m.initial != DEAD:
+                        stack.append((m, m.initial, end))
+            elif it[0].accepting[it[1]]:
+                stack.append(it[2])
+        kept = frozenset(it for it in seen if (cedges[it] if type(it) is int else it[0].has_exit[it[1]]))
+        return kept, accept in seen
+
+    ids: dict[tuple[frozenset, bool], int] = {}
+    rows: list[list[int]] = [[DEAD] * n_classes]
+    acc: list[bool] = [False]
+    work: list[tuple[frozenset, bool]] = []
+    entries: list[Entry] = []
+    entry_ids: dict[tuple[int, int, int], int] = {}
+
+    def intern(key) -> int:
+        sid = ids.get(key)
+        if sid is None:
+            if len(rows) > max_states:
+                raise GrammarError(f"automaton too large: {what} needs more than {max_states} DFA states "
+                                   "(raise max_states, or simplify the constraint)")
+            if budget is not None and len(rows) % 256 == 0:
+                budget.check(what)
+            sid = ids[key] = len(rows)
+            rows.append([DEAD] * n_classes)
+            acc.append(key[1])
+            work.append(key)
+        return sid
+
+    def target(items: frozenset) -> int:
+        kept, accepting = closure(items)
+        if not kept and not accepting:
+            return DEAD
+        if not accepting:
+            first = next(iter(kept))
+            if type(first) is not int and first[0].callable and all(
+                    type(it) is not int and it[0] is first[0] and it[1] == first[1] for it in kept):
+                ret = intern(closure([it[2] for it in kept]))
+                key = (id(first[0]), first[1], ret)
+                k = entry_ids.get(key)
+                if k is None:
+                    k = entry_ids[key] = len(entries)
+                    entries.append(Entry(first[0], first[1], ret))
+                return -(k + 1)
+        return intern((kept, accepting))
+
+    initial = intern(closure([nfa.start]))
+    steps = 0
+    while work:
+        steps += 1
+        if budget is not None and steps % 64 == 0:
+            budget.check(what)
+        key = work.pop()
+        row = rows[ids[key]]
+        moves: dict[int, list] = {}
+        for it in key[0]:
+            if type(it) is int:
+                for cs, t in cedges[it]:
+                    for c in cs:
+                        moves.setdefault(c, []).append(t)
+                continue
+            m, x, cont = it
+            for c, v in cells(m, x):
+                if v > 0:
+                    moves.setdefault(c, []).append((m, v, cont))
+                else:
+                    e = m.entries[-v - 1]
+                    moves.setdefault(c, []).append((e.callee, e.at, (m, e.ret, cont)))
+        cache: dict[frozenset, int] = {}
+        for c, targets in moves.items():
+            ft = frozenset(targets)
+            got = cache.get(ft)
+            if got is None:
+                got = cache[ft] = target(ft)
+            row[c] = got
+    ctrans = np.array(rows, dtype=np.int64).reshape(len(rows), n_classes)
+    return finish_module(ctrans, np.array(acc, dtype=bool), initial, entries, class_of, budget, what)
+
+
+def regex_to_module(pattern: str, max_states: int, budget: CompileBudget | None = None, atoms: dict | None = None,
+                    what: str = "the automaton") -> Module:
+    """A regex whose atom markers stand for modules / fragments / DFAs (regex_nfa.build_nfa) as one module."""
+    from .dfa import nfa_to_dfa
+    from .regex_nfa import build_nfa
+    from .rtn import module_of
+
+    nfa = build_nfa(pattern, max_nfa_states=min(500_000, max(100_000, 50 * max_states)), atoms=atoms,
+                    budget=budget)
+    if not nfa.embeds:
+        return module_of(nfa_to_dfa(nfa, max_states, budget=budget, what=what))
+    return nfa_to_module(nfa, max_states, budget, what)
