@@ -10,6 +10,7 @@ from typing import Hashable
 import numpy as np
 
 from .dfa import DEAD, ByteDFA, regex_to_dfa
+from .ebnf_imports import bundled_loader
 from .errors import GrammarError
 from .guide import Guide
 from .index import build_index
@@ -106,7 +107,7 @@ class EBNFGuide(Guide):
         except ImportError as e:  # pragma: no cover
             raise GrammarError("EBNF constraints need the `lark` package") from e
         try:
-            lk = Lark(grammar, parser="lalr", start=start)
+            lk = Lark(grammar, parser="lalr", start=start, import_paths=[bundled_loader])  # never the filesystem
         except LarkError as e:
             raise GrammarError(f"invalid EBNF grammar: {str(e).strip()[:400]}") from None
         self.info, self.source = info, grammar

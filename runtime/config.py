@@ -32,6 +32,9 @@ class EngineConfig:
     debug_invariants: bool = False  # check KV accounting after every step (tests)
     quantization: str = "none"  # weight-only quantization at load (CPU): none, int8, int4
     kv_cache_dtype: str = "auto"  # KV pool storage; 16-bit storage is converted to float32 while reading
+    grammar_workers: int = 2  # compile worker processes; 0 = compile on a thread of the engine (holds its GIL)
+    grammar_compile_timeout: float = 5.0  # CPU seconds one constraint compile may use (wall cap: 10x + 10 s)
+    grammar_max_states: int = 20_000  # largest automaton one constraint (or EBNF terminal) may compile to
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -49,6 +52,13 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, got {self.quantization!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if not isinstance(self.grammar_workers, int) or not 0 <= self.grammar_workers <= 64:
+            raise ValueError(f"grammar_workers must be an int in [0, 64], got {self.grammar_workers!r}")
+        t = self.grammar_compile_timeout
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 3600:
+            raise ValueError(f"grammar_compile_timeout must be a number of seconds in (0, 3600], got {t!r}")
+        if not isinstance(self.grammar_max_states, int) or self.grammar_max_states < 2:
+            raise ValueError(f"grammar_max_states must be an int >= 2, got {self.grammar_max_states!r}")
         if self.num_threads is not None and self.num_threads <= 0:
             raise ValueError(f"num_threads must be positive, got {self.num_threads}")
 

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
-from .messages import EngineInfo, GenerateReq, GenerateReqInput, StepOutputs
+from .messages import EngineInfo, EngineProgress, GenerateReq, GenerateReqInput, StepOutputs  # noqa: F401
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -94,6 +94,7 @@ class Req:
     num_jumped_tokens: int = 0  # tokens appended by jump-forward (no model step)
     grammar: Any = None  # per-request guide state holder (constrained decoding)
     generator: Any = None  # torch.Generator of a seeded request (created on first sample)
+    logit_bias_rows: Any = None  # (token ids, biases) tensors of sampling.logit_bias (built on first sample)
 
     @property
     def all_ids(self) -> list[int]:
@@ -173,10 +174,11 @@ class EngineProtocol(Protocol):
         """Model path, context length, vocabulary size, chat template and special tokens."""
 
     def build_request(self, inp: GenerateReqInput) -> GenerateReq:
-        """Validate and tokenize one prompt; ValueError names the problem."""
+        """Validate and tokenize one prompt; ValueError names the problem. A constraint's compile starts:
+        req.guide is a concurrent Future (its exception a ValueError), None without a constraint."""
 
     def submit(self, req: GenerateReq, sink: OutputSink) -> None:
-        """Queue a built request; its outputs go to `sink`."""
+        """Queue a built request (waiting for req.guide if it is not done); its outputs go to `sink`."""
 
     def abort(self, rid: str) -> None:
         """Abort a request (its final output says so); unknown rids are ignored."""
@@ -199,6 +201,9 @@ class EngineProtocol(Protocol):
 
     def is_alive(self) -> bool:
         """Whether the step loop still runs (the engine process's watchdog polls it)."""
+
+    def progress(self) -> EngineProgress:
+        """Step-loop liveness, callable from any thread without waiting on the loop (the heartbeat reads it)."""
 
     def shutdown(self) -> None:
         """Abort everything and stop."""

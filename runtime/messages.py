@@ -50,7 +50,8 @@ class GenerateReq:
     logprob: LogprobOptions
     extra_key: str | None
     stream: bool
-    guide: Any = field(default=None, repr=False, compare=False)  # the compiled grammar guide of a constraint
+    # the constraint's compile: a concurrent.futures.Future of its grammar Guide (None without a constraint)
+    guide: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,16 @@ class StartupFailed:
     """The engine could not be built."""
 
     message: str
+
+
+@dataclass(frozen=True)
+class EngineProgress:
+    """Step-loop liveness (EngineProtocol.progress), sent as a heartbeat: /health calls a loop that stays busy
+    without progress for --health-stall-timeout stalled."""
+
+    steps: int  # scheduling rounds that did work since start
+    busy: bool  # work is waiting (queued, running, or a message the loop has not taken yet)
+    idle_s: float  # seconds since the loop last finished a step (or woke up with work)
 
 
 @dataclass(frozen=True)

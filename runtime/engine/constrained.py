@@ -14,14 +14,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from sglpy.grammar import GrammarCompiler, Guide, TokenizerInfo
+from sglpy.grammar import Guide, TokenizerInfo
 from .detokenizer import IncrementalDetokenizer
+from .grammar_service import GrammarService
+from .isolation import Isolation
 from .stops import append_text
 from ..core import FinishReason, Req, TokenLogprob
 from ..memory.kv_manager import KVManager
@@ -38,24 +41,35 @@ class GuideState:
 
 
 class ConstrainedDecoding:
-    """Owns the grammar compiler for one tokenizer; called by the engine around each forward."""
+    """Owns the compile service for one tokenizer; called by the engine around each forward."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_ids: set[int], jump_forward: bool = True):
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: set[int], jump_forward: bool = True,
+                 isolation: Isolation | None = None, workers: int = 2, timeout_s: float = 5.0,
+                 max_states: int = 20_000):
         self.tokenizer = tokenizer
-        info = TokenizerInfo.from_hf(tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos_ids))
-        self.compiler = GrammarCompiler(info)
-        # the per-tokenizer tables (token trie, ~1-2 s at 49k tokens) are built in the background
-        # so the first constrained request does not pay for them
-        threading.Thread(target=self.compiler.warmup, name="sglpy-grammar-warmup", daemon=True).start()
+        self.info = info = TokenizerInfo.from_hf(tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos_ids))
+        # compiles run in worker processes (engine/grammar_service.py): never on the step loop's GIL
+        self.service = GrammarService(info, workers=workers, timeout_s=timeout_s, max_states=max_states)
+        # the engine side's tables (jump-forward's sorted tokens, ~1-2 s at 49k tokens) are built in the
+        # background so the first constrained request does not pay for them
+        threading.Thread(target=self._warmup, name="sglpy-grammar-warmup", daemon=True).start()
         self.jump_forward_enabled = jump_forward
+        self.iso = isolation or Isolation()
         self.words = (vocab_size + 31) // 32
         # seconds spent on grammar work inside the step loop (benchmarks report it as a share of step time)
         self.stats = {"jumps": 0, "jumped_tokens": 0, "rollbacks": 0, "mask_s": 0.0, "advance_s": 0.0,
                       "jump_s": 0.0}
 
-    def compile(self, kind: str, value: Any) -> Guide:
-        """Compile (or fetch from the LRU cache); GrammarError is a ValueError naming the problem."""
-        return self.compiler.compile(kind, list(value) if kind == "choices" else value)
+    def _warmup(self) -> None:
+        _ = self.info.trie, self.info.sorted_tokens, self.info.longest_token, self.info.first_byte_masks
+
+    def compile(self, kind: str, value: Any) -> Future:
+        """Start (or join, or fetch from the LRU cache) the compile; the Future's error is a GrammarError."""
+        return self.service.compile(kind, value)
+
+    def close(self) -> None:
+        """Stop the compile workers."""
+        self.service.close()
 
     # ------------------------------------------------------------------ sampler hooks
     def masks(self, reqs: list[Req], vocab: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -74,7 +88,7 @@ class ConstrainedDecoding:
         g = req.grammar
         if g is None:
             return None
-        if token in self.compiler.info.eos_token_ids:
+        if token in self.info.eos_token_ids:
             return FinishReason("stop", matched=token)  # only sampleable in accepting states
         t = time.perf_counter()
         g.state = g.guide.advance(g.state, token)
@@ -120,35 +134,50 @@ class ConstrainedDecoding:
             g = req.grammar
             if g is None or req.finished or req.pending != 1:
                 continue
-            forced = g.guide.forced_string(g.state)
-            if not forced:
+            try:
+                self.iso.probe("jump-forward", req)
+                reason = self._jump_one(req, g, kv)
+            except Exception as e:  # noqa: BLE001 - isolated: this request alone ends
+                self.iso.fail(req, "jump-forward", e)
+                finished.append(req)
                 continue
-            res = g.guide.jump_tokens(g.state, req.output_ids, forced, tokenizer=self.tokenizer)
-            if not res.new_token_ids and res.rollback == 0:
-                continue
-            keep = len(req.output_ids) - res.rollback
-            new_kv = min(req.kv_len, len(req.input_ids) + keep)
-            if not kv.rollback(req, new_kv):
-                continue  # the tokens to replace are owned by the radix cache: skip this jump
-            if res.rollback:
-                self.stats["rollbacks"] += 1
-            del req.output_ids[keep:]
-            del req.output_logprobs[keep:]
-            req.output_ids.extend(res.new_token_ids)
-            if req.return_logprob:
-                req.output_logprobs.extend(TokenLogprob(None, t) for t in res.new_token_ids)
-            req.num_jumped_tokens += len(res.new_token_ids)
-            self.stats["jumps"] += 1
-            self.stats["jumped_tokens"] += len(res.new_token_ids)
-            g.state = res.new_state
-            reason = self._retext(req)
-            if reason is None and g.guide.is_final(g.state) and not g.guide.can_continue(g.state):
-                reason = FinishReason("stop", matched=None)
-            if reason is None and len(req.output_ids) >= req.sampling.max_new_tokens:
-                reason = FinishReason("length", length=len(req.output_ids))
             if reason is not None:
                 req.finish_reason = reason
                 finished.append(req)
+
+    def _jump_one(self, req: Req, g: GuideState, kv: KVManager) -> FinishReason | None:
+        """Jump one request over its forced string; a finish reason when that completes it.
+
+        Every intermediate state keeps kv consistent (slots cover a prefix of all_ids), so a failure
+        part-way leaves a request that can be aborted and released normally.
+        """
+        forced = g.guide.forced_string(g.state)
+        if not forced:
+            return None
+        res = g.guide.jump_tokens(g.state, req.output_ids, forced, tokenizer=self.tokenizer)
+        if not res.new_token_ids and res.rollback == 0:
+            return None
+        keep = len(req.output_ids) - res.rollback
+        new_kv = min(req.kv_len, len(req.input_ids) + keep)
+        if not kv.rollback(req, new_kv):
+            return None  # the tokens to replace are owned by the radix cache: skip this jump
+        if res.rollback:
+            self.stats["rollbacks"] += 1
+        del req.output_ids[keep:]
+        del req.output_logprobs[keep:]
+        req.output_ids.extend(res.new_token_ids)
+        if req.return_logprob:
+            req.output_logprobs.extend(TokenLogprob(None, t) for t in res.new_token_ids)
+        req.num_jumped_tokens += len(res.new_token_ids)
+        self.stats["jumps"] += 1
+        self.stats["jumped_tokens"] += len(res.new_token_ids)
+        g.state = res.new_state
+        reason = self._retext(req)
+        if reason is None and g.guide.is_final(g.state) and not g.guide.can_continue(g.state):
+            reason = FinishReason("stop", matched=None)
+        if reason is None and len(req.output_ids) >= req.sampling.max_new_tokens:
+            reason = FinishReason("length", length=len(req.output_ids))
+        return reason
 
     def _retext(self, req: Req) -> FinishReason | None:
         """Rebuild the detokenizer over the changed outputs; stop strings see only the new text."""

@@ -13,22 +13,23 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..config import EngineConfig
-from ..core import FinishReason, OutputSink, Req
+from ..core import EngineProgress, FinishReason, OutputSink, Req, ReqStatus
 from ..memory.kv_manager import KVManager
 from ..memory.kv_pool import KVPool, ReqToTokenPool, kv_cache_torch_dtype
 from ..memory.radix_cache import RadixCache
 from ..messages import (AbortReq, EngineInfo, FlushCacheReq, GenerateReq, GenerateReqInput, GetServerInfoReq,
-                        ShutdownReq, StepOutputs)
+                        ReqOutput, ShutdownReq, StepOutputs)
 from ..model.loader import resolve_model_path
 from ..model.runner import ModelRunner
 from .detokenizer import IncrementalDetokenizer
-from .output import build_output
+from .isolation import Isolation
+from .output import aborted_output, build_output
 from .processor import OutputProcessor
 from .offline_api import OfflineAPI
 from .request_builder import RequestLimits, build_request
@@ -44,6 +45,15 @@ class _Submit:
     """Inbox item: a built request and where its outputs go."""
 
     req: Req
+
+
+@dataclass
+class Progress:
+    """Step-loop liveness, written by the loop thread only."""
+
+    steps: int = 0
+    last: float = field(default_factory=time.monotonic)  # when the loop last finished a step or woke from idle
+    idle: bool = True  # blocked waiting for a message with nothing to do
 
 
 @dataclass(frozen=True)
@@ -77,12 +87,18 @@ class Engine(OfflineAPI):
         self.eos_ids = self._eos_ids()
         from .constrained import ConstrainedDecoding
 
+        self.isolation = Isolation()  # per-request failures in the step; `.hook` injects faults in tests
         self.constrained = ConstrainedDecoding(self.tokenizer, r.vocab_size, self.eos_ids,
-                                               jump_forward=not cfg.disable_jump_forward)
-        self.processor = OutputProcessor(Sampler(cfg.seed, r.device), self.eos_ids, self.max_context, self.constrained)
+                                               jump_forward=not cfg.disable_jump_forward, isolation=self.isolation,
+                                               workers=cfg.grammar_workers, timeout_s=cfg.grammar_compile_timeout,
+                                               max_states=cfg.grammar_max_states)
+        self.processor = OutputProcessor(Sampler(cfg.seed, r.device), self.eos_ids, self.max_context, self.constrained,
+                                         self.isolation)
         self.stats = {"num_requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
                       "num_steps": 0, "num_aborted": 0, "step_s": 0.0}
         self._reqs: dict[str, Req] = {}
+        self._compiling: dict[str, Future] = {}  # rid -> its constraint compile, until it is done
+        self._progress = Progress()
         self._inbox: queue.Queue = queue.Queue()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="sglpy-engine", daemon=True)
@@ -114,22 +130,34 @@ class Engine(OfflineAPI):
                           architectures=tuple(getattr(hf, "architectures", None) or ()), supports_constraints=True)
 
     def build_request(self, inp: GenerateReqInput) -> GenerateReq:
-        """Tokenize and validate one prompt and compile its constraint (in the caller's thread)."""
-        return build_request(inp, self.text, self.limits, self.constrained.compile)
+        """Tokenize and validate one prompt; its constraint compile starts in a worker (req.guide: a Future)."""
+        req = build_request(inp, self.text, self.limits, self.constrained.compile)
+        if req.guide is not None and not req.guide.done():
+            self._compiling[req.rid] = req.guide  # abort(rid) cancels it
+            req.guide.add_done_callback(lambda f, rid=req.rid: self._compiling.pop(rid, None))
+        return req
 
     def submit(self, req: GenerateReq, sink: OutputSink) -> None:
-        """Queue a built request; `sink` gets its outputs (every step if req.stream, else only the final one)."""
+        """Queue a built request; `sink` gets its outputs (every step if req.stream, else only the final one).
+
+        A constrained request is admitted only with its guide: this waits for the compile in the caller's
+        thread (callers that must not block wait on `req.guide` first) and raises its GrammarError.
+        """
+        guide = req.guide.result() if req.guide is not None else None
         r = Req(rid=req.rid, input_ids=req.input_ids, sampling=req.sampling, extra_key=req.extra_key, sink=sink,
                 stream=req.stream, **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})
         s = req.sampling
         r.detok = IncrementalDetokenizer(self.tokenizer, req.input_ids, s.skip_special_tokens,
                                          s.spaces_between_special_tokens)
-        if req.guide is not None:
-            self.constrained.attach(r, req.guide)  # a forced opening is appended here, off the loop thread
+        if guide is not None:
+            self.constrained.attach(r, guide)  # a forced opening is appended here, off the loop thread
         self._inbox.put(_Submit(r))
 
     def abort(self, rid: str) -> None:
-        """Abort a waiting or running request (its KV is freed); unknown rids are ignored."""
+        """Abort a compiling, waiting or running request (its compile stops, its KV is freed); unknown rids: no-op."""
+        fut = self._compiling.pop(rid, None)
+        if fut is not None:
+            fut.cancel()
         self._inbox.put(AbortReq(rid))
 
     def flush_cache(self) -> bool:
@@ -157,11 +185,20 @@ class Engine(OfflineAPI):
         """True while the step loop thread runs (the server's watchdog polls this)."""
         return self._thread.is_alive()
 
+    def progress(self) -> EngineProgress:
+        """Liveness: steps done, whether work is waiting, seconds since the loop last made progress (any thread)."""
+        p = self._progress
+        busy = not p.idle and (self.scheduler.has_work() or not self._inbox.empty())
+        return EngineProgress(p.steps, busy, time.monotonic() - p.last)
+
     def shutdown(self) -> None:
-        """Abort everything and stop the loop thread."""
+        """Abort everything and stop the loop thread and the compile workers."""
         if not self._stopped:
+            for fut in list(self._compiling.values()):
+                fut.cancel()
             self._inbox.put(ShutdownReq())
             self._thread.join(timeout=30)
+        self.constrained.close()
 
     def __enter__(self):
         return self
@@ -178,12 +215,16 @@ class Engine(OfflineAPI):
 
     # ------------------------------------------------------------------ the loop (engine thread only)
     def _loop(self) -> None:
+        prog = self._progress
         while True:
             block = not self.scheduler.has_work()
+            prog.idle = block
             try:
                 msg = self._inbox.get(block=block)
             except queue.Empty:
                 msg = None
+            if block:
+                prog.idle, prog.last = False, time.monotonic()  # waiting for work is not a stall
             while msg is not None:
                 if isinstance(msg, ShutdownReq):
                     self._abort_all("engine shut down")
@@ -194,8 +235,9 @@ class Engine(OfflineAPI):
                     msg = self._inbox.get_nowait()
                 except queue.Empty:
                     msg = None
-            if self.scheduler.has_work():
-                self.step()
+            if self.scheduler.has_work() and self.step():
+                prog.steps += 1
+                prog.last = time.monotonic()
 
     def _handle(self, msg) -> None:
         if isinstance(msg, _Submit):
@@ -218,12 +260,12 @@ class Engine(OfflineAPI):
     def _answer(self, request: FlushCacheReq | GetServerInfoReq):
         return self._flush() if isinstance(request, FlushCacheReq) else self._info()
 
-    def step(self) -> None:
-        """One scheduling round: schedule -> forward -> process -> emit."""
+    def step(self) -> bool:
+        """One scheduling round: schedule -> forward -> process -> emit; False when nothing could be scheduled."""
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if batch is None:
-            return
+            return False
         finished = list(batch.aborted)
         if batch.entries:
             try:
@@ -248,6 +290,7 @@ class Engine(OfflineAPI):
         self._emit(outputs)
         if self.config.debug_invariants:
             self.scheduler.check_invariants()
+        return True
 
     def _retire(self, reqs: list[Req]) -> list[Req]:
         """Finished requests leave the scheduler (their KV goes to the cache) and are counted."""
@@ -266,12 +309,23 @@ class Engine(OfflineAPI):
         by_sink: dict[int, tuple[OutputSink, list]] = {}
         for r in reqs:
             if r.sink is not None:
-                by_sink.setdefault(id(r.sink), (r.sink, []))[1].append(build_output(r, self.tokenizer))
+                by_sink.setdefault(id(r.sink), (r.sink, []))[1].append(self._output(r))
         for sink, outs in by_sink.values():
             try:
                 sink(StepOutputs(outs))
             except Exception:  # noqa: BLE001 - a broken consumer must not stop the loop
                 logger.exception("output sink failed for %d request(s)", len(outs))
+
+    def _output(self, r: Req) -> ReqOutput:
+        """The request's output; if shaping it fails, it ends (alone) with a final abort output."""
+        try:
+            self.isolation.probe("output", r)
+            return build_output(r, self.tokenizer)
+        except Exception as e:  # noqa: BLE001 - isolated: this request alone ends
+            self.isolation.fail(r, "output", e)
+            if r.status is not ReqStatus.FINISHED:
+                self._retire([r])
+            return aborted_output(r.rid, len(r.input_ids), r.finish_reason.message)
 
     def _abort_all(self, message: str) -> None:
         reqs = list(self.scheduler.waiting) + list(self.scheduler.running)
@@ -302,5 +356,6 @@ class Engine(OfflineAPI):
             "time": time.time(),
         })
         info.update(self.stats)
-        info["grammar"] = dict(self.constrained.stats)
+        info["grammar"] = {**self.constrained.stats, **self.constrained.service.stats}
+        info["isolated_failures"] = dict(self.isolation.failures)
         return info

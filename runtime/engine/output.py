@@ -45,3 +45,10 @@ def build_output(req: Req, tokenizer) -> ReqOutput:
             meta["input_top_logprobs"] = tops(inp)
             meta["output_top_logprobs"] = tops(req.output_logprobs)
     return ReqOutput(req.rid, visible_text(req), list(req.output_ids), meta, req.finished)
+
+
+def aborted_output(rid: str, prompt_tokens: int, message: str) -> ReqOutput:
+    """A final output for a request that ended without a normal one (aborted before it started, or unshapeable)."""
+    meta = {"id": rid, "finish_reason": {"type": "abort", "message": message}, "prompt_tokens": prompt_tokens,
+            "completion_tokens": 0, "cached_tokens": 0, "e2e_latency": 0.0}
+    return ReqOutput(rid, "", [], meta, finished=True)

@@ -1,71 +1,168 @@
-"""After a forward: record prompt logprobs, sample, append tokens, and apply the stop rules."""
+"""After a forward: record prompt logprobs, sample, append tokens, and apply the stop rules (per request isolated).
+
+A phase that raises for one request aborts that request alone (engine/isolation.py). The batched phases
+(grammar masks + sampling, output logprobs) run once for the whole batch; only when that raises are its rows
+redone one at a time, from the forward's untouched logits and the same uniforms, to find the culprit.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
 
-from ..core import BatchEntry, FinishReason, ForwardOutput, Req
+from ..core import BatchEntry, FinishReason, ForwardOutput, Req, TokenLogprob
+from .isolation import Isolation
 from .sampler import Sampler, token_logprobs
 from .stops import append_text, check_token_stop
 
+logger = logging.getLogger(__name__)
 
-def record_input_logprobs(entries: list[BatchEntry], out: ForwardOutput) -> None:
-    """Append prompt-token logprobs computed by this forward to each request."""
-    for i, e in enumerate(entries):
-        rows = out.input_rows[i]
-        r = e.req
-        if len(rows):
-            lp = torch.log_softmax(out.logits[rows.start:rows.stop], dim=-1)
-            first = out.input_first_pos[i]
-            ids = r.input_ids[first:first + len(rows)]
-            r.input_logprobs.extend(token_logprobs(lp, ids, [r.top_logprobs_num] * len(ids)))
-        if r.wants_input_logprobs() and e.prefix_len + e.extend_len >= len(r.input_ids):
-            r.input_logprobs_done = True
+
+def record_input_logprobs(e: BatchEntry, out: ForwardOutput, i: int) -> None:
+    """Append the prompt-token logprobs this forward computed for entry i to its request."""
+    rows = out.input_rows[i]
+    r = e.req
+    if len(rows):
+        lp = torch.log_softmax(out.logits[rows.start:rows.stop], dim=-1)  # [rows, vocab]
+        first = out.input_first_pos[i]
+        ids = r.input_ids[first:first + len(rows)]
+        r.input_logprobs.extend(token_logprobs(lp, ids, [r.top_logprobs_num] * len(ids)))
+    if r.wants_input_logprobs() and e.prefix_len + e.extend_len >= len(r.input_ids):
+        r.input_logprobs_done = True
 
 
 class OutputProcessor:
-    """Applies one forward's results to its requests; returns those that finished."""
+    """Applies one forward's results to its requests; returns those that finished (failed ones included)."""
 
-    def __init__(self, sampler: Sampler, eos_ids: set[int], max_context: int, constrained=None):
+    def __init__(self, sampler: Sampler, eos_ids: set[int], max_context: int, constrained=None,
+                 isolation: Isolation | None = None):
         self.sampler = sampler
         self.eos_ids = eos_ids
         self.max_context = max_context
         self.constrained = constrained  # optional hook: masks and advances grammar guides
+        self.iso = isolation or Isolation()
 
     def process(self, entries: list[BatchEntry], out: ForwardOutput) -> list[Req]:
         """Record logprobs, sample next tokens, apply stop rules; returns newly finished requests."""
-        record_input_logprobs(entries, out)
-        finished = []
-        sample_idx = [i for i, e in enumerate(entries) if out.sample_row[i] is not None]
+        finished: list[Req] = []
+        for i, e in enumerate(entries):
+            try:
+                self.iso.probe("input logprobs", e.req)
+                record_input_logprobs(e, out, i)
+            except Exception as exc:  # noqa: BLE001 - isolated: this request alone ends
+                self._fail(e.req, "input logprobs", exc, finished)
         for e in entries:  # prefill-only (max_new_tokens == 0) requests end when their prompt is done
             r = e.req
-            if r.sampling.max_new_tokens == 0 and e.prefix_len + e.extend_len >= r.seq_len:
+            if not r.finished and r.sampling.max_new_tokens == 0 and e.prefix_len + e.extend_len >= r.seq_len:
                 r.finish_reason = FinishReason("length", length=0)
                 finished.append(r)
-        if not sample_idx:
+        picked = [(out.sample_row[i], e.req) for i, e in enumerate(entries)
+                  if out.sample_row[i] is not None and not e.req.finished]
+        if not picked:
             return finished
-        reqs = [entries[i].req for i in sample_idx]
-        logits = out.logits[[out.sample_row[i] for i in sample_idx]]  # [n, vocab]
-        bitmask = rows = None
-        if self.constrained is not None:
-            bitmask, rows = self.constrained.masks(reqs, logits.shape[1])
-        result = self.sampler.sample(logits, reqs, self.eos_ids, bitmask, rows)
+        rows, reqs = [p[0] for p in picked], [p[1] for p in picked]
+        tokens = self._sample(reqs, rows, out, finished)
+        lps = self._logprobs(reqs, rows, tokens, out, finished)
         now = time.perf_counter()
-        for r, tok, lp in zip(reqs, result.token_ids, result.logprobs):
+        for r, tok, lp in zip(reqs, tokens, lps):
+            if tok is not None and not r.finished:
+                self._append(r, tok, lp, now, finished)
+        return finished
+
+    def _fail(self, req: Req, phase: str, exc: Exception, finished: list[Req]) -> None:
+        self.iso.fail(req, phase, exc)
+        finished.append(req)
+
+    def _probe_all(self, phases: tuple[str, ...], reqs: list[Req]) -> None:
+        if self.iso.hook is not None:
+            for r in reqs:
+                for phase in phases:
+                    self.iso.probe(phase, r)
+
+    def _sample(self, reqs: list[Req], rows: list[int], out: ForwardOutput, finished: list[Req]) -> list[int | None]:
+        """One token per request (None for a request that failed here); batched, per row only after a failure."""
+        uniforms = self.sampler.draw_uniforms(reqs)
+        vocab = out.logits.shape[1]
+        try:
+            self._probe_all(("grammar mask", "sampling"), reqs)
+            logits = out.logits[rows]  # [n, vocab], a copy: penalties and masks change it in place
+            bitmask, masked = self.constrained.masks(reqs, vocab) if self.constrained is not None else (None, None)
+            return self.sampler.sample(logits, reqs, self.eos_ids, uniforms, bitmask, masked)
+        except Exception:  # noqa: BLE001 - find the culprit below
+            logger.warning("batched sampling of %d requests failed; redoing them one by one", len(reqs))
+        tokens: list[int | None] = []
+        for r, row, u in zip(reqs, rows, uniforms):
+            phase = "grammar mask"
+            try:
+                self.iso.probe(phase, r)
+                bitmask, masked = (self.constrained.masks([r], vocab) if self.constrained is not None
+                                   else (None, None))
+                phase = "sampling"
+                self.iso.probe(phase, r)
+                tokens.append(self.sampler.sample(out.logits[[row]], [r], self.eos_ids, [u], bitmask, masked)[0])
+            except Exception as exc:  # noqa: BLE001
+                self._fail(r, phase, exc, finished)
+                tokens.append(None)
+        return tokens
+
+    def _logprobs(self, reqs: list[Req], rows: list[int], tokens: list[int | None], out: ForwardOutput,
+                  finished: list[Req]) -> list[TokenLogprob | None]:
+        """The sampled token's logprob record for requests that asked (from the forward's logits, pre-penalty)."""
+        lps: list[TokenLogprob | None] = [None] * len(reqs)
+        want = [j for j, r in enumerate(reqs) if r.return_logprob and tokens[j] is not None]
+        if not want:
+            return lps
+        try:
+            self._probe_all(("output logprobs",), [reqs[j] for j in want])
+            lp = torch.log_softmax(out.logits[[rows[j] for j in want]], dim=-1)  # [n, vocab]
+            recs = token_logprobs(lp, [tokens[j] for j in want], [reqs[j].top_logprobs_num for j in want])
+            for j, rec in zip(want, recs):
+                lps[j] = rec
+            return lps
+        except Exception:  # noqa: BLE001 - find the culprit below
+            logger.warning("batched logprobs of %d requests failed; redoing them one by one", len(want))
+        for j in want:
+            r = reqs[j]
+            try:
+                self.iso.probe("output logprobs", r)
+                lp = torch.log_softmax(out.logits[[rows[j]]], dim=-1)  # [1, vocab]
+                lps[j] = token_logprobs(lp, [tokens[j]], [r.top_logprobs_num])[0]
+            except Exception as exc:  # noqa: BLE001
+                self._fail(r, "output logprobs", exc, finished)
+        return lps
+
+    def _append(self, r: Req, tok: int, lp: TokenLogprob | None, now: float, finished: list[Req]) -> None:
+        """Append one sampled token, then grammar advance, token stops, detokenization and text stops."""
+        probe = self.iso.probe if self.iso.hook is not None else None
+        phase = "grammar advance"
+        try:
             if r.first_token_time is None:
                 r.first_token_time = now
             r.output_ids.append(tok)
             if lp is not None:
                 r.output_logprobs.append(lp)
+            if probe:
+                probe(phase, r)
             reason = self.constrained.advance(r, tok) if self.constrained is not None else None
+            phase = "stop check"
+            if probe:
+                probe(phase, r)
             reason = check_token_stop(r, tok, self.eos_ids, self.max_context) or reason
-            stop_delta = r.detok.push([tok])
+            phase = "detokenize"
+            if probe:
+                probe(phase, r)
+            delta = r.detok.push([tok])
             if reason is not None:
-                stop_delta += r.detok.flush()
-            reason = append_text(r, stop_delta) or reason
-            if reason is not None:
-                r.finish_reason = reason
-                finished.append(r)
-        return finished
+                delta += r.detok.flush()
+            phase = "stop string"
+            if probe:
+                probe(phase, r)
+            reason = append_text(r, delta) or reason
+        except Exception as exc:  # noqa: BLE001 - isolated: this request alone ends
+            self._fail(r, phase, exc, finished)
+            return
+        if reason is not None:
+            r.finish_reason = reason
+            finished.append(r)

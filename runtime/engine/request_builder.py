@@ -71,8 +71,9 @@ def build_request(inp: GenerateReqInput, ops: TokenizerOps, limits: RequestLimit
                   compile_guide: Callable[[str, Any], Any] | None) -> GenerateReq:
     """Tokenize and check one prompt against the limits; compile its constraint. ValueError names the problem.
 
-    compile_guide(kind, value) returns the grammar guide (cached); None means this engine has no
-    constrained decoding, and a constrained request is refused rather than silently unconstrained.
+    compile_guide(kind, value) starts the constraint's compile and returns a Future of its guide (a
+    cache hit is already done); None means this engine has no constrained decoding, and a constrained
+    request is refused rather than silently unconstrained.
     """
     ids = list(inp.input_ids) if inp.input_ids is not None else ops.encode_prompt(inp.text)
     if not ids:
@@ -100,7 +101,7 @@ def build_request(inp: GenerateReqInput, ops: TokenizerOps, limits: RequestLimit
         if compile_guide is None:
             raise ValueError("constrained decoding (regex / json_schema / ebnf / choices) is not available in this "
                              "engine")
-        # compiled here, in the caller's thread (cached): the step loop never waits on a compile
+        # compiled in a worker process: the request is admitted to the scheduler once its guide is ready
         guide = compile_guide(*sp.constraint)
     return GenerateReq(rid=inp.rid, input_ids=ids, sampling=sp, logprob=inp.logprob, extra_key=inp.extra_key,
                        stream=inp.stream, guide=guide)

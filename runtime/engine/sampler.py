@@ -2,32 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from sglpy.kernels import apply_token_bitmask
 from ..core import Req, TokenLogprob
 
 
-@dataclass(frozen=True)
-class SampleOutput:
-    """One token per row, plus its logprob record when the request asked for logprobs."""
-
-    token_ids: list[int]
-    logprobs: list[TokenLogprob | None]
-
-
 def token_logprobs(logprobs: torch.Tensor, chosen: list[int], top_k: list[int]) -> list[TokenLogprob]:
     """Chosen-token logprob and top-k alternatives per row of a [rows, vocab] logprob tensor."""
     # logprobs: [rows, vocab]
     chosen_lp = logprobs.gather(1, torch.tensor(chosen, device=logprobs.device)[:, None])[:, 0].tolist()
-    k = max(top_k) if top_k else 0
     tops: list[tuple] = [()] * len(chosen)
-    if k > 0:
-        vals, idx = logprobs.topk(k, dim=-1)
-        vals, idx = vals.tolist(), idx.tolist()
-        tops = [tuple(zip(vals[i][: top_k[i]], idx[i][: top_k[i]])) for i in range(len(chosen))]
+    # one topk per distinct k: a request asking for many alternatives does not make its neighbours pay for them
+    for k in sorted({k for k in top_k if k > 0}):
+        rows = [i for i, ki in enumerate(top_k) if ki == k]
+        src = logprobs if len(rows) == len(top_k) else logprobs[rows]
+        vals, idx = src.topk(k, dim=-1)
+        for i, v, t in zip(rows, vals.tolist(), idx.tolist()):
+            tops[i] = tuple(zip(v, t))
     return [TokenLogprob(chosen_lp[i], chosen[i], tops[i]) for i in range(len(chosen))]
 
 
@@ -46,12 +38,17 @@ class Sampler:
             return float(torch.rand(1, generator=req.generator))
         return float(torch.rand(1, generator=self.generator))
 
-    def sample(self, logits: torch.Tensor, reqs: list[Req], eos_ids: set[int],
-               bitmask: torch.Tensor | None = None, masked_rows: torch.Tensor | None = None) -> SampleOutput:
-        """Sample one token per row of logits [b, vocab] (modified in place) for reqs."""
+    def draw_uniforms(self, reqs: list[Req]) -> list[float | None]:
+        """One uniform per sampled (non-greedy) request, None for greedy ones.
+
+        Drawn before sampling, so a batch retried row by row (a neighbour failed) samples the same tokens.
+        """
+        return [None if r.sampling.greedy else self._uniform(r) for r in reqs]
+
+    def sample(self, logits: torch.Tensor, reqs: list[Req], eos_ids: set[int], uniforms: list[float | None],
+               bitmask: torch.Tensor | None = None, masked_rows: torch.Tensor | None = None) -> list[int]:
+        """Next token per row of logits [b, vocab] (modified in place) for reqs, with uniforms from draw_uniforms."""
         b, vocab = logits.shape
-        want_lp = [i for i, r in enumerate(reqs) if r.return_logprob]
-        raw_lp = torch.log_softmax(logits[want_lp], dim=-1) if want_lp else None
         self._apply_penalties(logits, reqs, eos_ids)
         if bitmask is not None:
             apply_token_bitmask(logits, bitmask, masked_rows)  # grammar: disallowed -> -inf
@@ -62,14 +59,10 @@ class Sampler:
             for i, t in zip(greedy, logits[greedy].argmax(dim=-1).tolist()):
                 out[i] = t
         if sampled:
-            for i, t in zip(sampled, self._sample_rows(logits[sampled], [reqs[i] for i in sampled])):
+            rows = self._sample_rows(logits[sampled], [reqs[i] for i in sampled], [uniforms[i] for i in sampled])
+            for i, t in zip(sampled, rows):
                 out[i] = t
-        lps: list[TokenLogprob | None] = [None] * b
-        if want_lp:
-            recs = token_logprobs(raw_lp, [out[i] for i in want_lp], [reqs[i].top_logprobs_num for i in want_lp])
-            for i, rec in zip(want_lp, recs):
-                lps[i] = rec
-        return SampleOutput(out, lps)
+        return out
 
     def _apply_penalties(self, logits: torch.Tensor, reqs: list[Req], eos_ids: set[int]) -> None:
         vocab = logits.shape[1]
@@ -85,9 +78,12 @@ class Sampler:
                     counts = counts[:vocab].to(logits.dtype)
                     logits[i] -= s.frequency_penalty * counts + s.presence_penalty * (counts > 0).to(logits.dtype)
             if s.logit_bias:
-                for tok, bias in s.logit_bias.items():
-                    if 0 <= tok < vocab:
-                        logits[i, tok] += bias
+                if r.logit_bias_rows is None:  # once per request: a vocabulary-sized bias must not cost every step
+                    items = [(t, b) for t, b in s.logit_bias.items() if 0 <= t < vocab]
+                    r.logit_bias_rows = (torch.tensor([t for t, _ in items], dtype=torch.int64, device=logits.device),
+                                         torch.tensor([b for _, b in items], dtype=logits.dtype, device=logits.device))
+                ids, values = r.logit_bias_rows
+                logits[i, ids] += values  # ids are distinct (dict keys)
             if len(r.output_ids) < s.min_new_tokens and r.grammar is None:  # the constraint wins
                 # below min_new_tokens nothing may end the request
                 stop_ids = [t for t in (eos_ids | set(s.stop_token_ids)) if 0 <= t < vocab]
@@ -96,11 +92,11 @@ class Sampler:
                 elif s.stop_token_ids:
                     logits[i, list(s.stop_token_ids)] = float("-inf")
 
-    def _sample_rows(self, logits: torch.Tensor, reqs: list[Req]) -> list[int]:
+    def _sample_rows(self, logits: torch.Tensor, reqs: list[Req], uniforms: list[float]) -> list[int]:
         # logits: [n, vocab]
         temps = torch.tensor([r.sampling.temperature for r in reqs], device=logits.device)
         logits = logits / temps[:, None]
-        u = torch.tensor([self._uniform(r) for r in reqs], device=logits.device)
+        u = torch.tensor(uniforms, device=logits.device)
         needs_sort = [i for i, r in enumerate(reqs)
                       if r.sampling.top_k != -1 or r.sampling.top_p < 1.0 or r.sampling.min_p > 0.0]
         plain = [i for i in range(len(reqs)) if i not in set(needs_sort)]

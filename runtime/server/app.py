@@ -26,18 +26,30 @@ from .http_common import ApiError, auth_middleware, error_middleware, error_resp
 from .metrics import CONTENT_TYPE_LATEST, PoolStats
 from .config import ServerConfig, config_from_args
 from .state import ServerState
+from .supervisor import stall_reason, supervise
 from .wire_tables import ABORT, DETOKENIZE, TOKENIZE
 
 logger = logging.getLogger("sglpy.server")
 
 
 async def health(request: web.Request) -> web.Response:
-    """GET /health: 200 while the engine is alive and the server is not shutting down (no generation)."""
+    """GET /health: 200 while the engine is alive, its step loop is not stalled and the server is not shutting down.
+
+    Never runs a generation. The X-Engine-Restarts header counts engine processes the supervisor replaced.
+    """
     state: ServerState = request.app["state"]
-    if state.ready:
-        return web.Response(status=200)
-    reason = "shutting down" if state.draining else (state.engine.dead_reason or "engine starting")
-    return error_response(503, f"unhealthy: {reason}")
+    headers = {"X-Engine-Restarts": str(state.engine_restarts)}
+    stalled = stall_reason(state)
+    state.metrics.engine_stalled.set(1 if stalled else 0)
+    if state.ready and stalled is None:
+        return web.Response(status=200, headers=headers)
+    if state.draining:
+        reason = "shutting down"
+    elif stalled is not None:
+        reason = stalled
+    else:
+        reason = state.restarting or state.engine.dead_reason or "engine starting"
+    return error_response(503, f"unhealthy: {reason}", headers=headers)
 
 
 async def health_generate(request: web.Request) -> web.Response:
@@ -88,6 +100,7 @@ async def server_info(request: web.Request) -> web.Response:
         "kv_pool": {"total": stats.total_tokens, "used": stats.used_tokens, "cached": stats.cached_tokens,
                     "free": stats.free_tokens},
         "num_inflight_requests": state.engine.num_inflight, "version": __version__,
+        "engine_restarts": state.engine_restarts, "engine_pid": state.engine.pid,
         # what sglang-router reads as worker metadata (one GPU-less process: no tensor or data parallelism)
         "tp_size": 1, "dp_size": 1, "served_model_name": state.model_name, "disaggregation_mode": "null"},
         dumps=_dumps)
@@ -140,6 +153,7 @@ async def metrics(request: web.Request) -> web.Response:
     state: ServerState = request.app["state"]
     stats = await state.pool_stats(timeout=2.0) if state.engine.alive else None
     state.metrics.update_engine_gauges(stats, state.engine.num_inflight, state.engine.alive)
+    state.metrics.engine_stalled.set(1 if stall_reason(state) else 0)
     return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -212,7 +226,12 @@ async def serve(config: ServerConfig) -> int:
     elif start.done():
         logger.info("ready: model %s, context %s tokens", engine.info.model_path, engine.info.context_len)
         gc.freeze()  # startup objects never die: keep them out of later full GC passes
+        state.engine_started_at = time.monotonic()
+        supervisor = asyncio.ensure_future(supervise(state))
         await stopper
+        state.draining = True  # no restart from here on
+        supervisor.cancel()
+        await asyncio.gather(supervisor, return_exceptions=True)
     logger.info("shutting down")
     start.cancel()
     await site.stop()  # stop accepting connections; open ones get 503 while draining

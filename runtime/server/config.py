@@ -34,6 +34,11 @@ ENGINE_FLAG_HELP = {
     "channel) or int4 (per group of 32); the lm_head gets an int8 copy, the embedding stays exact",
     "kv_cache_dtype": "KV cache storage: auto (the model dtype), bfloat16/bf16 or float16/fp16 (converted "
     "to float32 while attention reads it)",
+    "grammar_workers": "constraint compile worker processes (0: compile on a thread of the engine process, "
+    "which stalls the step loop while it runs)",
+    "grammar_compile_timeout": "CPU seconds one regex / json_schema / ebnf / choices compile may use before it "
+    "is refused with 400 (wall-clock cap: 10x this + 10 s)",
+    "grammar_max_states": "largest automaton (DFA states) one constraint may compile to; larger ones get 400",
 }
 
 SERVER_FLAG_HELP = {
@@ -47,6 +52,11 @@ SERVER_FLAG_HELP = {
     "graceful_shutdown_timeout": "on SIGTERM: seconds to let in-flight requests finish before aborting them",
     "engine_startup_timeout": "seconds to wait for the engine process to load the model",
     "health_generate_timeout": "seconds /health_generate waits for its one-token generation",
+    "health_stall_timeout": "/health answers 503 when the engine's step loop has work and made no progress for "
+    "this many seconds (or its process sent no heartbeat); 0 disables the check",
+    "engine_restart_attempts": "when the engine process dies: start attempts before giving up (0: never restart)",
+    "engine_restart_backoff": "seconds before a retried engine start (doubling per failure, at most 30 s); the "
+    "first restart after a death is immediate",
     "log_level": "logging level",
     "log_requests": "log one line per finished request (id, route, tokens, latency)",
     "engine_factory": "import path 'module:callable' that builds the engine in the engine process "
@@ -71,6 +81,9 @@ class ServerConfig:
     graceful_shutdown_timeout: float = 10.0
     engine_startup_timeout: float = 600.0
     health_generate_timeout: float = 20.0
+    health_stall_timeout: float = 30.0
+    engine_restart_attempts: int = 5
+    engine_restart_backoff: float = 1.0
     log_level: str = "info"
     log_requests: bool = True
     engine_factory: str = DEFAULT_ENGINE_FACTORY
@@ -90,7 +103,11 @@ class ServerConfig:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if not isinstance(self.max_queued_requests, int) or self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be an int >= 0, got {self.max_queued_requests!r}")
-        for name in ("graceful_shutdown_timeout", "engine_startup_timeout", "health_generate_timeout"):
+        if not isinstance(self.engine_restart_attempts, int) or not 0 <= self.engine_restart_attempts <= 1000:
+            raise ValueError(f"engine_restart_attempts must be an int in [0, 1000], "
+                             f"got {self.engine_restart_attempts!r}")
+        for name in ("graceful_shutdown_timeout", "engine_startup_timeout", "health_generate_timeout",
+                     "health_stall_timeout", "engine_restart_backoff"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")

@@ -15,11 +15,12 @@ import itertools
 import logging
 import multiprocessing
 import threading
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from ..messages import (AbortReq, Call, CallRequest, CallResult, EngineError, EngineInfo, Failed, GenerateReqInput,
-                        Ready, ReqOutput, ShutdownReq, StartupFailed, StepOutputs)
+from ..messages import (AbortReq, Call, CallRequest, CallResult, EngineError, EngineInfo, EngineProgress, Failed,
+                        GenerateReqInput, Ready, ReqOutput, ShutdownReq, StartupFailed, StepOutputs)
 from .engine_process import engine_main
 
 logger = logging.getLogger("sglpy.server.engine")
@@ -51,7 +52,11 @@ class _Pending:
 
 @dataclass
 class EngineClient:
-    """Server-side handle of the engine process; all methods run on the server's event loop."""
+    """Server-side handle of the engine process; all methods run on the server's event loop.
+
+    `start` may be called again after the process died (the supervisor restarts it): each start is a new
+    incarnation with its own pipes and reader thread, and a late message of an old one is ignored.
+    """
 
     factory: str
     engine_kwargs: dict
@@ -68,6 +73,10 @@ class EngineClient:
         self._proc = None
         self._send_lock = threading.Lock()
         self._stopping = False  # shutdown() was asked: the process exiting is expected
+        self._incarnation = 0
+        self.died: asyncio.Event | None = None  # set when a started engine dies unexpectedly (the supervisor waits)
+        self.progress: EngineProgress | None = None  # the last heartbeat
+        self.progress_at = 0.0  # time.monotonic() when it arrived
 
     @property
     def num_inflight(self) -> int:
@@ -82,45 +91,56 @@ class EngineClient:
     async def start(self, timeout: float) -> EngineInfo:
         """Spawn the engine process and wait until its model is loaded; return the engine info."""
         loop = asyncio.get_running_loop()
+        if self.died is None:
+            self.died = asyncio.Event()
+        self.died.clear()
+        self._incarnation += 1
         ctx = multiprocessing.get_context("spawn")
         cmd_r, self._cmd_w = ctx.Pipe(duplex=False)
-        self._out_r, out_w = ctx.Pipe(duplex=False)
+        out_r, out_w = ctx.Pipe(duplex=False)
         self._ready = loop.create_future()
         # daemon: if the server dies without cleanup, multiprocessing's exit hook still ends the engine.
-        self._proc = ctx.Process(target=engine_main, name="sglpy-engine", daemon=True,
-                                 args=(self.factory, self.engine_kwargs, cmd_r, out_w, self.log_level))
-        self._proc.start()
+        self._proc = proc = ctx.Process(target=engine_main, name="sglpy-engine", daemon=True,
+                                        args=(self.factory, self.engine_kwargs, cmd_r, out_w, self.log_level))
+        proc.start()
         cmd_r.close()
         out_w.close()  # the engine holds the only write end, so its death closes the pipe
-        threading.Thread(target=self._read_loop, args=(loop,), daemon=True, name="engine-reader").start()
+        threading.Thread(target=self._read_loop, args=(loop, out_r, proc, self._incarnation), daemon=True,
+                         name="engine-reader").start()
         try:
             self.info = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
         except asyncio.TimeoutError:
             self.kill()
             raise RuntimeError(f"the engine did not start within {timeout:.0f} s") from None
-        self.alive = True
+        except BaseException:  # failed to start, or cancelled (shutdown during a restart)
+            self.kill()
+            raise
+        self.alive, self.dead_reason = True, None
+        self.progress, self.progress_at = None, time.monotonic()
         return self.info
 
-    def _read_loop(self, loop) -> None:
+    def _read_loop(self, loop, conn, proc, incarnation: int) -> None:
         while True:
             try:
-                batch = [self._out_r.recv()]
-                while len(batch) < 512 and self._out_r.poll():  # one loop wake-up per burst, not per message
-                    batch.append(self._out_r.recv())
+                batch = [conn.recv()]
+                while len(batch) < 512 and conn.poll():  # one loop wake-up per burst, not per message
+                    batch.append(conn.recv())
             except (EOFError, OSError):
                 break
-            loop.call_soon_threadsafe(self._dispatch_many, batch)
-        if self._proc is not None:
-            self._proc.join(2.0)  # reap it so the exit code is known
-        code = self._proc.exitcode if self._proc else None
-        loop.call_soon_threadsafe(self._on_dead, f"engine process exited (exit code {code})")
+            loop.call_soon_threadsafe(self._dispatch_many, batch, incarnation)
+        proc.join(2.0)  # reap it so the exit code is known
+        loop.call_soon_threadsafe(self._on_dead, f"engine process exited (exit code {proc.exitcode})", incarnation)
 
-    def _dispatch_many(self, batch: list) -> None:
+    def _dispatch_many(self, batch: list, incarnation: int) -> None:
+        if incarnation != self._incarnation:
+            return  # a message of a process that was replaced
         for msg in batch:
             self._dispatch(msg)
 
     def _dispatch(self, msg) -> None:
-        if isinstance(msg, StepOutputs):
+        if isinstance(msg, EngineProgress):
+            self.progress, self.progress_at = msg, time.monotonic()
+        elif isinstance(msg, StepOutputs):
             for out in msg.outputs:
                 self._deliver(out.rid, out, out.finished)
         elif isinstance(msg, Failed):
@@ -148,12 +168,16 @@ class EngineClient:
         if not pend.abandoned:
             pend.put(msg)
 
-    def _on_dead(self, reason: str) -> None:
+    def _on_dead(self, reason: str, incarnation: int | None = None) -> None:
+        if incarnation is not None and incarnation != self._incarnation:
+            return  # an old process's end, reported after its replacement started
         was_alive = self.alive and not self._stopping
         self.alive = False
         self.dead_reason = self.dead_reason or reason
         if was_alive:
             logger.error("%s; failing %d in-flight request(s)", reason, len(self._pending))
+            if self.died is not None:
+                self.died.set()
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(RuntimeError(f"engine failed to start: {reason}"))
         for rid, pend in list(self._pending.items()):

@@ -1,8 +1,11 @@
 """Engine-process side of the server: build the engine, then serve the pipe (requests, aborts, calls, per-step outputs).
 
-Each GenerateReqInput is built (tokenized, validated, constraint compiled: engine.build_request) on a small
-pool, so a slow grammar compile never holds up the command loop, then submitted with one shared sink that
-writes each engine step's outputs to the pipe as one StepOutputs message.
+Each GenerateReqInput is built (tokenized, validated: engine.build_request) on a small pool; a constraint
+compiles in the engine's compile workers and the request is submitted from the Future's callback, so a
+slow compile holds neither the command loop nor a build thread, and an abort cancels it. Requests are
+submitted with one shared sink that writes each engine step's outputs to the pipe as one StepOutputs
+message. A heartbeat thread sends the engine's step-loop progress every HEARTBEAT_S (the server's
+/health liveness) and ends the process when the step loop died.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ import logging
 import os
 import signal
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..core import EngineProtocol, missing_engine_methods
-from ..messages import (AbortReq, Call, CallResult, ChatPromptReq, DetokenizeReq, Failed, FlushCacheReq,
-                        GenerateReqInput, GetServerInfoReq, Ready, ReqOutput, ShutdownReq, StartupFailed, StepOutputs,
+from ..engine.output import aborted_output
+from ..messages import (AbortReq, Call, CallResult, ChatPromptReq, DetokenizeReq, Failed, FlushCacheReq, GenerateReq,
+                        GenerateReqInput, GetServerInfoReq, Ready, ShutdownReq, StartupFailed, StepOutputs,
                         TokenizeReq)
 
 logger = logging.getLogger("sglpy.server.engine")
@@ -60,19 +64,23 @@ class EngineProcess:
         self._builds = ThreadPoolExecutor(build_workers, thread_name_prefix="engine-build")
         self._calls = ThreadPoolExecutor(call_workers, thread_name_prefix="engine-call")
         self._lock = threading.Lock()
-        self._building: set[str] = set()
+        self._building: set[str] = set()  # built or compiling, not yet submitted
         self._aborted_early: set[str] = set()
+        self._compiles: dict[str, Future] = {}  # rid -> its constraint compile (cancelled by an abort)
 
     def handle(self, msg) -> bool:
         """Dispatch one message from the server; False when it asks the process to stop."""
         if isinstance(msg, GenerateReqInput):
             with self._lock:
                 self._building.add(msg.rid)  # before the build starts, so an abort is never lost
-            self._builds.submit(self._build_and_submit, msg)
+            self._builds.submit(self._build, msg)
         elif isinstance(msg, AbortReq):
             with self._lock:
                 if msg.rid in self._building:
                     self._aborted_early.add(msg.rid)
+                    compile_ = self._compiles.get(msg.rid)
+                    if compile_ is not None:
+                        compile_.cancel()  # stops the compile in its worker; _submit then reports the abort
                     return True
             self.engine.abort(msg.rid)
         elif isinstance(msg, Call):
@@ -83,28 +91,59 @@ class EngineProcess:
             logger.error("unexpected message %s from the server", type(msg).__name__)
         return True
 
-    def _build_and_submit(self, inp: GenerateReqInput) -> None:
+    def _build(self, inp: GenerateReqInput) -> None:
+        """Tokenize and validate; a constrained request waits for its compile without holding a build thread."""
         try:
             req = self.engine.build_request(inp)
+        except Exception as e:  # noqa: BLE001
+            self._reject(inp.rid, e)
+            return
+        fut = req.guide
+        if fut is None or fut.done():
+            self._submit(inp.rid, req)
+            return
+        with self._lock:
+            self._compiles[inp.rid] = fut
+            aborted = inp.rid in self._aborted_early  # an abort that came in while building
+        fut.add_done_callback(lambda _: self._after_compile(inp.rid, req))
+        if aborted:
+            fut.cancel()
+
+    def _after_compile(self, rid: str, req: GenerateReq) -> None:
+        try:
+            self._builds.submit(self._submit, rid, req)  # not on the compile service's thread
+        except RuntimeError:  # the pool is shut down: the process is stopping
+            self._forget(rid)
+
+    def _submit(self, rid: str, req: GenerateReq) -> None:
+        fut = req.guide
+        try:
+            if fut is not None and not fut.cancelled() and fut.exception() is not None:
+                raise fut.exception()
             with self._lock:  # submit under the lock: an abort arriving now queues behind the request
-                self._building.discard(inp.rid)
-                if inp.rid in self._aborted_early:
-                    self._aborted_early.discard(inp.rid)
-                    self.sender(StepOutputs([_aborted_before_start(inp.rid, len(req.input_ids))]))
+                self._building.discard(rid)
+                self._compiles.pop(rid, None)
+                if rid in self._aborted_early or (fut is not None and fut.cancelled()):
+                    self._aborted_early.discard(rid)
+                    self.sender(StepOutputs([aborted_output(rid, len(req.input_ids), "aborted before start")]))
                     return
                 self.engine.submit(req, self.sender)
-        except ValueError as e:
-            self._forget(inp.rid)
-            self.sender.send(Failed(inp.rid, str(e), 400))
         except Exception as e:  # noqa: BLE001
-            logger.exception("request %s failed in the engine", inp.rid)
-            self._forget(inp.rid)
-            self.sender.send(Failed(inp.rid, f"engine error: {type(e).__name__}: {e}", 500))
+            self._reject(rid, e)
+
+    def _reject(self, rid: str, e: Exception) -> None:
+        self._forget(rid)
+        if isinstance(e, ValueError):  # GrammarError included: the request's own constraint is at fault
+            self.sender.send(Failed(rid, str(e), 400))
+        else:
+            logger.error("request %s failed in the engine", rid, exc_info=(type(e), e, e.__traceback__))
+            self.sender.send(Failed(rid, f"engine error: {type(e).__name__}: {e}", 500))
 
     def _forget(self, rid: str) -> None:
         with self._lock:
             self._building.discard(rid)
             self._aborted_early.discard(rid)
+            self._compiles.pop(rid, None)
 
     def _answer(self, call: Call) -> None:
         try:
@@ -124,19 +163,17 @@ class EngineProcess:
         self._calls.shutdown(wait=False, cancel_futures=True)
 
 
-def _aborted_before_start(rid: str, prompt_tokens: int) -> ReqOutput:
-    meta = {"id": rid, "finish_reason": {"type": "abort", "message": "aborted before start"},
-            "prompt_tokens": prompt_tokens, "completion_tokens": 0, "cached_tokens": 0, "e2e_latency": 0.0}
-    return ReqOutput(rid, "", [], meta, finished=True)
+HEARTBEAT_S = 0.5
 
 
-def _watchdog(engine: EngineProtocol, stopping: threading.Event, period: float = 0.5) -> None:
-    """A dead step loop would leave every request waiting forever: end the process so the server sees it."""
-    while not stopping.wait(period):
+def _heartbeat(engine: EngineProtocol, sender: PipeSender, stopping: threading.Event) -> None:
+    """Send the step loop's progress every HEARTBEAT_S; a dead step loop ends the process (the server restarts it)."""
+    while not stopping.wait(HEARTBEAT_S):
         if not engine.is_alive():
             logger.error("the engine step loop died; exiting the engine process")
             logging.shutdown()
             os._exit(70)
+        sender.send(engine.progress())
 
 
 def load_factory(path: str):
@@ -167,7 +204,7 @@ def engine_main(factory: str, engine_kwargs: dict, cmd_conn, out_conn, log_level
     gc.freeze()
     sender.send(Ready(info))
     stopping = threading.Event()
-    threading.Thread(target=_watchdog, args=(engine, stopping), daemon=True, name="engine-watchdog").start()
+    threading.Thread(target=_heartbeat, args=(engine, sender, stopping), daemon=True, name="engine-heartbeat").start()
     proc = EngineProcess(engine, sender)
     while True:
         try:

@@ -46,6 +46,9 @@ class ServerMetrics:
         self.max_total_tokens = gauge("sglang:max_total_num_tokens", "KV pool size in tokens")
         self.cache_hit_rate = gauge("sglang:cache_hit_rate", "Prefix-cache hit rate (cached / prompt tokens)")
         self.engine_up = gauge("sglang:engine_up", "1 while the engine process is alive")
+        # no SGLang equivalent (its server exits with the scheduler): sglpy-named
+        self.engine_restarts = counter("sglpy:engine_restarts", "Engine processes started again after one died")
+        self.engine_stalled = gauge("sglpy:engine_stalled", "1 while /health reports the step loop stalled")
 
     def record_finished(self, meta: dict, aborted: bool, constrained: bool) -> None:
         """Count one finished generation from its final meta_info."""

@@ -31,6 +31,9 @@ class ServerState:
         self.engine = engine
         self.draining = False
         self.started_at = time.time()
+        self.engine_started_at = time.monotonic()  # the current engine process's start (supervisor backoff)
+        self.engine_restarts = 0
+        self.restarting: str | None = None  # what /health says while the supervisor starts a new engine
         self.metrics = ServerMetrics(config.served_model_name or config.engine.model or "default")
         self._unrecorded = ServerMetrics("unrecorded")  # never exported
 
@@ -57,8 +60,8 @@ class ServerState:
         if self.draining:
             raise ApiError(503, "the server is shutting down", headers=headers)
         if not self.engine.alive:
-            raise ApiError(503, f"the engine is unavailable: {self.engine.dead_reason or 'starting'}",
-                           headers=headers)
+            why = self.restarting or self.engine.dead_reason or "starting"
+            raise ApiError(503, f"the engine is unavailable: {why}", headers=headers)
         limit = self.config.max_inflight_requests
         if n > limit:
             raise ApiError(400, f"this request needs {n} generations; the server admits at most {limit} at once")

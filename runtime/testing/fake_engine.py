@@ -6,8 +6,10 @@ around a byte-level tokenizer, and runs one step loop: every `token_delay` secon
 gets one letter derived from its prompt ids, and each sink gets that step's outputs. It keeps KV
 accounting (prompt + output tokens held while a request runs) so tests can check nothing leaks.
 Constraints are refused (it cannot enforce them). Special prompts: "__die__" kills the engine process
-(os._exit), "__crash__" raises a RuntimeError while building the request, "__stall__" stops the step loop.
-Environment: SGLPY_FAKE_TOKEN_DELAY (s per token), SGLPY_FAKE_STARTUP_DELAY, SGLPY_FAKE_STARTUP_FAIL.
+(os._exit), "__crash__" raises a RuntimeError while building the request, "__stall__" stops the step loop,
+"__hang__" blocks the step loop forever while it stays alive (what /health's stall check must catch).
+Environment: SGLPY_FAKE_TOKEN_DELAY (s per token), SGLPY_FAKE_STARTUP_DELAY, SGLPY_FAKE_STARTUP_FAIL,
+SGLPY_FAKE_STARTUP_FAIL_IF (a path: starting fails while that file exists, for restart tests).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from sglpy.runtime.engine.output import build_output
 from sglpy.runtime.engine.request_builder import RequestLimits, build_request
 from sglpy.runtime.engine.stops import append_text, check_token_stop
 from sglpy.runtime.engine.tokenizer_ops import TokenizerOps
-from sglpy.runtime.messages import EngineInfo, GenerateReq, GenerateReqInput, StepOutputs
+from sglpy.runtime.messages import EngineInfo, EngineProgress, GenerateReq, GenerateReqInput, StepOutputs
 
 OFFSET = 4  # ids 0-3 are special; id = byte + 4
 EOS_ID = 1
@@ -62,7 +64,8 @@ class FakeEngine:
     def __init__(self, model=None, **fields):
         self.config = EngineConfig(model=model, **fields)
         time.sleep(float(os.environ.get("SGLPY_FAKE_STARTUP_DELAY", "0")))
-        if os.environ.get("SGLPY_FAKE_STARTUP_FAIL"):
+        fail_if = os.environ.get("SGLPY_FAKE_STARTUP_FAIL_IF")
+        if os.environ.get("SGLPY_FAKE_STARTUP_FAIL") or (fail_if and os.path.exists(fail_if)):
             raise OSError("the fake weights are missing")
         self.model_path = "fake-model"
         self.context_len = self.config.max_context_len or 4096
@@ -74,6 +77,8 @@ class FakeEngine:
         self._running: dict[str, Req] = {}
         self._used = 0  # KV tokens held by running requests
         self._stop = threading.Event()
+        self._hang = False
+        self._steps, self._last = 0, time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="fake-engine", daemon=True)
         self._thread.start()
 
@@ -91,6 +96,8 @@ class FakeEngine:
         if inp.text == "__stall__":  # the step loop dies: this request (and any other) would wait forever
             self._stop.set()
             threading.Event().wait()
+        if inp.text == "__hang__":
+            self._hang = True
         return build_request(inp, self.text, self.limits, compile_guide=None)
 
     def submit(self, req: GenerateReq, sink: OutputSink) -> None:
@@ -135,6 +142,9 @@ class FakeEngine:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
+    def progress(self) -> EngineProgress:
+        return EngineProgress(self._steps, bool(self._running), time.monotonic() - self._last)
+
     def shutdown(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
@@ -142,6 +152,9 @@ class FakeEngine:
     # ---- the step loop ----
     def _loop(self) -> None:
         while not self._stop.wait(self.token_delay):
+            if self._hang:
+                threading.Event().wait()  # alive, never progressing
+            self._steps, self._last = self._steps + 1, time.monotonic()
             with self._lock:
                 reqs = list(self._running.values())
                 for r in reqs:

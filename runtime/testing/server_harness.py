@@ -56,15 +56,16 @@ class Server:
 
 @contextlib.contextmanager
 def run_server(*args: str, env: dict | None = None, startup_timeout: float = 180.0, api_key: str | None = None,
-               new_session: bool = False):
-    """Yield a running Server (ready: /health is 200); terminate it (then kill) on exit."""
+               new_session: bool = False, cwd: str | None = None):
+    """Yield a running Server (ready: /health is 200); terminate it (then kill) on exit. cwd: its working folder."""
     port = free_port()
     cmd = [sys.executable, "-m", "sglpy.runtime.server", "--host", "127.0.0.1", "--port", str(port), *args]
     if api_key:
         cmd += ["--api-key", api_key]
     full_env = {**os.environ, **(env or {})}
     log_fd, log_name = tempfile.mkstemp(prefix="sglpy-server-", suffix=".log")
-    proc = subprocess.Popen(cmd, stdout=log_fd, stderr=subprocess.STDOUT, env=full_env, start_new_session=new_session)
+    proc = subprocess.Popen(cmd, stdout=log_fd, stderr=subprocess.STDOUT, env=full_env, start_new_session=new_session,
+                            cwd=cwd)
     os.close(log_fd)
     server = Server(f"http://127.0.0.1:{port}", proc, pathlib.Path(log_name), api_key)
     try:

@@ -123,3 +123,40 @@ def test_bad_grammars(grammar, match):
     with pytest.raises(GrammarError, match=match):
         COMPILER.compile_ebnf(grammar)
     assert time.perf_counter() - t0 < 10.0  # fails fast, never hangs (bound generous for loaded CI)
+
+
+@pytest.mark.parametrize("grammar", [
+    "%import etc.passwd (X)\nstart: X",  # would open ./etc/passwd.lark
+    "%import .etc.passwd (X)\nstart: X",  # relative to the grammar's (nonexistent) folder
+    "%import grammars.common (NUMBER)\nstart: NUMBER",  # a lark package path, still a file name
+])
+def test_ebnf_imports_never_open_files(grammar, tmp_path, monkeypatch):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "passwd.lark").write_text('X: "secret"\n')  # a decoy that compiles if ever read
+    monkeypatch.chdir(tmp_path)
+    from sglpy.grammar.ebnf_imports import bundled_grammars
+
+    bundled_grammars()  # read at startup, before the audit below
+    opened, recording = [], [True]
+
+    def audit(event, args):
+        if recording[0] and event == "open" and not str(args[0]).endswith((".py", ".pyc", ".so")):
+            opened.append(args[0])
+
+    import sys
+
+    sys.addaudithook(audit)  # hooks cannot be removed: this one stops recording after the test
+    try:
+        with pytest.raises(GrammarError, match="refused"):
+            GrammarCompiler(INFO).compile("ebnf", grammar)
+    finally:
+        recording[0] = False
+    assert opened == []
+
+
+def test_ebnf_bundled_imports_still_work():
+    g = GrammarCompiler(INFO).compile("ebnf", "%import common (NUMBER, WS)\n%ignore WS\nstart: NUMBER")
+    for seed in range(5):
+        walk = random_walk(g, random.Random(seed), max_steps=30, eos_bias=0.3)
+        if walk.finished:
+            float(walk.data.decode().strip())  # a NUMBER, maybe with whitespace

@@ -226,7 +226,8 @@ def test_metrics_count_requests_tokens_and_latency(srv):
 
 
 def test_engine_death_fails_inflight_requests_and_health():
-    with run_server("--engine-factory", FAKE, env=ENV) as s:
+    # restarts off: the dead engine stays dead (tests/server/test_server_supervisor.py covers restarts)
+    with run_server("--engine-factory", FAKE, "--engine-restart-attempts", "0", env=ENV) as s:
         slow = {}
 
         def long_request():
@@ -332,7 +333,7 @@ def test_health_generate_reports_a_stalled_engine():
 
 
 def test_dead_engine_step_loop_fails_requests_instead_of_hanging():
-    with run_server("--engine-factory", FAKE, env=ENV) as s:
+    with run_server("--engine-factory", FAKE, "--engine-restart-attempts", "0", env=ENV) as s:
         t0 = time.monotonic()
         assert_error(s.post("/generate", {"text": "__stall__"}), 503, "exit code 70")
         assert time.monotonic() - t0 < 5

@@ -1,0 +1,184 @@
+"""GrammarService: compiles in worker processes, CPU budget, cancellation, crashes, cache; guide transfer; sandbox."""
+
+import concurrent.futures
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from sglpy.grammar import GrammarCompiler, GrammarError
+from sglpy.grammar.testing import small_vocab_info
+from sglpy.runtime.engine.grammar_service import GrammarService
+from sglpy.runtime.grammar_worker import pack_guide, unpack_guide
+
+INFO = small_vocab_info()
+SLOW = "(a{0,100}){0,100}(b{0,100}){0,100}"  # minutes of DFA construction without a budget
+EBNF = 'start: "[" NUMBER ("," NUMBER)* "]"\n%import common.NUMBER'
+
+
+@pytest.fixture(scope="module")
+def service():
+    svc = GrammarService(INFO, workers=2, timeout_s=1.0)
+    yield svc
+    svc.close()
+
+
+def _same_guide(a, b, text: bytes):
+    s, t = a.initial_state, b.initial_state
+    assert np.array_equal(a.allowed(s), b.allowed(t))
+    for byte in text:
+        s, t = a.advance_bytes(s, bytes([byte])), b.advance_bytes(t, bytes([byte]))
+        assert np.array_equal(a.allowed(s), b.allowed(t))
+    assert a.is_final(s) == b.is_final(t)
+
+
+@pytest.mark.parametrize("kind,value,text", [
+    ("regex", r"[a-c]{2,4}-[0-9]+", b"ab-12"),
+    ("choices", ("yes", "no"), b"no"),
+    ("ebnf", EBNF, b"[1,22]"),
+    ("json_schema", '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}', b'{"a": 5}'),
+])
+def test_worker_compiles_the_same_guide_as_in_process(service, kind, value, text):
+    got = service.compile(kind, value).result(timeout=60)
+    ref = GrammarCompiler(INFO).compile(kind, list(value) if kind == "choices" else value)
+    _same_guide(got, ref, text)
+    assert got.info is INFO  # bound to this process's vocabulary, not a copy
+
+
+def test_pack_unpack_shares_the_vocabulary_tables():
+    g = GrammarCompiler(INFO).compile("ebnf", EBNF)
+    payload = pack_guide(g, INFO)
+    back = unpack_guide(payload, INFO)
+    assert back.info is INFO and back._fb is INFO.first_byte_masks
+    _same_guide(back, g, b"[3]")
+
+
+def test_cache_hit_is_done_at_once_and_in_flight_compiles_are_shared(service):
+    a, b = service.compile("regex", r"x[0-9]{3}"), service.compile("regex", r"x[0-9]{3}")
+    assert a.result(timeout=60) is b.result(timeout=60)
+    hits = service.stats["cache_hits"]
+    c = service.compile("regex", r"x[0-9]{3}")
+    assert c.done() and c.result() is a.result() and service.stats["cache_hits"] == hits + 1
+
+
+def test_bad_constraints_are_grammar_errors(service):
+    with pytest.raises(GrammarError, match="regex"):
+        service.compile("regex", "(unclosed").result(timeout=60)
+    with pytest.raises(GrammarError, match="refused"):
+        service.compile("ebnf", "%import etc.passwd (X)\nstart: X").result(timeout=60)
+    deep = '{"type":"array","items":' * 3000 + '{"type":"integer"}' + "}" * 3000
+    with pytest.raises(GrammarError):
+        service.compile("json_schema", deep).result(timeout=60)
+
+
+def test_a_compile_past_its_budget_fails_alone_and_the_worker_is_replaced(service):
+    starts, timeouts = service.stats["worker_starts"], service.stats["timeouts"]
+    slow = service.compile("regex", SLOW)
+    quick = service.compile("regex", r"q[0-9]{2}")  # the other worker serves it meanwhile
+    assert quick.result(timeout=120) is not None
+    with pytest.raises(GrammarError, match="budget"):
+        slow.result(timeout=120)  # 1 s of its CPU (or the 20 s wall cap when the box starves the worker)
+    assert service.stats["timeouts"] == timeouts + 1
+    deadline = time.monotonic() + 30
+    while service.stats["worker_starts"] == starts and time.monotonic() < deadline:
+        time.sleep(0.05)  # it used its whole budget, so it ran demoted (or was killed): a fresh worker replaces it
+    assert service.compile("regex", r"after[0-9]").result(timeout=60) is not None
+
+
+def test_cancelling_the_only_waiter_stops_the_compile(service):
+    cancelled = service.stats["cancelled"]
+    fut = service.compile("regex", SLOW + "c")
+    time.sleep(0.3)  # let a worker take it
+    assert fut.cancel()
+    deadline = time.monotonic() + 30
+    while any(w.job is not None for w in service._workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(w.job is not None for w in service._workers), "the cancelled compile still occupies a worker"
+    assert service.stats["cancelled"] == cancelled + 1
+    assert service.compile("regex", r"next[0-9]").result(timeout=60) is not None
+
+
+def test_one_cancelled_waiter_does_not_stop_a_shared_compile(service):
+    a, b = service.compile("regex", r"shared[a-z]{1,9}"), service.compile("regex", r"shared[a-z]{1,9}")
+    a.cancel()
+    assert b.result(timeout=60) is not None
+
+
+def test_a_worker_crash_fails_only_its_compile(service):
+    fut = service.compile("regex", SLOW + "d")
+    deadline = time.monotonic() + 60
+    while not any(w.job is not None and w.job.value == SLOW + "d" for w in service._workers):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    victim = next(w for w in service._workers if w.job is not None and w.job.value == SLOW + "d")
+    victim.proc.kill()
+    with pytest.raises(GrammarError, match="died"):
+        fut.result(timeout=30)
+    assert service.compile("regex", r"alive[0-9]").result(timeout=60) is not None
+
+
+def test_thread_mode_compiles_in_process():
+    svc = GrammarService(INFO, workers=0)
+    try:
+        assert svc.compile("regex", r"t[0-9]").result(timeout=60) is not None
+        with pytest.raises(GrammarError):
+            svc.compile("regex", "(").result(timeout=60)
+    finally:
+        svc.close()
+
+
+def test_the_worker_sandbox_refuses_files_sockets_and_processes(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("x")
+    code = f"""
+import socket, subprocess
+from sglpy.runtime.grammar_worker import _Sandbox
+box = _Sandbox(); box.arm()
+import json.tool  # a lazy import still reads code
+for attempt in (lambda: open({str(secret)!r}), lambda: socket.create_connection(("127.0.0.1", 9)),
+                lambda: subprocess.run(["true"])):
+    try:
+        attempt(); print("allowed")
+    except PermissionError:
+        print("refused")
+print(box.refused)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["refused", "refused", "refused", "3"], out.stderr
+
+
+def test_many_concurrent_compiles_all_answer(service):
+    futs = [service.compile("regex", f"n{i}[0-9]{{1,3}}") for i in range(20)]
+    done, _ = concurrent.futures.wait(futs, timeout=120)
+    assert len(done) == 20 and all(f.exception() is None for f in futs)
+
+
+def test_a_long_compile_drops_to_the_lowest_priority_and_its_worker_is_replaced():
+    import os
+
+    from sglpy.runtime.engine.grammar_service import DEMOTE_S, DEMOTED_NICE, NICE, _cpu_seconds
+
+    svc = GrammarService(INFO, workers=1, timeout_s=DEMOTE_S + 2.0)
+    try:
+        assert svc.compile("regex", "warm[0-9]").result(timeout=120) is not None
+        w = svc._workers[0]
+        assert os.getpriority(os.PRIO_PROCESS, w.proc.pid) == NICE
+        fut = svc.compile("regex", SLOW)
+        deadline = time.monotonic() + 120
+        while not w.demoted:
+            assert time.monotonic() < deadline and not fut.done(), "never demoted"
+            time.sleep(0.05)
+        assert _cpu_seconds(w.proc.pid) is not None
+        assert os.getpriority(os.PRIO_PROCESS, w.proc.pid) == DEMOTED_NICE
+        with pytest.raises(GrammarError, match="budget"):
+            fut.result(timeout=120)
+        deadline = time.monotonic() + 60
+        while w in svc._workers:
+            assert time.monotonic() < deadline, "the demoted worker was kept"
+            time.sleep(0.05)
+        assert svc.compile("regex", "fresh[0-9]").result(timeout=120) is not None
+        assert os.getpriority(os.PRIO_PROCESS, svc._workers[0].proc.pid) == NICE
+    finally:
+        svc.close()
