@@ -26,6 +26,7 @@ from ..memory.radix_cache import RadixCache
 from ..messages import (AbortReq, EngineInfo, FlushCacheReq, GenerateReq, GenerateReqInput, GetServerInfoReq,
                         ReqOutput, ShutdownReq, StepOutputs)
 from ..model.loader import resolve_model_path
+from ..model.parallel import TPGroupError
 from ..model.runner import ModelRunner
 from .detokenizer import IncrementalDetokenizer
 from .isolation import Isolation
@@ -101,6 +102,7 @@ class Engine(OfflineAPI):
         self._progress = Progress()
         self._inbox: queue.Queue = queue.Queue()
         self._stopped = False
+        self.failure: str | None = None  # why the engine stopped serving (a tensor-parallel rank failed)
         self._thread = threading.Thread(target=self._loop, name="sglpy-engine", daemon=True)
         self._thread.start()
 
@@ -151,6 +153,8 @@ class Engine(OfflineAPI):
                                          s.spaces_between_special_tokens)
         if guide is not None:
             self.constrained.attach(r, guide)  # a forced opening is appended here, off the loop thread
+        if self._stopped or not self._thread.is_alive():
+            raise RuntimeError(f"the engine is not running{': ' + self.failure if self.failure else ''}")
         self._inbox.put(_Submit(r))
 
     def abort(self, rid: str) -> None:
@@ -182,8 +186,14 @@ class Engine(OfflineAPI):
         return self.text.chat_prompt(messages, add_generation_prompt, continue_final_message, template_kwargs)
 
     def is_alive(self) -> bool:
-        """True while the step loop thread runs (the server's watchdog polls this)."""
-        return self._thread.is_alive()
+        """True while the step loop thread runs and every local tensor-parallel rank lives (the server polls this)."""
+        if not self._thread.is_alive():
+            return False
+        dead = self.runner.ranks_alive()
+        if dead is not None and self.failure is None:
+            self.failure = dead
+            logger.error("%s: the engine is failed", dead)
+        return dead is None
 
     def progress(self) -> EngineProgress:
         """Liveness: steps done, whether work is waiting, seconds since the loop last made progress (any thread)."""
@@ -198,6 +208,7 @@ class Engine(OfflineAPI):
                 fut.cancel()
             self._inbox.put(ShutdownReq())
             self._thread.join(timeout=30)
+        self.runner.close()  # tensor-parallel ranks: STOP, then leave the group (after the loop's last forward)
         self.constrained.close()
 
     def __enter__(self):
@@ -235,7 +246,15 @@ class Engine(OfflineAPI):
                     msg = self._inbox.get_nowait()
                 except queue.Empty:
                     msg = None
-            if self.scheduler.has_work() and self.step():
+            try:
+                stepped = self.scheduler.has_work() and self.step()
+            except TPGroupError as e:  # a rank is gone: nothing can run any more; fail loudly, never hang
+                self.failure = str(e)
+                logger.error("%s; the engine stops", e)
+                self._abort_all(f"engine failed: {e}")
+                self._stopped = True
+                return
+            if stepped:
                 prog.steps += 1
                 prog.last = time.monotonic()
 
@@ -272,6 +291,8 @@ class Engine(OfflineAPI):
                 out = self.runner.forward(batch.entries, batch.num_decode, self.kv.buffers)
                 finished += self.processor.process(batch.entries, out)
                 finished += self.constrained.jump_forward([e.req for e in batch.entries], self.kv)
+            except TPGroupError:
+                raise  # the group is broken: the loop ends (see _loop)
             except Exception as e:  # noqa: BLE001 - one bad batch must not kill the engine
                 logger.exception("step failed; aborting its requests")
                 for entry in batch.entries:
