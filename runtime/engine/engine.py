@@ -379,4 +379,5 @@ class Engine(OfflineAPI):
         info.update(self.stats)
         info["grammar"] = {**self.constrained.stats, **self.constrained.service.stats}
         info["isolated_failures"] = dict(self.isolation.failures)
+        info["tp_rank_pids"] = self.runner.rank_pids()  # this node's ranks 1..; operators (and tests) watch them
         return info

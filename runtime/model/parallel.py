@@ -14,6 +14,7 @@ Layout for tp_size T, rank r (Megatron style, as SGLang does it):
 from __future__ import annotations
 
 import datetime
+import pickle
 from dataclasses import dataclass
 
 import torch
@@ -55,58 +56,77 @@ def shard_shape(config, size: int, rank: int) -> ShardShape:
 
 @dataclass
 class TPGroup:
-    """This process's place in the tensor-parallel group: compute collectives and the step-message channel."""
+    """This process's place in the tensor-parallel group: compute collectives and the step-message channel.
+
+    Process-group objects of its own (no torch.distributed default group), so a process may hold several.
+    """
 
     rank: int
     size: int
     device: torch.device
+    compute: object  # gloo (CPU) or NCCL (CUDA) group; a collective waits at most dist_timeout
     control: object  # gloo group for step messages (always CPU), no deadline: workers wait there between steps
+    store: object  # the TCPStore the groups met through (rank 0 hosts it)
 
     def all_reduce(self, t: torch.Tensor) -> None:
         """Sum `t` over the ranks, in place."""
-        dist.all_reduce(t)
+        self.compute.allreduce([t]).wait()
 
     def gather_first(self, t: torch.Tensor) -> list[torch.Tensor] | None:
         """Rank 0 gets every rank's `t` (same shape everywhere); others get None."""
+        opts = dist.GatherOptions()
+        opts.rootRank = 0
         parts = [torch.empty_like(t) for _ in range(self.size)] if self.rank == 0 else None
-        dist.gather(t, parts, dst=0)
+        self.compute.gather([parts] if parts is not None else [], [t], opts).wait()
         return parts
 
     def broadcast(self, t: torch.Tensor) -> None:
         """Rank 0's CPU tensor `t` to every rank (in place), over the control group."""
-        dist.broadcast(t, 0, group=self.control)
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.control.broadcast([t], opts).wait()
 
     def all_gather_object(self, obj) -> list:
         """Every rank's picklable `obj` (startup checks only)."""
-        out = [None] * self.size
-        dist.all_gather_object(out, obj, group=self.control)
-        return out
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        self.control.allgather([sizes], [torch.tensor([data.numel()])]).wait()
+        n = int(max(s.item() for s in sizes))
+        padded = torch.cat([data, data.new_zeros(n - data.numel())])
+        parts = [torch.empty(n, dtype=torch.uint8) for _ in range(self.size)]
+        self.control.allgather([parts], [padded]).wait()
+        return [pickle.loads(p[:int(s.item())].numpy().tobytes()) for p, s in zip(parts, sizes)]
 
     def destroy(self) -> None:
-        """Leave the group (best effort: a broken group may refuse)."""
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - tearing down after a failure
-            pass
+        """Leave the group: drop the process groups and the store (their sockets close; peers see the end)."""
+        for name in ("compute", "control"):
+            pg = getattr(self, name)
+            try:
+                if hasattr(pg, "shutdown"):
+                    pg.shutdown()
+            except Exception:  # noqa: BLE001 - tearing down after a failure
+                pass
+        self.compute = self.control = self.store = None
 
 
 def init_group(rank: int, size: int, addr: str, timeout_s: float, device: torch.device) -> TPGroup:
     """Join the tensor-parallel group at tcp://addr (rank 0 hosts the rendezvous): NCCL on CUDA, else gloo."""
-    if dist.is_initialized():
-        raise RuntimeError("torch.distributed is already initialized in this process: one tensor-parallel "
-                           "engine per process")
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if backend == "nccl":  # untested here: no multi-GPU machine (docs/runtime.md)
-        torch.cuda.set_device(device)
+    host, _, port = addr.rpartition(":")
+    timeout = datetime.timedelta(seconds=timeout_s)
     try:
-        dist.init_process_group(backend, init_method=f"tcp://{addr}", rank=rank, world_size=size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
-        control = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=365))
+        store = dist.TCPStore(host, int(port), size, rank == 0, timeout=timeout)
+        if device.type == "cuda":  # written for NCCL but untested: no multi-GPU machine here (docs/runtime.md)
+            torch.cuda.set_device(device)
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            compute = dist.ProcessGroupNCCL(dist.PrefixStore("compute/", store), rank, size, opts)
+        else:
+            compute = dist.ProcessGroupGloo(dist.PrefixStore("compute/", store), rank, size, timeout)
+        control = dist.ProcessGroupGloo(dist.PrefixStore("control/", store), rank, size,
+                                        datetime.timedelta(days=365))
     except Exception as e:  # noqa: BLE001 - a rendezvous timeout or a refused connection
-        if dist.is_initialized():
-            dist.destroy_process_group()
         raise TPGroupError(f"tensor-parallel rendezvous at {addr} failed for rank {rank} of {size}: {e}") from e
-    return TPGroup(rank, size, device, control)
+    return TPGroup(rank, size, device, compute, control, store)
 
 
 class RowParallel(nn.Module):

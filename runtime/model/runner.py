@@ -177,6 +177,10 @@ class ModelRunner:
         """Why a local tensor-parallel rank is gone, or None (always None for tp_size 1)."""
         return self.ranks.dead() if self.ranks is not None else None
 
+    def rank_pids(self) -> list[int]:
+        """Process ids of this node's other tensor-parallel ranks (empty for tp_size 1)."""
+        return [p.pid for _, p in self.ranks.procs] if self.ranks is not None else []
+
     def fail(self) -> None:
         """The group is broken: end this node's other ranks and leave it (no collective is attempted)."""
         if self.ranks is not None:
