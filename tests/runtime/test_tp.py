@@ -169,18 +169,20 @@ def test_mismatched_node_flags_fail_clearly(tiny_model_path):
 
 
 def test_killed_rank_fails_the_engine_without_a_hang(tiny_model_path):
-    e = Engine(tiny_model_path, tp_size=2, **{**KW, "dist_timeout": 30})
+    e = Engine(tiny_model_path, tp_size=2, **{**KW, "dist_timeout": 30, "max_total_tokens": 16384})
     try:
         result = {}
 
         def load():
-            result["outs"] = e.generate([f"load {i}" for i in range(8)], {"max_new_tokens": 400, "temperature": 0,
+            result["outs"] = e.generate([f"load {i}" for i in range(8)], {"max_new_tokens": 1500, "temperature": 0,
                                                                           "ignore_eos": True})
 
         t = threading.Thread(target=load)
         t.start()
-        time.sleep(1.0)
-        assert e.is_alive()
+        deadline = time.monotonic() + 60
+        while e.progress().steps < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert e.is_alive() and t.is_alive()
         e.runner.ranks.procs[0][1].kill()  # rank 1 dies mid-load
         t.join(60)
         assert not t.is_alive(), "generate hung after a rank died"
