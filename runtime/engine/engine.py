@@ -78,6 +78,24 @@ class Engine(OfflineAPI):
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.text = TokenizerOps(self.tokenizer)
         self.runner = r = ModelRunner(cfg, self.model_path)
+        try:
+            self._build_around(cfg, r)
+        except BaseException:
+            r.close()  # tensor-parallel ranks already started must not outlive a failed start
+            raise
+        self.stats = {"num_requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
+                      "num_steps": 0, "num_aborted": 0, "step_s": 0.0}
+        self._reqs: dict[str, Req] = {}
+        self._compiling: dict[str, Future] = {}  # rid -> its constraint compile, until it is done
+        self._progress = Progress()
+        self._inbox: queue.Queue = queue.Queue()
+        self._stopped = False
+        self.failure: str | None = None  # why the engine stopped serving (a tensor-parallel rank failed)
+        self._thread = threading.Thread(target=self._loop, name="sglpy-engine", daemon=True)
+        self._thread.start()
+
+    def _build_around(self, cfg: EngineConfig, r: ModelRunner) -> None:
+        """KV memory, scheduler, constrained decoding and the output processor around a loaded runner."""
         self.max_context = r.max_context
         self.kv = KVManager(KVPool(r.num_layers, cfg.max_total_tokens, r.num_kv_heads, r.head_dim,
                                    kv_cache_torch_dtype(cfg.kv_cache_dtype, r.dtype), r.device),
@@ -95,16 +113,6 @@ class Engine(OfflineAPI):
                                                max_states=cfg.grammar_max_states)
         self.processor = OutputProcessor(Sampler(cfg.seed, r.device), self.eos_ids, self.max_context, self.constrained,
                                          self.isolation)
-        self.stats = {"num_requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
-                      "num_steps": 0, "num_aborted": 0, "step_s": 0.0}
-        self._reqs: dict[str, Req] = {}
-        self._compiling: dict[str, Future] = {}  # rid -> its constraint compile, until it is done
-        self._progress = Progress()
-        self._inbox: queue.Queue = queue.Queue()
-        self._stopped = False
-        self.failure: str | None = None  # why the engine stopped serving (a tensor-parallel rank failed)
-        self._thread = threading.Thread(target=self._loop, name="sglpy-engine", daemon=True)
-        self._thread.start()
 
     def _eos_ids(self) -> set[int]:
         ids = set()
