@@ -5,7 +5,8 @@ random-weight model with its sizes but 8 heads / 2 KV heads of 64 (hidden 576, i
 vocab 49152) so that tp=2 splits it. Per configuration: the median over `--reps` of
   decode  ms per decode step at batch B: (wall(B prompts, N+1 tokens) - wall(B prompts, 1 token)) / N
   prefill ms for one P-token prompt (1 output token)
-Thread budgets: tp=1 with --threads threads (the whole box), tp=N with --threads // N per rank (at least 1).
+Thread budgets: tp=1 with --threads threads (the whole box) and with 1 thread, tp=N with --threads // N per
+rank (at least 1).
 The load average is printed with every row: other jobs share this CPU.
 
     .venv/bin/python benchmarks/tp.py                       # both models, batch 1 and 8
@@ -72,8 +73,8 @@ def main(argv=None) -> int:
             tp = args.tp or 2
         else:
             raise SystemExit(f"unknown model {name!r}")
-        for size in (1, tp):
-            threads = args.threads if size == 1 else max(1, args.threads // size)
+        runs = [(1, args.threads)] + ([(1, 1)] if args.threads > 1 else []) + [(tp, max(1, args.threads // tp))]
+        for size, threads in runs:
             t0 = time.perf_counter()
             with Engine(path, tp_size=size, num_threads=threads, grammar_workers=0, max_total_tokens=16384) as e:
                 start = time.perf_counter() - t0
