@@ -202,6 +202,7 @@ class ModelRunner:
                 pass
         if self.ranks is not None:
             self.ranks.stop(10.0)
+            self.ranks = None  # stopped on purpose: no longer a reason to report the engine dead
         self.group.destroy()
         self.group = None
 
