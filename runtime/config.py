@@ -37,6 +37,11 @@ class EngineConfig:
     grammar_workers: int = 2  # compile worker processes; 0 = compile on a thread of the engine (holds its GIL)
     grammar_compile_timeout: float = 5.0  # CPU seconds one constraint compile may use (wall cap: 10x + 10 s)
     grammar_max_states: int = 20_000  # largest automaton one constraint (or EBNF terminal) may compile to
+    tp_size: int = 1  # tensor-parallel ranks (SGLang's --tp-size); rank 0 is the engine process
+    nnodes: int = 1  # machines the tp_size ranks are spread over (tp_size / nnodes ranks each)
+    node_rank: int = 0  # this machine's index; node 0 runs the engine, others only start their ranks
+    dist_init_addr: str | None = None  # host:port of rank 0's rendezvous; None = a free loopback port (one node)
+    dist_timeout: float = 120.0  # seconds a tensor-parallel collective (or the rendezvous) may wait for a rank
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -61,8 +66,35 @@ class EngineConfig:
             raise ValueError(f"grammar_compile_timeout must be a number of seconds in (0, 3600], got {t!r}")
         if not isinstance(self.grammar_max_states, int) or self.grammar_max_states < 2:
             raise ValueError(f"grammar_max_states must be an int >= 2, got {self.grammar_max_states!r}")
+        self._check_parallel()
         if self.num_threads is not None and self.num_threads <= 0:
             raise ValueError(f"num_threads must be positive, got {self.num_threads}")
+
+    def _check_parallel(self) -> None:
+        for name in ("tp_size", "nnodes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if isinstance(self.node_rank, bool) or not isinstance(self.node_rank, int) \
+                or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be an int in [0, nnodes - 1] = [0, {self.nnodes - 1}], "
+                             f"got {self.node_rank!r}")
+        if self.tp_size % self.nnodes:
+            raise ValueError(f"tp_size ({self.tp_size}) must be divisible by nnodes ({self.nnodes})")
+        if self.dist_init_addr is not None:
+            host, sep, port = str(self.dist_init_addr).rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"dist_init_addr must look like host:port, got {self.dist_init_addr!r}")
+        elif self.nnodes > 1:
+            raise ValueError(f"nnodes={self.nnodes} needs dist_init_addr (host:port of node 0)")
+        t = self.dist_timeout
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 86400:
+            raise ValueError(f"dist_timeout must be a number of seconds in (0, 86400], got {t!r}")
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Tensor-parallel ranks each node runs."""
+        return self.tp_size // self.nnodes
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":

@@ -26,6 +26,7 @@ from ..memory.radix_cache import RadixCache
 from ..messages import (AbortReq, EngineInfo, FlushCacheReq, GenerateReq, GenerateReqInput, GetServerInfoReq,
                         ReqOutput, ShutdownReq, StepOutputs)
 from ..model.loader import resolve_model_path
+from ..model.parallel import TPGroupError
 from ..model.runner import ModelRunner
 from .detokenizer import IncrementalDetokenizer
 from .isolation import Isolation
@@ -77,6 +78,24 @@ class Engine(OfflineAPI):
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.text = TokenizerOps(self.tokenizer)
         self.runner = r = ModelRunner(cfg, self.model_path)
+        try:
+            self._build_around(cfg, r)
+        except BaseException:
+            r.close()  # tensor-parallel ranks already started must not outlive a failed start
+            raise
+        self.stats = {"num_requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
+                      "num_steps": 0, "num_aborted": 0, "step_s": 0.0}
+        self._reqs: dict[str, Req] = {}
+        self._compiling: dict[str, Future] = {}  # rid -> its constraint compile, until it is done
+        self._progress = Progress()
+        self._inbox: queue.Queue = queue.Queue()
+        self._stopped = False
+        self.failure: str | None = None  # why the engine stopped serving (a tensor-parallel rank failed)
+        self._thread = threading.Thread(target=self._loop, name="sglpy-engine", daemon=True)
+        self._thread.start()
+
+    def _build_around(self, cfg: EngineConfig, r: ModelRunner) -> None:
+        """KV memory, scheduler, constrained decoding and the output processor around a loaded runner."""
         self.max_context = r.max_context
         self.kv = KVManager(KVPool(r.num_layers, cfg.max_total_tokens, r.num_kv_heads, r.head_dim,
                                    kv_cache_torch_dtype(cfg.kv_cache_dtype, r.dtype), r.device),
@@ -94,15 +113,6 @@ class Engine(OfflineAPI):
                                                max_states=cfg.grammar_max_states)
         self.processor = OutputProcessor(Sampler(cfg.seed, r.device), self.eos_ids, self.max_context, self.constrained,
                                          self.isolation)
-        self.stats = {"num_requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
-                      "num_steps": 0, "num_aborted": 0, "step_s": 0.0}
-        self._reqs: dict[str, Req] = {}
-        self._compiling: dict[str, Future] = {}  # rid -> its constraint compile, until it is done
-        self._progress = Progress()
-        self._inbox: queue.Queue = queue.Queue()
-        self._stopped = False
-        self._thread = threading.Thread(target=self._loop, name="sglpy-engine", daemon=True)
-        self._thread.start()
 
     def _eos_ids(self) -> set[int]:
         ids = set()
@@ -151,6 +161,8 @@ class Engine(OfflineAPI):
                                          s.spaces_between_special_tokens)
         if guide is not None:
             self.constrained.attach(r, guide)  # a forced opening is appended here, off the loop thread
+        if self._stopped or not self._thread.is_alive():
+            raise RuntimeError(f"the engine is not running{': ' + self.failure if self.failure else ''}")
         self._inbox.put(_Submit(r))
 
     def abort(self, rid: str) -> None:
@@ -182,8 +194,14 @@ class Engine(OfflineAPI):
         return self.text.chat_prompt(messages, add_generation_prompt, continue_final_message, template_kwargs)
 
     def is_alive(self) -> bool:
-        """True while the step loop thread runs (the server's watchdog polls this)."""
-        return self._thread.is_alive()
+        """True while the step loop thread runs and every local tensor-parallel rank lives (the server polls this)."""
+        if not self._thread.is_alive():
+            return False
+        dead = self.runner.ranks_alive()
+        if dead is not None and self.failure is None:
+            self.failure = dead
+            logger.error("%s: the engine is failed", dead)
+        return dead is None
 
     def progress(self) -> EngineProgress:
         """Liveness: steps done, whether work is waiting, seconds since the loop last made progress (any thread)."""
@@ -198,6 +216,7 @@ class Engine(OfflineAPI):
                 fut.cancel()
             self._inbox.put(ShutdownReq())
             self._thread.join(timeout=30)
+        self.runner.close()  # tensor-parallel ranks: STOP, then leave the group (after the loop's last forward)
         self.constrained.close()
 
     def __enter__(self):
@@ -235,7 +254,15 @@ class Engine(OfflineAPI):
                     msg = self._inbox.get_nowait()
                 except queue.Empty:
                     msg = None
-            if self.scheduler.has_work() and self.step():
+            try:
+                stepped = self.scheduler.has_work() and self.step()
+            except TPGroupError as e:  # a rank is gone: nothing can run any more; fail loudly, never hang
+                self.failure = str(e)
+                logger.error("%s; the engine stops", e)
+                self._abort_all(f"engine failed: {e}")
+                self._stopped = True
+                return
+            if stepped:
                 prog.steps += 1
                 prog.last = time.monotonic()
 
@@ -272,6 +299,8 @@ class Engine(OfflineAPI):
                 out = self.runner.forward(batch.entries, batch.num_decode, self.kv.buffers)
                 finished += self.processor.process(batch.entries, out)
                 finished += self.constrained.jump_forward([e.req for e in batch.entries], self.kv)
+            except TPGroupError:
+                raise  # the group is broken: the loop ends (see _loop)
             except Exception as e:  # noqa: BLE001 - one bad batch must not kill the engine
                 logger.exception("step failed; aborting its requests")
                 for entry in batch.entries:
@@ -359,4 +388,5 @@ class Engine(OfflineAPI):
         info.update(self.stats)
         info["grammar"] = {**self.constrained.stats, **self.constrained.service.stats}
         info["isolated_failures"] = dict(self.isolation.failures)
+        info["tp_rank_pids"] = self.runner.rank_pids()  # this node's ranks 1..; operators (and tests) watch them
         return info

@@ -47,12 +47,14 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config, layer_id: int):
+    def __init__(self, config, layer_id: int, shard=None):
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        if shard is not None:  # tensor parallel: this rank's heads only (model/parallel.py)
+            self.num_heads, self.num_kv_heads = shard.heads, shard.kv_heads
         self.scale = self.head_dim ** -0.5
         bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
         h = config.hidden_size
@@ -99,9 +101,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, shard=None):
         super().__init__()
-        h, i = config.hidden_size, config.intermediate_size
+        h, i = config.hidden_size, (config.intermediate_size if shard is None else shard.intermediate)
         self.gate_proj = nn.Linear(h, i, bias=False)
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)
@@ -121,10 +123,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, layer_id: int):
+    def __init__(self, config, layer_id: int, shard=None):
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_id)
-        self.mlp = LlamaMLP(config)
+        self.self_attn = LlamaAttention(config, layer_id, shard)
+        self.mlp = LlamaMLP(config, shard)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -138,26 +140,30 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, shard=None):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)  # replicated under TP
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, shard) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
-    """The model. forward() returns logits only for fb.logits_indices."""
+    """The model. forward() returns logits only for fb.logits_indices.
 
-    def __init__(self, config):
+    `shard` (a model/parallel.py ShardShape) sizes one tensor-parallel rank's layers; None = the whole model.
+    """
+
+    def __init__(self, config, shard=None):
         super().__init__()
         arch = (getattr(config, "architectures", None) or ["LlamaForCausalLM"])[0]
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(f"unsupported architecture {arch!r}; supported: {SUPPORTED_ARCHITECTURES}")
         self.config = config
-        self.model = LlamaModel(config)
+        self.model = LlamaModel(config, shard)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size if shard is None else shard.vocab,
+                                     bias=False)
         attn = self.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         self.rope_cache: torch.Tensor | None = None

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
 
     from .llama import LlamaForCausalLM
+    from .parallel import TPGroup
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +105,8 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> str:
     return str(out_dir)
 
 
-def load_model(path: str, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
-    """Build our model for the HF folder at `path` and load its safetensors weights."""
+def load_model(path: str, dtype: torch.dtype, device: torch.device, group: TPGroup | None = None) -> LlamaForCausalLM:
+    """Build our model for the HF folder at `path` and load its safetensors weights (one rank's shard with `group`)."""
     import torch  # here, not at the top: finding folders must stay light (the fake engine imports this module)
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -113,8 +114,13 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device) -> LlamaForC
     from .llama import LlamaForCausalLM
 
     config = AutoConfig.from_pretrained(path)
+    shard = None
+    if group is not None:
+        from .parallel import shard_shape
+
+        shard = shard_shape(config, group.size, group.rank)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(config, shard)
     state: dict[str, torch.Tensor] = {}
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
@@ -124,9 +130,17 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device) -> LlamaForC
     state = {k: v for k, v in state.items() if "rotary_emb" not in k}
     if model.tie_word_embeddings:
         state.pop("lm_head.weight", None)
+    if group is not None:
+        from .parallel import shard_state
+
+        state = shard_state(state, config, group)
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ValueError(f"weights of {path} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.fuse_projections()
+    if group is not None:
+        from .parallel import parallelize
+
+        parallelize(model, group)
     return model.eval()

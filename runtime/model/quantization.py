@@ -52,6 +52,8 @@ class QuantizedLinear(nn.Module):
 
 def _replace(parent: nn.Module, name: str, mode: str, dense: bool) -> int:
     lin = getattr(parent, name)
+    if hasattr(lin, "linear"):  # a tensor-parallel RowParallel wrapper: quantize this rank's shard inside it
+        parent, name, lin = lin, "linear", lin.linear
     q = QuantizedLinear.from_weight(lin.weight, lin.bias, mode, dense)
     setattr(parent, name, q)
     return q.packed.nbytes
@@ -63,6 +65,8 @@ def quantize_model(model: nn.Module, mode: str, dense: bool | None = None) -> in
     The lm_head gets its own quantized copy (int8 per channel in both modes: the embedded model's
     embedding is Q8_0, and 4 bits lose 15 points of top-1 agreement); the embedding lookup stays exact.
     dense=None keeps a bf16 copy for many-row calls when this CPU multiplies bf16 natively.
+    Under tensor parallelism each rank quantizes its own shards: per output channel, a column-parallel shard
+    gets exactly the numbers of tp=1; a row-parallel shard's channel scale covers its own input columns.
     """
     if mode not in ("none", "int8", "int4"):
         raise ValueError(f"quantize_model takes none, int8 or int4 (resolve 'auto' first), got {mode!r}")
@@ -77,8 +81,12 @@ def quantize_model(model: nn.Module, mode: str, dense: bool | None = None) -> in
                 total += _replace(layer.self_attn, name, mode, dense)
             for name in ("gate_up_proj", "down_proj"):
                 total += _replace(layer.mlp, name, mode, dense)
-        head_weight = model.lm_head_weight()
+        vocab_parallel = model.logits_head is not None and hasattr(model.logits_head, "inner")
+        head_weight = model.logits_head.inner.weight if vocab_parallel else model.lm_head_weight()
         head = QuantizedLinear.from_weight(head_weight, None, "int8", dense)
-        model.set_lm_head(head)
+        if vocab_parallel:
+            model.logits_head.inner = head  # this rank's vocabulary slice
+        else:
+            model.set_lm_head(head)
         total += head.packed.nbytes
     return total

@@ -7,23 +7,45 @@ import torch
 from ..config import EngineConfig
 from ..core import BatchEntry, ForwardOutput
 from ..memory.kv_manager import KVBuffers
+from ..memory.kv_pool import KVPool, kv_cache_torch_dtype
 from .forward_batch import ForwardBatch
 from .loader import load_model
+from .parallel import TPGroup, TPGroupError
 from .quantization import quantize_model, resolve_quantization
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ModelRunner:
-    """Owns the model; reads and writes K/V only through the buffers and slot ids each forward is given."""
+    """Owns the model; reads and writes K/V only through the buffers and slot ids each forward is given.
 
-    def __init__(self, cfg: EngineConfig, model_path: str):
+    With tp_size > 1 the runner of rank 0 (the engine process) starts this node's other ranks, joins the group
+    and broadcasts every forward to them (model/tp_step.py); a worker rank builds its runner with `group`.
+    """
+
+    def __init__(self, cfg: EngineConfig, model_path: str, group: TPGroup | None = None):
         if cfg.device == "auto":
             self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         else:
             self.device = torch.device(cfg.device)
         self.dtype = _DTYPES[cfg.dtype]
-        self.model = load_model(model_path, self.dtype, self.device)
+        self.group, self.ranks, self.mirror = group, None, None
+        if cfg.tp_size > 1 and group is None:
+            self._start_group(cfg, model_path)
+        try:
+            self._load(cfg, model_path)
+            error = None
+        except Exception as e:  # noqa: BLE001 - every rank reports before any raises, so none waits forever
+            error = e
+        if self.group is not None:
+            self._check_ranks_agree(cfg, error)
+        elif error is not None:
+            raise error
+
+    def _load(self, cfg: EngineConfig, model_path: str) -> None:
+        if self.group is not None and self.group.device.type == "cuda":
+            self.device = self.group.device
+        self.model = load_model(model_path, self.dtype, self.device, self.group)
         self.quantization = resolve_quantization(cfg.quantization, self.device)  # what runs: none, int8, int4
         quantize_model(self.model, self.quantization)
         hf = self.model.config
@@ -31,9 +53,57 @@ class ModelRunner:
         self.vocab_size = hf.vocab_size
         self.max_context = cfg.max_context_len or int(getattr(hf, "max_position_embeddings", 4096))
         self.model.init_rope(self.max_context, self.device, torch.float32)
-        # what a KV pool for this model needs: per-layer K/V of [slots, kv_heads, head_dim]
+        # what a KV pool for this model needs: per-layer K/V of [slots, kv_heads, head_dim] (this rank's heads)
         self.num_layers, self.num_kv_heads, self.head_dim = hf.num_hidden_layers, self.model.num_kv_heads, \
             self.model.head_dim
+
+    def _start_group(self, cfg: EngineConfig, model_path: str) -> None:
+        """Rank 0: check the split, start this node's other ranks, and join the group."""
+        from transformers import AutoConfig
+
+        from .parallel import init_group, shard_shape
+        from .tp_step import RowMirror
+        from .tp_worker import LocalRanks, free_loopback_addr, rank_device, threads_per_rank
+
+        shard_shape(AutoConfig.from_pretrained(model_path), cfg.tp_size, 0)  # a bad split fails before any spawn
+        if cfg.node_rank != 0:
+            raise ValueError(f"the engine runs on node 0; node_rank {cfg.node_rank} only starts ranks (serve_node)")
+        addr = cfg.dist_init_addr or free_loopback_addr()
+        if not cfg.num_threads:
+            torch.set_num_threads(threads_per_rank(cfg))
+        self.ranks = LocalRanks(cfg, addr, model_path)
+        try:
+            self.group = init_group(0, cfg.tp_size, addr, cfg.dist_timeout, rank_device(cfg, 0))
+        except BaseException:
+            self.ranks.stop(0)
+            raise
+        self.mirror = RowMirror()
+
+    def _check_ranks_agree(self, cfg: EngineConfig, error: Exception | None) -> None:
+        """Every rank loaded the same model split with the same pool settings; else all raise, naming the difference."""
+        facts = None if error is not None else {
+            "model": (self.hf_config.num_hidden_layers, self.hf_config.hidden_size, self.vocab_size),
+            "tp_size": cfg.tp_size, "dtype": cfg.dtype, "quantization": cfg.quantization,
+            "kv_cache_dtype": cfg.kv_cache_dtype, "max_total_tokens": cfg.max_total_tokens,
+            "max_running_requests": cfg.max_running_requests, "max_context": self.max_context}
+        try:
+            every = self.group.all_gather_object(facts if error is None else f"{type(error).__name__}: {error}")
+        except Exception as e:  # noqa: BLE001
+            self.fail()
+            raise TPGroupError(f"tensor-parallel startup check failed: {e}") from e
+        problem = next((f"rank {i} failed to load: {f}" for i, f in enumerate(every) if isinstance(f, str)), None)
+        if problem is None:
+            for i, f in enumerate(every):
+                diff = sorted(k for k in f if f[k] != every[0][k])
+                if diff:
+                    problem = f"rank {i} differs from rank 0 in {diff}: {[f[k] for k in diff]} vs " \
+                              f"{[every[0][k] for k in diff]} (start every node with the same flags)"
+                    break
+        if problem is not None:
+            self.fail()
+            if error is not None:
+                raise error
+            raise ValueError(problem)
 
     def forward(self, entries: list[BatchEntry], num_decode: int, kv: KVBuffers) -> ForwardOutput:
         """Run one forward over entries (decode entries first); slots must already be allocated."""
@@ -66,6 +136,9 @@ class ModelRunner:
             else:
                 sample_row.append(None)
             offset += e.extend_len
+        if self.group is not None:
+            return ForwardOutput(self._forward_tp(entries, num_decode, kv, ids, pos, loc, rows),
+                                 input_rows, input_first, sample_row)
         dev = self.device
         as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
         fb = ForwardBatch(
@@ -78,3 +151,63 @@ class ModelRunner:
         )
         logits = self.model(fb, kv)
         return ForwardOutput(logits, input_rows, input_first, sample_row)
+
+    def _forward_tp(self, entries: list[BatchEntry], num_decode: int, kv: KVBuffers, ids: list[int],
+                    pos: list[int], loc: list[int], rows: list[int]) -> torch.Tensor:
+        """Rank 0: broadcast the step, run this rank's shard; any failure here breaks the group (TPGroupError)."""
+        from .tp_step import StepMessage
+
+        updates = []
+        for e in entries:
+            u = self.mirror.updates(e.req.row, e.req.slots, e.prefix_len + e.extend_len)
+            if u is not None:
+                updates.append(u)
+        msg = StepMessage.forward(ids, pos, loc, [e.req.row for e in entries], [e.prefix_len for e in entries],
+                                  [e.extend_len for e in entries], num_decode, rows, updates)
+        try:
+            msg.send(self.group)
+            return self.model(msg.batch(kv.req_to_token, self.device), kv)  # logits: [m, vocab]
+        except Exception as e:
+            self.fail()
+            raise TPGroupError(f"tensor-parallel forward failed: {type(e).__name__}: {e}") from e
+
+    def ranks_alive(self) -> str | None:
+        """Why a local tensor-parallel rank is gone, or None (always None for tp_size 1)."""
+        return self.ranks.dead() if self.ranks is not None else None
+
+    def rank_pids(self) -> list[int]:
+        """Process ids of this node's other tensor-parallel ranks (empty for tp_size 1)."""
+        return [p.pid for _, p in self.ranks.procs] if self.ranks is not None else []
+
+    def fail(self) -> None:
+        """The group is broken: end this node's other ranks and leave it (no collective is attempted)."""
+        if self.ranks is not None:
+            self.ranks.stop(0)
+        if self.group is not None:
+            self.group.destroy()
+            self.group = None
+
+    def close(self) -> None:
+        """Stop the other ranks (STOP message) and leave the group; a no-op for tp_size 1."""
+        if self.group is None:
+            return
+        if self.group.rank == 0:
+            from .tp_step import StepMessage
+
+            try:
+                StepMessage.stop().send(self.group)
+            except Exception:  # noqa: BLE001 - a broken group: the ranks end on their own
+                pass
+        if self.ranks is not None:
+            self.ranks.stop(10.0)
+            self.ranks = None  # stopped on purpose: no longer a reason to report the engine dead
+        self.group.destroy()
+        self.group = None
+
+
+def kv_buffers_for(runner: ModelRunner, cfg: EngineConfig) -> KVBuffers:
+    """A worker rank's own KV pool (its heads) and its mirror of rank 0's request-to-token table."""
+    pool = KVPool(runner.num_layers, cfg.max_total_tokens, runner.num_kv_heads, runner.head_dim,
+                  kv_cache_torch_dtype(cfg.kv_cache_dtype, runner.dtype), runner.device)
+    mirror = torch.zeros(cfg.max_running_requests, runner.max_context, dtype=torch.int32, device=runner.device)
+    return KVBuffers(pool.k_buffer, pool.v_buffer, mirror)

@@ -101,8 +101,8 @@ async def server_info(request: web.Request) -> web.Response:
                     "free": stats.free_tokens},
         "num_inflight_requests": state.engine.num_inflight, "version": __version__,
         "engine_restarts": state.engine_restarts, "engine_pid": state.engine.pid,
-        # what sglang-router reads as worker metadata (one GPU-less process: no tensor or data parallelism)
-        "tp_size": 1, "dp_size": 1, "served_model_name": state.model_name, "disaggregation_mode": "null"},
+        # what sglang-router reads as worker metadata (a TP group is one worker; replicas are separate workers)
+        "tp_size": state.config.engine.tp_size, "dp_size": 1, "served_model_name": state.model_name, "disaggregation_mode": "null"},
         dumps=_dumps)
 
 
@@ -251,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if config.engine.node_rank > 0:  # a further node of a tensor-parallel group: its ranks only, no HTTP
+        from ..model.tp_worker import serve_node
+
+        return serve_node(config.engine, config.engine_restart_attempts, config.engine_restart_backoff)
     if config.dp_size > 1:
         from .replicas import launch  # N workers behind sglang-router; this process serves nothing itself
 

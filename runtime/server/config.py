@@ -39,7 +39,17 @@ ENGINE_FLAG_HELP = {
     "grammar_compile_timeout": "CPU seconds one regex / json_schema / ebnf / choices compile may use before it "
     "is refused with 400 (wall-clock cap: 10x this + 10 s)",
     "grammar_max_states": "largest automaton (DFA states) one constraint may compile to; larger ones get 400",
+    "tp_size": "tensor-parallel ranks (alias --tp): the model's heads, MLP and vocabulary split over N processes "
+    "(gloo on CPU, NCCL on CUDA); num_attention_heads must divide by N",
+    "nnodes": "machines the tensor-parallel ranks span (tp_size / nnodes ranks each); needs --dist-init-addr",
+    "node_rank": "this machine's index: 0 serves HTTP and runs rank 0; K > 0 only runs its node's ranks",
+    "dist_init_addr": "host:port where rank 0 hosts the rendezvous (node 0's address, reachable from every "
+    "node); default with one node: a free loopback port",
+    "dist_timeout": "seconds a tensor-parallel collective or the rendezvous may wait for a rank before the "
+    "engine fails (503, then restarted)",
 }
+
+FLAG_ALIASES = {"tp_size": ("--tp",)}  # SGLang's docs write --tp N
 
 SERVER_FLAG_HELP = {
     "host": "interface to bind; loopback by default, use 0.0.0.0 only behind a trusted network",
@@ -169,7 +179,8 @@ def _add_fields(group, cls, helps: dict, skip=()):
         if cls is EngineConfig and f.name == "schedule_policy":
             from ..config import SCHEDULE_POLICIES
             kw = {"choices": SCHEDULE_POLICIES}
-        group.add_argument(_flag(f.name), dest=f.name, type=kind, default=default, metavar=f.name.upper(),
+        group.add_argument(_flag(f.name), *FLAG_ALIASES.get(f.name, ()), dest=f.name, type=kind, default=default,
+                           metavar=f.name.upper(),
                            help=f"{text} (default: {default})", **kw)
 
 

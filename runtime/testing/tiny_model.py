@@ -13,7 +13,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def make_tiny_model(path: str | os.PathLike, arch: str = "llama", seed: int = 0, num_layers: int = 2,
                     hidden: int = 64, heads: int = 4, kv_heads: int = 2, max_pos: int = 2048,
-                    tie_word_embeddings: bool = True) -> str:
+                    tie_word_embeddings: bool = True, intermediate: int | None = None,
+                    head_dim: int | None = None) -> str:
     """Write a tiny random-weight Llama/Mistral/Qwen2 folder using the default model's tokenizer."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
@@ -28,7 +29,8 @@ def make_tiny_model(path: str | os.PathLike, arch: str = "llama", seed: int = 0,
     if arch not in classes:
         raise ValueError(f"arch must be one of {sorted(classes)}")
     cfg_cls, model_cls = classes[arch]
-    config = cfg_cls(vocab_size=49152, hidden_size=hidden, intermediate_size=hidden * 2,
+    extra = {} if head_dim is None else {"head_dim": head_dim}
+    config = cfg_cls(vocab_size=49152, hidden_size=hidden, intermediate_size=intermediate or hidden * 2, **extra,
                      num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                      max_position_embeddings=max_pos, tie_word_embeddings=tie_word_embeddings,
                      bos_token_id=1, eos_token_id=2, pad_token_id=2, rms_norm_eps=1e-5)
