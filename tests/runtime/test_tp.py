@@ -141,7 +141,7 @@ def test_two_nodes_on_loopback(tiny_model_path, engines):
     addr = f"127.0.0.1:{free_port()}"
     node1 = subprocess.Popen([sys.executable, "-m", "sglpy.runtime.server", "--model", tiny_model_path, "--tp", "2",
                               "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", addr, "--num-threads", "1",
-                              "--max-total-tokens", "4096"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                              "--max-total-tokens", "4096", "--quantization", "none"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         with Engine(tiny_model_path, tp_size=2, nnodes=2, node_rank=0, dist_init_addr=addr, **KW) as e:
             assert e.runner.rank_pids() == []  # rank 1 lives on the other "node"
