@@ -52,6 +52,12 @@ class KVManager:
     def __init__(self, pool: KVPool, rows: ReqToTokenPool, cache: RadixCache):
         self._pool, self._rows, self._cache = pool, rows, cache
         self.buffers = KVBuffers(pool.k_buffer, pool.v_buffer, rows.req_to_token)
+        rows.req_to_token[rows.padding_row].fill_(pool.padding_slot)
+
+    @property
+    def padding(self) -> tuple[int, int]:
+        """(slot, row) that padded decode rows use: never allocated, so their writes touch no request's KV."""
+        return self._pool.padding_slot, self._rows.padding_row
 
     # ------------------------------------------------------------------ read access
     @property
