@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -18,11 +19,12 @@ from typing import Any
 
 import torch
 
-from ..config import EngineConfig
+from ..config import CPU_MAX_TOTAL_TOKENS, EngineConfig
 from ..core import EngineProgress, FinishReason, OutputSink, Req, ReqStatus
 from ..memory.kv_manager import KVManager
 from ..memory.kv_pool import KVPool, ReqToTokenPool, kv_cache_torch_dtype
 from ..memory.radix_cache import RadixCache
+from ..memory.sizing import MemoryPlan, kv_bytes_per_token, plan_cuda_kv_pool
 from ..messages import (AbortReq, EngineInfo, FlushCacheReq, GenerateReq, GenerateReqInput, GetServerInfoReq,
                         ReqOutput, ShutdownReq, StepOutputs)
 from ..model.loader import resolve_model_path
@@ -78,11 +80,14 @@ class Engine(OfflineAPI):
         self.text = TokenizerOps(self.tokenizer)
         self.runner = r = ModelRunner(cfg, self.model_path)
         self.max_context = r.max_context
-        self.kv = KVManager(KVPool(r.num_layers, cfg.max_total_tokens, r.num_kv_heads, r.head_dim,
-                                   kv_cache_torch_dtype(cfg.kv_cache_dtype, r.dtype), r.device),
+        kv_dtype = kv_cache_torch_dtype(cfg.kv_cache_dtype, r.dtype)
+        self.memory_plan, total = self._pool_size(kv_bytes_per_token(r.num_layers, r.num_kv_heads, r.head_dim,
+                                                                     torch.empty((), dtype=kv_dtype).element_size()))
+        self.kv = KVManager(KVPool(r.num_layers, total, r.num_kv_heads, r.head_dim, kv_dtype, r.device),
                             ReqToTokenPool(cfg.max_running_requests, self.max_context, r.device),
                             RadixCache(disable=cfg.disable_radix_cache))
-        self.limits = RequestLimits(r.vocab_size, self.max_context, cfg.max_total_tokens)
+        r.init_decode_graphs(cfg, self.kv.buffers, self.kv.padding)
+        self.limits = RequestLimits(r.vocab_size, self.max_context, total)
         self.scheduler = Scheduler(cfg, self.kv, self.max_context)
         self.eos_ids = self._eos_ids()
         from .constrained import ConstrainedDecoding
@@ -103,6 +108,17 @@ class Engine(OfflineAPI):
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="sglpy-engine", daemon=True)
         self._thread.start()
+
+    def _pool_size(self, per_token: int) -> tuple[MemoryPlan | None, int]:
+        """KV pool size: max_total_tokens when given; on CUDA from free memory (printed); else the CPU default."""
+        cfg = self.config
+        if cfg.max_total_tokens is not None:
+            return None, cfg.max_total_tokens
+        if self.runner.device.type != "cuda":
+            return None, CPU_MAX_TOTAL_TOKENS
+        plan = plan_cuda_kv_pool(self.runner.device, cfg.mem_fraction_static, per_token)
+        print(f"sglpy: {plan.describe()}", file=sys.stderr, flush=True)
+        return plan, plan.max_total_tokens
 
     def _eos_ids(self) -> set[int]:
         ids = set()
