@@ -32,6 +32,7 @@ from ..model.runner import ModelRunner
 from .detokenizer import IncrementalDetokenizer
 from .isolation import Isolation
 from .output import aborted_output, build_output
+from .overlap import OverlapStepper, drop_placeholder
 from .processor import OutputProcessor
 from .offline_api import OfflineAPI
 from .request_builder import RequestLimits, build_request
@@ -99,6 +100,9 @@ class Engine(OfflineAPI):
                                                max_states=cfg.grammar_max_states)
         self.processor = OutputProcessor(Sampler(cfg.seed, r.device), self.eos_ids, self.max_context, self.constrained,
                                          self.isolation)
+        cuda = r.device.type == "cuda"
+        overlap = cfg.disable_overlap_schedule is False or (cfg.disable_overlap_schedule is None and cuda)
+        self.overlap = OverlapStepper(self) if overlap else None  # engine/overlap.py
         self.stats = {"num_requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
                       "num_steps": 0, "num_aborted": 0, "step_s": 0.0}
         self._reqs: dict[str, Req] = {}
@@ -204,7 +208,7 @@ class Engine(OfflineAPI):
     def progress(self) -> EngineProgress:
         """Liveness: steps done, whether work is waiting, seconds since the loop last made progress (any thread)."""
         p = self._progress
-        busy = not p.idle and (self.scheduler.has_work() or not self._inbox.empty())
+        busy = not p.idle and (self._has_work() or not self._inbox.empty())
         return EngineProgress(p.steps, busy, time.monotonic() - p.last)
 
     def shutdown(self) -> None:
@@ -230,10 +234,13 @@ class Engine(OfflineAPI):
         return reply.result()
 
     # ------------------------------------------------------------------ the loop (engine thread only)
+    def _has_work(self) -> bool:
+        return self.scheduler.has_work() or (self.overlap is not None and self.overlap.busy)
+
     def _loop(self) -> None:
         prog = self._progress
         while True:
-            block = not self.scheduler.has_work()
+            block = not self._has_work()
             prog.idle = block
             try:
                 msg = self._inbox.get(block=block)
@@ -251,7 +258,7 @@ class Engine(OfflineAPI):
                     msg = self._inbox.get_nowait()
                 except queue.Empty:
                     msg = None
-            if self.scheduler.has_work() and self.step():
+            if self._has_work() and self.step():
                 prog.steps += 1
                 prog.last = time.monotonic()
 
@@ -278,6 +285,8 @@ class Engine(OfflineAPI):
 
     def step(self) -> bool:
         """One scheduling round: schedule -> forward -> process -> emit; False when nothing could be scheduled."""
+        if self.overlap is not None:
+            return self.overlap.step()
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if batch is None:
@@ -311,6 +320,7 @@ class Engine(OfflineAPI):
     def _retire(self, reqs: list[Req]) -> list[Req]:
         """Finished requests leave the scheduler (their KV goes to the cache) and are counted."""
         for r in reqs:
+            drop_placeholder(r, self.kv)  # overlap: an id still in flight is not part of the output
             self.scheduler.remove(r)
             self._reqs.pop(r.rid, None)
             if r.finish_reason.type == "abort":
@@ -350,7 +360,7 @@ class Engine(OfflineAPI):
         self._emit(self._retire(reqs))
 
     def _flush(self) -> bool:
-        if self.scheduler.has_work():
+        if self._has_work():
             return False
         self.kv.flush()
         return True

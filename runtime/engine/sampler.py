@@ -48,20 +48,25 @@ class Sampler:
     def sample(self, logits: torch.Tensor, reqs: list[Req], eos_ids: set[int], uniforms: list[float | None],
                bitmask: torch.Tensor | None = None, masked_rows: torch.Tensor | None = None) -> list[int]:
         """Next token per row of logits [b, vocab] (modified in place) for reqs, with uniforms from draw_uniforms."""
+        return self.sample_tensor(logits, reqs, eos_ids, uniforms, bitmask, masked_rows).tolist()
+
+    def sample_tensor(self, logits: torch.Tensor, reqs: list[Req], eos_ids: set[int], uniforms: list[float | None],
+                      bitmask: torch.Tensor | None = None, masked_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """sample() without reading the result back: [b] int64 on the logits' device (overlap scheduling)."""
         b, vocab = logits.shape
         self._apply_penalties(logits, reqs, eos_ids)
         if bitmask is not None:
             apply_token_bitmask(logits, bitmask, masked_rows)  # grammar: disallowed -> -inf
         greedy = [i for i, r in enumerate(reqs) if r.sampling.greedy]
+        if len(greedy) == b:
+            return logits.argmax(dim=-1)
         sampled = [i for i, r in enumerate(reqs) if not r.sampling.greedy]
-        out = [0] * b
-        if greedy:
-            for i, t in zip(greedy, logits[greedy].argmax(dim=-1).tolist()):
-                out[i] = t
-        if sampled:
-            rows = self._sample_rows(logits[sampled], [reqs[i] for i in sampled], [uniforms[i] for i in sampled])
-            for i, t in zip(sampled, rows):
-                out[i] = t
+        rows = self._sample_rows(logits[sampled], [reqs[i] for i in sampled], [uniforms[i] for i in sampled])
+        if not greedy:
+            return rows
+        out = torch.empty(b, dtype=torch.int64, device=logits.device)
+        out[torch.tensor(greedy, device=logits.device)] = logits[greedy].argmax(dim=-1)
+        out[torch.tensor(sampled, device=logits.device)] = rows
         return out
 
     def _apply_penalties(self, logits: torch.Tensor, reqs: list[Req], eos_ids: set[int]) -> None:
@@ -92,35 +97,34 @@ class Sampler:
                 elif s.stop_token_ids:
                     logits[i, list(s.stop_token_ids)] = float("-inf")
 
-    def _sample_rows(self, logits: torch.Tensor, reqs: list[Req], uniforms: list[float]) -> list[int]:
-        # logits: [n, vocab]
+    def _sample_rows(self, logits: torch.Tensor, reqs: list[Req], uniforms: list[float]) -> torch.Tensor:
+        # logits: [n, vocab] -> [n] int64 token ids
         temps = torch.tensor([r.sampling.temperature for r in reqs], device=logits.device)
         logits = logits / temps[:, None]
         u = torch.tensor(uniforms, device=logits.device)
         needs_sort = [i for i, r in enumerate(reqs)
                       if r.sampling.top_k != -1 or r.sampling.top_p < 1.0 or r.sampling.min_p > 0.0]
         plain = [i for i in range(len(reqs)) if i not in set(needs_sort)]
-        out = [0] * len(reqs)
+        if not needs_sort:
+            return _inverse_cdf(torch.softmax(logits, dim=-1), u)
+        out = torch.empty(len(reqs), dtype=torch.int64, device=logits.device)
         if plain:
             probs = torch.softmax(logits[plain], dim=-1)
-            for i, t in zip(plain, _inverse_cdf(probs, u[plain]).tolist()):
-                out[i] = t
-        if needs_sort:
-            sub = [reqs[i] for i in needs_sort]
-            sorted_l, idx = logits[needs_sort].sort(dim=-1, descending=True)
-            rank = torch.arange(sorted_l.shape[1], device=logits.device)[None, :]
-            k = torch.tensor([r.sampling.top_k if r.sampling.top_k > 0 else sorted_l.shape[1] for r in sub],
-                             device=logits.device)
-            sorted_l = sorted_l.masked_fill(rank >= k[:, None], float("-inf"))
-            probs = torch.softmax(sorted_l, dim=-1)
-            top_p = torch.tensor([r.sampling.top_p for r in sub], device=logits.device)
-            # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
-            probs = probs.masked_fill((probs.cumsum(-1) - probs) > top_p[:, None], 0.0)
-            min_p = torch.tensor([r.sampling.min_p for r in sub], device=logits.device)
-            probs = probs.masked_fill(probs < (min_p[:, None] * probs[:, :1]), 0.0)
-            choice = _inverse_cdf(probs, u[needs_sort])
-            for i, t in zip(needs_sort, idx.gather(1, choice[:, None])[:, 0].tolist()):
-                out[i] = t
+            out[torch.tensor(plain, device=logits.device)] = _inverse_cdf(probs, u[plain])
+        sub = [reqs[i] for i in needs_sort]
+        sorted_l, idx = logits[needs_sort].sort(dim=-1, descending=True)
+        rank = torch.arange(sorted_l.shape[1], device=logits.device)[None, :]
+        k = torch.tensor([r.sampling.top_k if r.sampling.top_k > 0 else sorted_l.shape[1] for r in sub],
+                         device=logits.device)
+        sorted_l = sorted_l.masked_fill(rank >= k[:, None], float("-inf"))
+        probs = torch.softmax(sorted_l, dim=-1)
+        top_p = torch.tensor([r.sampling.top_p for r in sub], device=logits.device)
+        # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
+        probs = probs.masked_fill((probs.cumsum(-1) - probs) > top_p[:, None], 0.0)
+        min_p = torch.tensor([r.sampling.min_p for r in sub], device=logits.device)
+        probs = probs.masked_fill(probs < (min_p[:, None] * probs[:, :1]), 0.0)
+        choice = _inverse_cdf(probs, u[needs_sort])
+        out[torch.tensor(needs_sort, device=logits.device)] = idx.gather(1, choice[:, None])[:, 0]
         return out
 
 
