@@ -56,6 +56,8 @@ class Sampler:
         b, vocab = logits.shape
         self._apply_penalties(logits, reqs, eos_ids)
         if bitmask is not None:
+            if bitmask.device != logits.device:  # masks are built on the host (grammar/ is numpy)
+                bitmask, masked_rows = _to_device(bitmask, logits.device), _to_device(masked_rows, logits.device)
             apply_token_bitmask(logits, bitmask, masked_rows)  # grammar: disallowed -> -inf
         greedy = [i for i, r in enumerate(reqs) if r.sampling.greedy]
         if len(greedy) == b:
@@ -126,6 +128,13 @@ class Sampler:
         choice = _inverse_cdf(probs, u[needs_sort])
         out[torch.tensor(needs_sort, device=logits.device)] = idx.gather(1, choice[:, None])[:, 0]
         return out
+
+
+def _to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """A host tensor on `device`: staged through pinned memory so the copy does not wait for the device."""
+    if t is None or t.device == device:
+        return t
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
 def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
