@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.sglpy-installed
 
-.PHONY: demo test test-fast venv bench clean gpu-bundle test-gpu bench-gpu
+.PHONY: demo test test-fast venv bench clean gpu-bundle gpu-install test-gpu test-gpu-marked test-gpu-engine bench-gpu
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,21 +55,28 @@ gpu-bundle:
 	$(PY) -c "from sglpy.runtime.testing.tiny_model import export_tokenizer as e; e('$(GPU_DIR)/tokenizer')"
 	du -sh $(GPU_DIR)
 
-# installs the carried wheels and sglpy itself (editable, no network), then: every gpu-marked test (compiled
-# Triton kernels vs references, engine vs HF, graphs, overlap, memory sizing) and the CPU-passing engine tests
-# with the engine on CUDA (device auto). Both suites run; the target fails if either does.
-test-gpu:
-	$(GPU_PY) -c "import torch; assert torch.cuda.is_available(), 'make test-gpu needs a CUDA GPU'; \
+# on the GPU machine: the carried wheels into $(GPU_SITE), sglpy itself editable (no network, no .venv)
+gpu-install:
+	$(GPU_PY) -c "import torch; assert torch.cuda.is_available(), 'the GPU targets need a CUDA GPU'; \
 		print(torch.__version__, torch.cuda.get_device_name())"
 	test ! -d $(WHEELS) || $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --upgrade \
 		--target $(GPU_SITE) $(WHEELS)/*.whl
 	$(GPU_ENV) $(GPU_PY) -m pip install -q --no-index --no-deps --no-build-isolation -e .
-	status=0; \
-	$(GPU_ENV) $(GPU_PY) -m pytest -q -p no:cacheprovider --timeout=1800 -m gpu tests || status=1; \
+
+# every gpu-marked test (compiled Triton kernels vs references, engine vs HF fp32 / bf16, graphs, overlap,
+# memory sizing), then the CPU-passing engine tests with the engine on CUDA (device auto). Both halves run;
+# the target fails if either does. Each half alone fits one 10-minute device command.
+test-gpu: gpu-install
+	status=0; $(MAKE) --no-print-directory test-gpu-marked || status=1; \
+	$(MAKE) --no-print-directory test-gpu-engine || status=1; exit $$status
+
+test-gpu-marked: gpu-install
+	$(GPU_ENV) $(GPU_PY) -m pytest -q -p no:cacheprovider --timeout=1800 -m gpu tests
+
+test-gpu-engine: gpu-install
 	$(GPU_ENV) $(GPU_PY) -m pytest -q -p no:cacheprovider --timeout=1800 -m "not slow and not gpu" \
-		tests/runtime tests/frontend/test_frontend_engine_backend.py || status=1; \
-	exit $$status
+		tests/runtime tests/frontend/test_frontend_engine_backend.py
 
 # every GPU benchmark, results under $(OUT) (the device tool's output folder) or bench_results/gpu
-bench-gpu:
-	$(GPU_ENV) sh benchmarks/run_gpu_all.sh
+bench-gpu: gpu-install
+	$(GPU_ENV) sh benchmarks/run_gpu_all.sh $(STEPS)

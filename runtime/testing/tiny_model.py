@@ -53,6 +53,19 @@ def make_preset_model(path: str | os.PathLike, preset: str, seed: int = 0, num_l
     return make_tiny_model(path, seed=seed, **kw)
 
 
+def model_from_spec(spec: str | None) -> str | None:
+    """Benchmarks' --model: None (the default model), a folder/.gguf path, or 'preset:NAME[:LAYERS]' (random
+    weights with a real model's shapes, built once under the temp folder)."""
+    if not spec or not spec.startswith("preset:"):
+        return spec
+    import tempfile
+
+    _, name, *layers = spec.split(":")
+    n = int(layers[0]) if layers else None
+    folder = pathlib.Path(tempfile.gettempdir()) / f"sglpy-preset-{name}-{n or 'full'}"
+    return make_preset_model(folder, name, num_layers=n)
+
+
 def make_tiny_model(path: str | os.PathLike, arch: str = "llama", seed: int = 0, num_layers: int = 2,
                     hidden: int = 64, heads: int = 4, kv_heads: int = 2, max_pos: int = 2048,
                     tie_word_embeddings: bool = True, extra: dict | None = None) -> str:
