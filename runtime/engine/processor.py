@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core import BatchEntry, FinishReason, ForwardOutput, Req, TokenLogprob
+from ..device_io import rows as take_rows
 from .isolation import Isolation
 from .sampler import Sampler, token_logprobs
 from .stops import append_text, check_token_stop
@@ -90,7 +91,8 @@ class OutputProcessor:
         failed: list[Req] = []
         tokens = self._sample(reqs, rows, out, failed) if picked else []
         lp_index = [j for j, r in enumerate(reqs) if r.return_logprob]
-        lp_logits = out.logits[[rows[j] for j in lp_index]] if lp_index else None  # a copy: logits may be reused
+        # a copy: the logits may be a CUDA-graph output that the next replay overwrites
+        lp_logits = take_rows(out.logits, [rows[j] for j in lp_index]) if lp_index else None
         return SampleLaunch(reqs, tokens, lp_index, lp_logits, failed)
 
     def complete(self, launch: SampleLaunch, tokens: list[int | None]) -> list[Req]:
@@ -120,7 +122,7 @@ class OutputProcessor:
         vocab = out.logits.shape[1]
         try:
             self._probe_all(("grammar mask", "sampling"), reqs)
-            logits = out.logits[rows]  # [n, vocab], a copy: penalties and masks change it in place
+            logits = take_rows(out.logits, rows)  # [n, vocab], a copy: penalties and masks change it in place
             bitmask, masked = self.constrained.masks(reqs, vocab) if self.constrained is not None else (None, None)
             return self.sampler.sample_tensor(logits, reqs, self.eos_ids, uniforms, bitmask, masked)
         except Exception:  # noqa: BLE001 - find the culprit below

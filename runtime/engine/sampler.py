@@ -6,12 +6,14 @@ import torch
 
 from sglpy.kernels import apply_token_bitmask
 from ..core import Req, TokenLogprob
+from ..device_io import rows as take_rows
+from ..device_io import to_device
 
 
 def token_logprobs(logprobs: torch.Tensor, chosen: list[int], top_k: list[int]) -> list[TokenLogprob]:
     """Chosen-token logprob and top-k alternatives per row of a [rows, vocab] logprob tensor."""
     # logprobs: [rows, vocab]
-    chosen_lp = logprobs.gather(1, torch.tensor(chosen, device=logprobs.device)[:, None])[:, 0].tolist()
+    chosen_lp = logprobs.gather(1, to_device(chosen, torch.int64, logprobs.device)[:, None])[:, 0].tolist()
     tops: list[tuple] = [()] * len(chosen)
     # one topk per distinct k: a request asking for many alternatives does not make its neighbours pay for them
     for k in sorted({k for k in top_k if k > 0}):
@@ -63,12 +65,12 @@ class Sampler:
         if len(greedy) == b:
             return logits.argmax(dim=-1)
         sampled = [i for i, r in enumerate(reqs) if not r.sampling.greedy]
-        rows = self._sample_rows(logits[sampled], [reqs[i] for i in sampled], [uniforms[i] for i in sampled])
+        rows = self._sample_rows(take_rows(logits, sampled), [reqs[i] for i in sampled], [uniforms[i] for i in sampled])
         if not greedy:
             return rows
         out = torch.empty(b, dtype=torch.int64, device=logits.device)
-        out[torch.tensor(greedy, device=logits.device)] = logits[greedy].argmax(dim=-1)
-        out[torch.tensor(sampled, device=logits.device)] = rows
+        out[to_device(greedy, torch.int64, logits.device)] = take_rows(logits, greedy).argmax(dim=-1)
+        out[to_device(sampled, torch.int64, logits.device)] = rows
         return out
 
     def _apply_penalties(self, logits: torch.Tensor, reqs: list[Req], eos_ids: set[int]) -> None:
@@ -77,33 +79,34 @@ class Sampler:
             s = r.sampling
             if s.repetition_penalty != 1.0 or s.frequency_penalty or s.presence_penalty:
                 if s.repetition_penalty != 1.0:
-                    seen = torch.tensor(sorted(set(r.all_ids)), dtype=torch.int64, device=logits.device)
+                    seen = to_device(sorted(set(r.all_ids)), torch.int64, logits.device)
                     v = logits[i, seen]
                     logits[i, seen] = torch.where(v > 0, v / s.repetition_penalty, v * s.repetition_penalty)
                 if r.output_ids and (s.frequency_penalty or s.presence_penalty):
-                    counts = torch.bincount(torch.tensor(r.output_ids, device=logits.device), minlength=vocab)
+                    counts = torch.bincount(to_device(r.output_ids, torch.int64, logits.device), minlength=vocab)
                     counts = counts[:vocab].to(logits.dtype)
                     logits[i] -= s.frequency_penalty * counts + s.presence_penalty * (counts > 0).to(logits.dtype)
             if s.logit_bias:
                 if r.logit_bias_rows is None:  # once per request: a vocabulary-sized bias must not cost every step
                     items = [(t, b) for t, b in s.logit_bias.items() if 0 <= t < vocab]
-                    r.logit_bias_rows = (torch.tensor([t for t, _ in items], dtype=torch.int64, device=logits.device),
-                                         torch.tensor([b for _, b in items], dtype=logits.dtype, device=logits.device))
+                    r.logit_bias_rows = (to_device([t for t, _ in items], torch.int64, logits.device),
+                                         to_device([b for _, b in items], logits.dtype, logits.device))
                 ids, values = r.logit_bias_rows
                 logits[i, ids] += values  # ids are distinct (dict keys)
             if len(r.output_ids) < s.min_new_tokens and r.grammar is None:  # the constraint wins
                 # below min_new_tokens nothing may end the request
                 stop_ids = [t for t in (eos_ids | set(s.stop_token_ids)) if 0 <= t < vocab]
                 if stop_ids and not s.ignore_eos:
-                    logits[i, stop_ids] = float("-inf")
+                    logits[i].index_fill_(0, to_device(stop_ids, torch.int64, logits.device), float("-inf"))
                 elif s.stop_token_ids:
-                    logits[i, list(s.stop_token_ids)] = float("-inf")
+                    logits[i].index_fill_(0, to_device(list(s.stop_token_ids), torch.int64, logits.device),
+                                          float("-inf"))
 
     def _sample_rows(self, logits: torch.Tensor, reqs: list[Req], uniforms: list[float]) -> torch.Tensor:
         # logits: [n, vocab] -> [n] int64 token ids
-        temps = torch.tensor([r.sampling.temperature for r in reqs], device=logits.device)
+        temps = to_device([r.sampling.temperature for r in reqs], torch.float32, logits.device)
         logits = logits / temps[:, None]
-        u = torch.tensor(uniforms, device=logits.device)
+        u = to_device(uniforms, torch.float32, logits.device)
         needs_sort = [i for i, r in enumerate(reqs)
                       if r.sampling.top_k != -1 or r.sampling.top_p < 1.0 or r.sampling.min_p > 0.0]
         plain = [i for i in range(len(reqs)) if i not in set(needs_sort)]
@@ -111,22 +114,22 @@ class Sampler:
             return _inverse_cdf(torch.softmax(logits, dim=-1), u)
         out = torch.empty(len(reqs), dtype=torch.int64, device=logits.device)
         if plain:
-            probs = torch.softmax(logits[plain], dim=-1)
-            out[torch.tensor(plain, device=logits.device)] = _inverse_cdf(probs, u[plain])
+            probs = torch.softmax(take_rows(logits, plain), dim=-1)
+            out[to_device(plain, torch.int64, logits.device)] = _inverse_cdf(probs, take_rows(u, plain))
         sub = [reqs[i] for i in needs_sort]
-        sorted_l, idx = logits[needs_sort].sort(dim=-1, descending=True)
+        sorted_l, idx = take_rows(logits, needs_sort).sort(dim=-1, descending=True)
         rank = torch.arange(sorted_l.shape[1], device=logits.device)[None, :]
-        k = torch.tensor([r.sampling.top_k if r.sampling.top_k > 0 else sorted_l.shape[1] for r in sub],
-                         device=logits.device)
+        k = to_device([r.sampling.top_k if r.sampling.top_k > 0 else sorted_l.shape[1] for r in sub], torch.int64,
+                      logits.device)
         sorted_l = sorted_l.masked_fill(rank >= k[:, None], float("-inf"))
         probs = torch.softmax(sorted_l, dim=-1)
-        top_p = torch.tensor([r.sampling.top_p for r in sub], device=logits.device)
+        top_p = to_device([r.sampling.top_p for r in sub], torch.float32, logits.device)
         # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
         probs = probs.masked_fill((probs.cumsum(-1) - probs) > top_p[:, None], 0.0)
-        min_p = torch.tensor([r.sampling.min_p for r in sub], device=logits.device)
+        min_p = to_device([r.sampling.min_p for r in sub], torch.float32, logits.device)
         probs = probs.masked_fill(probs < (min_p[:, None] * probs[:, :1]), 0.0)
-        choice = _inverse_cdf(probs, u[needs_sort])
-        out[torch.tensor(needs_sort, device=logits.device)] = idx.gather(1, choice[:, None])[:, 0]
+        choice = _inverse_cdf(probs, take_rows(u, needs_sort))
+        out[to_device(needs_sort, torch.int64, logits.device)] = idx.gather(1, choice[:, None])[:, 0]
         return out
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import KV_CACHE_DTYPES
+from ..device_io import copy_to
 
 _KV_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -98,5 +99,5 @@ class ReqToTokenPool:
 
     def _write(self, row: int, start: int, slots: list[int]) -> None:
         """Record slots for positions start..start+len(slots)-1 of a request's row."""
-        if slots:
-            self.req_to_token[row, start:start + len(slots)] = torch.tensor(slots, dtype=torch.int32)
+        if slots:  # pinned + non_blocking on CUDA: scheduling must not wait for the forward in flight
+            copy_to(self.req_to_token[row, start:start + len(slots)], slots, torch.int32)

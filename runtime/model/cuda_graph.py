@@ -118,7 +118,8 @@ class DecodeGraphRunner:
                 for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
                     self.forward_fn(fb)
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool, stream=stream):
+                # thread_local: another engine's loop thread in this process may use the device meanwhile
+                with torch.cuda.graph(g, pool=pool, stream=stream, capture_error_mode="thread_local"):
                     self.outputs[bucket] = self.forward_fn(fb)
                 self.graphs[bucket] = g
         torch.cuda.current_stream(self.device).wait_stream(stream)

@@ -8,6 +8,7 @@ import torch
 
 from ..config import EngineConfig
 from ..core import BatchEntry, ForwardOutput
+from ..device_io import to_device
 from ..memory.kv_manager import KVBuffers
 from .cuda_graph import DecodeGraphRunner, DecodeInputs, capture_buckets, resolve_future_ids
 from .forward_batch import ForwardBatch
@@ -102,7 +103,7 @@ class ModelRunner:
                 sample_row.append(None)
             offset += e.extend_len
         dev = self.device
-        as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
+        as_long = lambda xs: to_device(xs, torch.int64, dev)  # noqa: E731 - no host wait on CUDA
         input_ids = as_long(ids)
         if ids and min(ids) < 0:
             input_ids = resolve_future_ids(input_ids, future_tokens)
@@ -113,6 +114,7 @@ class ModelRunner:
             extend_lens=as_long([e.extend_len for e in entries]),
             seq_lens=as_long([e.prefix_len + e.extend_len for e in entries]),
             req_to_token=kv.req_to_token, logits_indices=as_long(rows),
+            max_extend_len=max((e.extend_len for e in entries[num_decode:]), default=1),
         )
         logits = self.model(fb, kv)
         return ForwardOutput(logits, input_rows, input_first, sample_row)

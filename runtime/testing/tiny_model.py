@@ -1,4 +1,4 @@
-"""Test helpers: tiny random-weight HF model folders built from a config in code."""
+"""Test helpers: tiny random-weight HF model folders built from a config in code; presets with real models' shapes (llama-1b), tokenizer export for a GPU machine."""
 
 from __future__ import annotations
 
