@@ -379,6 +379,9 @@ class Engine(OfflineAPI):
             "num_running_reqs": len(self.scheduler.running),
             "num_waiting_reqs": len(self.scheduler.waiting),
             "total_retractions": self.scheduler.total_retractions,
+            "kv_pool_plan": self.memory_plan.describe() if self.memory_plan is not None else None,
+            "cuda_graph_batch_sizes": list(self.runner.graphs.buckets) if self.runner.graphs is not None else [],
+            "overlap_schedule": self.overlap is not None,
             "time": time.time(),
         })
         info.update(self.stats)
