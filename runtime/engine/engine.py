@@ -369,6 +369,7 @@ class Engine(OfflineAPI):
         kv = self.kv.stats()
         info = {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}
         info.update({
+            "quantization": self.runner.quantization,  # the mode that runs ('auto' resolved)
             "model_path": self.model_path,
             "max_total_num_tokens": kv.total,
             "max_context_len": self.max_context,

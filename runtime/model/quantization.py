@@ -11,6 +11,17 @@ from ..config import QUANTIZATION_MODES
 INT4_GROUP_SIZE = 32  # GGUF Q4_1's block: the embedded model's weights sit exactly on this grid
 
 
+def resolve_quantization(mode: str, device: torch.device) -> str:
+    """The mode that runs: 'auto' is int8 on CPU (it passes the quality gate and is faster) and none elsewhere."""
+    if mode not in QUANTIZATION_MODES:
+        raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, got {mode!r}")
+    if mode == "auto":
+        return "int8" if device.type == "cpu" else "none"
+    if mode != "none" and device.type != "cpu":
+        raise ValueError(f"quantization={mode!r} runs on CPU only (device is {device}); use none or auto")
+    return mode
+
+
 def dense_bf16_matmul_is_fast() -> bool:
     """True on CPUs with native bf16 matmul (AMX or AVX512-BF16), where a bf16 GEMM beats the packed kernels."""
     cpu = torch.cpu
@@ -53,8 +64,8 @@ def quantize_model(model: nn.Module, mode: str, dense: bool | None = None) -> in
     embedding is Q8_0, and 4 bits lose 15 points of top-1 agreement); the embedding lookup stays exact.
     dense=None keeps a bf16 copy for many-row calls when this CPU multiplies bf16 natively.
     """
-    if mode not in QUANTIZATION_MODES:
-        raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, got {mode!r}")
+    if mode not in ("none", "int8", "int4"):
+        raise ValueError(f"quantize_model takes none, int8 or int4 (resolve 'auto' first), got {mode!r}")
     if mode == "none":
         return 0
     if dense is None:

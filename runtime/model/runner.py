@@ -13,7 +13,7 @@ from ..memory.kv_manager import KVBuffers
 from .cuda_graph import DecodeGraphRunner, DecodeInputs, capture_buckets, resolve_future_ids
 from .forward_batch import ForwardBatch
 from .loader import load_model
-from .quantization import quantize_model
+from .quantization import quantize_model, resolve_quantization
 
 logger = logging.getLogger(__name__)
 
@@ -30,10 +30,8 @@ class ModelRunner:
             self.device = torch.device(cfg.device)
         self.dtype = _DTYPES[cfg.dtype]
         self.model = load_model(model_path, self.dtype, self.device)
-        if cfg.quantization != "none":
-            if self.device.type != "cpu":
-                raise ValueError(f"quantization={cfg.quantization!r} runs on CPU only (device is {self.device})")
-            quantize_model(self.model, cfg.quantization)
+        self.quantization = resolve_quantization(cfg.quantization, self.device)  # what runs: none, int8, int4
+        quantize_model(self.model, self.quantization)
         hf = self.model.config
         self.hf_config = hf
         self.vocab_size = hf.vocab_size

@@ -143,7 +143,7 @@ def test_select_scores_are_exactly_the_choice_tokens_logprobs(tiny_model_path):
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
-    eng = Engine(tiny_model_path, max_total_tokens=2048)
+    eng = Engine(tiny_model_path, max_total_tokens=2048, quantization="none")  # float32: equal to HF's
     try:
         prefix, choices = "Is the sky blue? Answer:", [" yes", " no", " maybe not"]
         for method in (sgl.token_length_normalized, sgl.greedy_token_selection,

@@ -52,8 +52,9 @@ def test_padded_decode_equals_unpadded(tiny_model_path, batch):
     """The same requests decoded through padded buckets and through the plain forward: same logits, no KV leak."""
     runs = {}
     for graphs in (False, True):
+        # quantization none: int8 kernels need not give identical results across batch shapes
         cfg = EngineConfig(model=tiny_model_path, device="cpu", max_running_requests=8, cuda_graph_max_bs=8,
-                           disable_cuda_graph=not graphs)
+                           disable_cuda_graph=not graphs, quantization="none")
         runner = ModelRunner(cfg, tiny_model_path)
         kv = runner_kv(runner, 512, 8)
         runner.init_decode_graphs(cfg, kv.buffers, kv.padding)
@@ -85,7 +86,7 @@ def test_engine_graph_path_on_cpu_equals_eager(tiny_model_path):
     outs = {}
     for flag in (True, False):
         eng = Engine(tiny_model_path, max_total_tokens=2048, max_running_requests=8, cuda_graph_max_bs=8,
-                     disable_cuda_graph=flag, debug_invariants=True)
+                     disable_cuda_graph=flag, debug_invariants=True, quantization="none")
         try:
             outs[flag] = [o["output_ids"] for o in eng.generate(prompts, sp)]
             if not flag:

@@ -16,13 +16,28 @@ def engine(tiny_model_path):
     eng.shutdown()
 
 
+# float32 weights (the CPU default is int8): for logprobs that must equal HF's, and for greedy outputs compared
+# across batch shapes, chunking and preemption. Those are bit-identical in float32 only: int8 rounds the
+# activations to bf16 for its kernels, so a last-bit attention difference between batch shapes (gather vs
+# in-place read) can flip a near-tie of the random tiny model's logits.
+FP32 = {"quantization": "none"}
+
+
+@pytest.fixture(scope="module")
+def engine_fp32(tiny_model_path):
+    eng = Engine(tiny_model_path, max_total_tokens=4096, debug_invariants=True, seed=1, **FP32)
+    yield eng
+    eng.shutdown()
+
+
 def _assert_no_leak(eng):
     info = eng.get_server_info()
     assert info["kv_used"] == 0 and info["num_running_reqs"] == 0, info
     assert info["kv_free"] + info["kv_evictable"] == info["max_total_num_tokens"]
 
 
-def test_batch_results_in_input_order_and_equal_single_runs(engine):
+def test_batch_results_in_input_order_and_equal_single_runs(engine_fp32):
+    engine = engine_fp32
     prompts = [f"Prompt number {i} says" + " hi" * i for i in range(12)]
     sp = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
     batch = engine.generate(prompts, sp)
@@ -34,11 +49,12 @@ def test_batch_results_in_input_order_and_equal_single_runs(engine):
     _assert_no_leak(engine)
 
 
-def test_tiny_pool_forces_preemption_and_keeps_outputs(tiny_model_path, engine):
+def test_tiny_pool_forces_preemption_and_keeps_outputs(tiny_model_path, engine_fp32):
+    engine = engine_fp32
     prompts = [f"Story {i}: " + "word " * (20 + i) for i in range(8)]
     sp = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
     expected = [o["output_ids"] for o in engine.generate(prompts, sp)]
-    small = Engine(tiny_model_path, max_total_tokens=200, debug_invariants=True, chunked_prefill_size=64)
+    small = Engine(tiny_model_path, max_total_tokens=200, debug_invariants=True, chunked_prefill_size=64, **FP32)
     try:
         got = small.generate(prompts, sp)
         info = small.get_server_info()
@@ -49,11 +65,12 @@ def test_tiny_pool_forces_preemption_and_keeps_outputs(tiny_model_path, engine):
         small.shutdown()
 
 
-def test_chunked_prefill_matches_unchunked(tiny_model_path, engine):
+def test_chunked_prefill_matches_unchunked(tiny_model_path, engine_fp32):
+    engine = engine_fp32
     prompt = "long " * 300
     sp = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
     ref = engine.generate(prompt, sp)["output_ids"]
-    chunked = Engine(tiny_model_path, max_total_tokens=2048, chunked_prefill_size=37, debug_invariants=True)
+    chunked = Engine(tiny_model_path, max_total_tokens=2048, chunked_prefill_size=37, debug_invariants=True, **FP32)
     try:
         assert chunked.generate(prompt, sp)["output_ids"] == ref
     finally:
@@ -129,11 +146,12 @@ def test_abort_running_request_frees_kv(engine):
     _assert_no_leak(engine)
 
 
-def test_prompt_logprobs_for_select_style_scoring(engine, tiny_model_path):
+def test_prompt_logprobs_for_select_style_scoring(engine_fp32, tiny_model_path):
     """Scores of several continuations of one prompt equal a direct HF computation."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    engine = engine_fp32
     tok = engine.tokenizer
     prefix = "The answer is"
     choices = [" yes", " no", " maybe later"]
@@ -153,13 +171,14 @@ def test_prompt_logprobs_for_select_style_scoring(engine, tiny_model_path):
     _assert_no_leak(engine)
 
 
-def test_prompt_logprobs_follow_the_frontend_start_rule(engine, tiny_model_path):
+def test_prompt_logprobs_follow_the_frontend_start_rule(engine_fp32, tiny_model_path):
     """logprob_start_len k >= 0: entries for positions k..P-1 with values, null only for position 0 (the rule
     SGLang's frontend select was written for; SGLang 0.5.23 nulls the first entry for every k, docs/server.md);
     -1 with return_logprob: one null entry for the last prompt token."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    engine = engine_fp32
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     ids = engine.tokenizer.encode("Counting the entries of a scored prompt")
     with torch.no_grad():

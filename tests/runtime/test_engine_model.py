@@ -33,7 +33,8 @@ def hf_logits(hf_model, prompts: list[list[int]]) -> list[torch.Tensor]:
 
 
 def make_runner(path: str, **kw) -> ModelRunner:
-    """A ModelRunner on CPU for a model folder."""
+    """A ModelRunner on CPU for a model folder; float32 weights (quantization='none') unless kw says otherwise."""
+    kw.setdefault("quantization", "none")  # the CPU default is int8; comparisons with HF need exact weights
     return ModelRunner(EngineConfig(model=path, device="cpu", **kw), path)
 
 
@@ -82,7 +83,7 @@ def test_default_model_greedy_matches_hf_generate(default_model_path):
 
     from sglpy.runtime.engine import Engine
 
-    eng = Engine(default_model_path, max_total_tokens=8192, debug_invariants=True)
+    eng = Engine(default_model_path, max_total_tokens=8192, debug_invariants=True, quantization="none")
     tok = eng.tokenizer
     subjects = ["cats", "the ocean", "Python", "winter", "music", "trains", "the moon", "bread", "chess", "rain",
                 "a robot", "gardens", "history", "volcanoes", "friendship", "coffee", "mountains", "books",

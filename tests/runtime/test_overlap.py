@@ -11,8 +11,10 @@ MODES = {"plain": dict(disable_overlap_schedule=True),
 
 @pytest.fixture(scope="module")
 def engines(tiny_model_path):
+    # quantization none: overlap decodes a finished request one step longer, so batch shapes differ from the
+    # plain loop's, and int8 kernels need not give identical results across shapes
     engs = {name: Engine(tiny_model_path, max_total_tokens=3000, max_running_requests=16, debug_invariants=True,
-                         seed=3, **kw) for name, kw in MODES.items()}
+                         seed=3, quantization="none", **kw) for name, kw in MODES.items()}
     assert engs["plain"].overlap is None and engs["overlap"].overlap is not None
     yield engs
     for e in engs.values():
@@ -131,7 +133,7 @@ def test_prefix_sharing_and_preemption_small_pool(tiny_model_path, engines):
     sp = {"max_new_tokens": 30, "temperature": 0, "ignore_eos": True}
     ref = [o["output_ids"] for o in engines["plain"].generate(prompts, sp)]
     small = Engine(tiny_model_path, max_total_tokens=220, chunked_prefill_size=48, debug_invariants=True,
-                   disable_overlap_schedule=False)
+                   disable_overlap_schedule=False, quantization="none")
     try:
         assert [o["output_ids"] for o in small.generate(prompts, sp)] == ref
         assert small.get_server_info()["total_retractions"] > 0

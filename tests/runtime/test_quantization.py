@@ -10,11 +10,13 @@ import torch
 from test_engine_model import make_runner, our_logits
 from sglpy.runtime.config import EngineConfig
 
-MODES = [("int8", "auto"), ("int4", "auto"), ("none", "bf16"), ("none", "fp16"), ("int8", "bfloat16")]
+MODES = [("int8", "auto"), ("int4", "auto"), ("none", "bf16"), ("none", "fp16"), ("int8", "bfloat16"),
+         ("int4", "bf16")]
+KV_TORCH = {"auto": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16}
 
 
 def test_bad_values_name_the_allowed_ones():
-    with pytest.raises(ValueError, match=r"quantization must be one of \('none', 'int8', 'int4'\), got 'int3'"):
+    with pytest.raises(ValueError, match=r"quantization must be one of \('auto', 'none', 'int8', 'int4'\), got 'int3'"):
         EngineConfig(quantization="int3")
     with pytest.raises(ValueError, match=r"kv_cache_dtype must be one of \('auto', .*'fp16'\), got 'fp7'"):
         EngineConfig(kv_cache_dtype="fp7")
@@ -29,6 +31,27 @@ def test_serve_flags_map_onto_the_config():
         config_from_args(["--quantization", "int3"])
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
         config_from_args(["--kv-cache-dtype", "fp7"])
+
+
+def test_auto_is_int8_on_cpu_and_none_on_gpu():
+    from sglpy.runtime.model.quantization import resolve_quantization
+
+    assert EngineConfig().quantization == "auto"
+    assert resolve_quantization("auto", torch.device("cpu")) == "int8"
+    assert resolve_quantization("auto", torch.device("cuda")) == "none"
+    assert resolve_quantization("none", torch.device("cuda")) == "none"
+    with pytest.raises(ValueError, match="runs on CPU only"):
+        resolve_quantization("int8", torch.device("cuda"))
+
+
+def test_the_engine_default_runs_int8_and_says_so(tiny_model_path):
+    from sglpy.runtime.engine import Engine
+
+    with Engine(tiny_model_path, max_total_tokens=256, device="cpu") as eng:
+        info = eng.get_server_info()
+        kinds = {type(m).__name__ for m in eng.runner.model.modules()}
+    assert info["quantization"] == "int8" and info["kv_cache_dtype"] == "auto"
+    assert "QuantizedLinear" in kinds and "Linear" not in kinds
 
 
 @pytest.mark.parametrize("quantization,kv_cache_dtype", MODES)
@@ -49,7 +72,7 @@ def test_tiny_model_logits_stay_close_to_float32(tiny_model_path, quantization, 
         assert 0 < (a - b).abs().mean().item() < bound * b.std().item()  # close, and not silently unquantized
 
 
-@pytest.mark.parametrize("quantization,kv_cache_dtype", MODES[:3])
+@pytest.mark.parametrize("quantization,kv_cache_dtype", [("none", "auto")] + MODES)
 def test_constrained_outputs_stay_valid(tiny_model_path, quantization, kv_cache_dtype):
     from sglpy.runtime.engine import Engine
 
@@ -62,6 +85,7 @@ def test_constrained_outputs_stay_valid(tiny_model_path, quantization, kv_cache_
                                                    {"max_new_tokens": 24, "temperature": 0.8, "seed": 3,
                                                     "regex": r"(yes|no)-[0-9]{2}"}])
         info = eng.get_server_info()
+        assert eng.kv.buffers.k_buffer.dtype == KV_TORCH[kv_cache_dtype]  # the pool stores what was asked
     obj = json.loads(outs[0]["text"])
     assert set(obj) == {"name", "age"} and 0 <= obj["age"] <= 120
     import re

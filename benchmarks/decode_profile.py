@@ -1,0 +1,111 @@
+"""Batch-1 decode step on the default model: where the time goes (torch ops vs Python/framework), per mode.
+
+python benchmarks/decode_profile.py [--modes none,int8,int4] [--context 200] [--steps 64] [--threads 2]
+
+Per mode (`quantization[:kv_cache_dtype]`): one request's prompt is prefilled, then `steps` decode forwards
+run through the ModelRunner (model only: no scheduler, sampler or detokenizer) and `steps` more under the
+torch profiler. Reported per step: wall time, the time inside torch operators (the profiler's self CPU time
+of every aten op, i.e. the kernels plus their dispatch), and the remainder (Python and the framework around
+the ops), the op count, and the engine's whole step for comparison (one 128-token greedy request,
+end to end, divided by its tokens: adds scheduling, sampling and detokenization).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+
+def parse_mode(mode: str) -> dict:
+    """'int8:bf16' -> {'quantization': 'int8', 'kv_cache_dtype': 'bf16'}."""
+    quant, _, kv = mode.partition(":")
+    return {"quantization": quant or "none", "kv_cache_dtype": kv or "auto"}
+
+
+@torch.inference_mode()
+def profile_mode(path: str, mode: str, context: int, steps: int) -> dict:
+    """Decode-step wall time and its split for one mode."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from sglpy.runtime.config import EngineConfig
+    from sglpy.runtime.core import BatchEntry, Req
+    from sglpy.runtime.model.runner import ModelRunner
+    from sglpy.runtime.sampling_params import SamplingParams
+    from sglpy.runtime.testing.runner_kv import runner_kv
+
+    cfg = EngineConfig(model=path, device="cpu", max_context_len=context + 2 * steps + 8, **parse_mode(mode))
+    runner = ModelRunner(cfg, path)
+    kv = runner_kv(runner, context + 2 * steps + 8, 1, cfg.kv_cache_dtype)
+    req = Req(rid="p", input_ids=list(range(1000, 1000 + context)), sampling=SamplingParams(max_new_tokens=1))
+    assert kv.assign_row(req) and kv.grow(req, context)
+    runner.forward([BatchEntry(req, 0, context, sample=True)], 0, kv.buffers)
+
+    def step():
+        t = req.kv_len
+        req.output_ids.append(1234)
+        assert kv.grow(req, 1)
+        runner.forward([BatchEntry(req, t, 1, sample=True)], 1, kv.buffers)
+
+    for _ in range(4):
+        step()  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    wall = (time.perf_counter() - t0) / steps
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    op_us = sum(e.self_cpu_time_total for e in events) / steps
+    calls = sum(e.count for e in events) / steps
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:6]
+    kv.release(req)
+    return dict(mode=mode, step_ms=wall * 1e3, op_ms=op_us / 1e3, calls=calls,
+                top=[(e.key, e.self_cpu_time_total / steps / 1e3, e.count / steps) for e in top])
+
+
+def engine_token_ms(path: str, mode: str) -> float:
+    """Whole engine step per token: one greedy 128-token request alone (best of 2)."""
+    from sglpy.runtime.engine import Engine
+
+    with Engine(path, max_total_tokens=4096, **parse_mode(mode)) as eng:
+        sp = {"max_new_tokens": 128, "temperature": 0, "ignore_eos": True}
+        eng.generate(input_ids=list(range(1000, 1100)), sampling_params=dict(sp, max_new_tokens=4))
+        best = float("inf")
+        for _ in range(2):
+            t = time.perf_counter()
+            eng.generate(input_ids=list(range(1000, 1100)), sampling_params=sp)
+            best = min(best, (time.perf_counter() - t) / 128)
+    return best * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", default="none,int8,int4")
+    ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from sglpy.runtime.model.loader import resolve_model_path
+
+    path = resolve_model_path(None)
+    print(f"batch-1 decode step, context {args.context}, {args.steps} steps, {args.threads} threads, "
+          f"load {os.getloadavg()}")
+    print(f"{'mode':<12}{'step ms':>9}{'in ops ms':>11}{'Python/fw ms':>14}{'fw share':>10}{'ops/step':>10}"
+          f"{'engine ms/tok':>15}")
+    for mode in args.modes.split(","):
+        r = profile_mode(path, mode, args.context, args.steps)
+        eng_ms = engine_token_ms(path, mode)
+        rest = r["step_ms"] - r["op_ms"]
+        print(f"{mode:<12}{r['step_ms']:>9.2f}{r['op_ms']:>11.2f}{rest:>14.2f}{rest / r['step_ms']:>9.0%}"
+              f"{r['calls']:>10.0f}{eng_ms:>15.2f}", flush=True)
+        print("    top ops (ms/step, calls/step): " + ", ".join(f"{k} {ms:.2f} ({n:.0f})" for k, ms, n in r["top"]))
+    print(f"load after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
