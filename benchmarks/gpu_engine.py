@@ -102,6 +102,10 @@ def run_config(path: str, kernels: str, graphs: bool, overlap: bool, workloads: 
         active = {"graphs": eng.runner.graphs is not None and bool(eng.runner.graphs.graphs or not
                                                                     eng.runner.device.type == "cuda"),
                   "overlap": eng.overlap is not None}
+        # the engine builds jump-forward's tokenizer tables on a background thread; holding the GIL for 1-2 s,
+        # it slowed whichever configuration ran first (seen in the CPU smoke run): build them before timing
+        info = eng.constrained.info
+        _ = info.trie, info.sorted_tokens, info.longest_token, info.first_byte_masks
         weights = model_bytes(eng)
         per_tok = kv_bytes_per_token(eng)
         sp = {"temperature": 0, "ignore_eos": True}
