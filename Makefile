@@ -61,8 +61,8 @@ gpu-install:
 		print(torch.__version__, torch.cuda.get_device_name())"
 	test ! -d $(WHEELS) || $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --upgrade \
 		--target $(GPU_SITE) $(WHEELS)/*.whl
-	$(GPU_ENV) $(GPU_PY) -m pip install -q --no-index --no-deps --no-build-isolation -e . || \
-		$(GPU_ENV) $(GPU_PY) -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target $(GPU_SITE) .
+	# editable (PEP 660 finder): a plain install would be shadowed by ./sglpy when run from the repo root
+	$(GPU_ENV) $(GPU_PY) -m pip install -q --no-index --no-deps --no-build-isolation -e .
 	$(GPU_ENV) $(GPU_PY) -c "import sglpy.runtime.engine, sglpy.kernels; print('sglpy importable')"
 
 # every gpu-marked test (compiled Triton kernels vs references, engine vs HF fp32 / bf16, graphs, overlap,
