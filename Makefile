@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.sglpy-installed
 
-.PHONY: demo test test-fast venv bench clean
+.PHONY: demo test test-fast venv bench clean gpu-bundle gpu-install test-gpu test-gpu-marked test-gpu-engine bench-gpu
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,3 +35,50 @@ test-fast: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
+
+# ---------------------------------------------------------------- GPU machine (docs/gpu.md)
+# `make gpu-bundle` here (network, .venv) fills $(GPU_DIR): wheels the GPU image lacks and the default model's
+# tokenizer files (the 98 MB model itself is not carried; tests build random-weight models from real configs).
+# Then, on the GPU machine, with $(GPU_DIR) carried: `make test-gpu` and `make bench-gpu` (uses its python3).
+GPU_DIR ?= .gpu
+WHEELS ?= $(GPU_DIR)/wheels
+GPU_PY ?= python3
+GPU_SITE ?= /tmp/sglpy-site
+GPU_WHEEL_PKGS ?= lark==1.3.1 interegular==0.3.3 gguf==0.19.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 \
+	referencing==0.37.0 rpds-py==2026.9.1
+GPU_ENV = PYTHONPATH=$(GPU_SITE) TRITON_INTERPRET=0 SGLPY_TOKENIZER_DIR=$(abspath $(GPU_DIR))/tokenizer PYTHONUNBUFFERED=1
+
+gpu-bundle:
+	mkdir -p $(WHEELS)
+	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d $(WHEELS) $(GPU_WHEEL_PKGS)
+	$(PY) -c "from sglpy.runtime.testing.tiny_model import export_tokenizer as e; e('$(GPU_DIR)/tokenizer')"
+	du -sh $(GPU_DIR)
+
+# on the GPU machine: the carried wheels into $(GPU_SITE), sglpy itself editable (no network, no .venv)
+gpu-install:
+	$(GPU_PY) -c "import torch; assert torch.cuda.is_available(), 'the GPU targets need a CUDA GPU'; \
+		print(torch.__version__, torch.cuda.get_device_name())"
+	test ! -d $(WHEELS) || $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --upgrade \
+		--target $(GPU_SITE) $(WHEELS)/*.whl
+	# editable (PEP 660 finder): a plain install would be shadowed by ./sglpy when run from the repo root
+	$(GPU_ENV) $(GPU_PY) -m pip install -q --no-index --no-deps --no-build-isolation -e .
+	$(GPU_ENV) $(GPU_PY) -c "import sglpy.runtime.engine, sglpy.kernels; print('sglpy importable')"
+
+# every gpu-marked test (compiled Triton kernels vs references, engine vs HF fp32 / bf16, graphs, overlap,
+# memory sizing), then the CPU-passing engine tests with the engine on CUDA (device auto). Both halves run;
+# the target fails if either does. Each half alone fits one 10-minute device command.
+test-gpu: gpu-install
+	status=0; $(MAKE) --no-print-directory test-gpu-marked || status=1; \
+	$(MAKE) --no-print-directory test-gpu-engine || status=1; exit $$status
+
+test-gpu-marked: gpu-install
+	$(GPU_ENV) $(GPU_PY) -m pytest -q -p no:cacheprovider --timeout=1800 -m gpu tests
+
+test-gpu-engine: gpu-install
+	$(GPU_ENV) $(GPU_PY) -m pytest -q -p no:cacheprovider --timeout=1800 -m "not slow and not gpu" \
+		tests/runtime tests/frontend/test_frontend_engine_backend.py
+
+# every GPU benchmark, results under $(OUT) (the device tool's output folder) or bench_results/gpu
+bench-gpu: gpu-install
+	$(GPU_ENV) sh benchmarks/run_gpu_all.sh $(STEPS)

@@ -1,6 +1,6 @@
 """JSON extraction on the default model: unconstrained vs constrained vs constrained + jump-forward.
 
-python benchmarks/json_decode.py [--requests 64] [--threads 2]
+python benchmarks/json_decode.py [--requests 64] [--threads 2] [--model PATH|preset:smollm2-135m] [--device cuda]
 
 In the spirit of the SGLang paper's JSON benchmark: a schema with many fixed keys and short values,
 64 requests submitted at once. Reports model forward steps, output tokens/s, latency, validity and
@@ -84,11 +84,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", default=None, help="default: the embedded model; or a path, or preset:NAME[:LAYERS] "
+                    "(random weights, real shapes: the GPU machine has no default model)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default=None, help="default float32 (CPU), bfloat16 on CUDA")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from sglpy.runtime.engine import Engine
+    from sglpy.runtime.testing.tiny_model import model_from_spec
 
-    eng = Engine(None, num_threads=args.threads)
+    cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+    eng = Engine(model_from_spec(args.model), num_threads=args.threads, device=args.device,
+                 dtype=args.dtype or ("bfloat16" if cuda else "float32"), max_total_tokens=65536)
+    print(f"device {eng.runner.device} ({torch.cuda.get_device_name() if cuda else 'cpu'}), model {eng.model_path}")
     texts = prompts(eng.tokenizer, args.requests)
     t = time.perf_counter()
     eng.constrained.compile("json_schema", json.dumps(SCHEMA)).result()  # a Future: compiled in a worker

@@ -239,6 +239,10 @@ def main(argv=None) -> int:
     ap.add_argument("--hf-subset", type=int, default=None, help="HF requests per round (default 4, quick 2)")
     ap.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
     ap.add_argument("--policy", default="lpm", help="schedule policy of the cache-on engine")
+    ap.add_argument("--model", default=None, help="default: the embedded model; or a path, or preset:NAME[:LAYERS] "
+                    "(random weights, real shapes: the GPU machine has no default model)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool size of each engine")
     ap.add_argument("--workloads", default="few-shot,multi-turn,fork",
                     help="comma-separated subset of few-shot, multi-turn, fork")
@@ -252,8 +256,11 @@ def main(argv=None) -> int:
     from sglpy.runtime.engine import Engine
 
     def make_engine(cache_on: bool):
-        return Engine(num_threads=args.threads, max_total_tokens=args.max_total_tokens,
-                      disable_radix_cache=not cache_on, schedule_policy=args.policy)
+        from sglpy.runtime.testing.tiny_model import model_from_spec
+
+        return Engine(model_from_spec(args.model), num_threads=args.threads, max_total_tokens=args.max_total_tokens,
+                      disable_radix_cache=not cache_on, schedule_policy=args.policy, device=args.device,
+                      dtype=args.dtype)
 
     eng = make_engine(True)
     tok = eng.tokenizer

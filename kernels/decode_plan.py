@@ -74,7 +74,9 @@ def plan_decode_attention(req_to_token: torch.Tensor, req_pool_indices: torch.Te
     check_tensor("req_pool_indices", req_pool_indices, 1, (torch.int32, torch.int64))
     check_tensor("seq_lens", seq_lens, 1, (torch.int32, torch.int64))
     check_dim("seq_lens", seq_lens.shape[0], req_pool_indices.shape[0], "length (= len(req_pool_indices))")
-    if req_to_token.is_cuda or req_pool_indices.numel() == 0:
+    # the Triton kernel reads lengths on the device; only the torch path (CPU, or CUDA with SGLPY_DISABLE_TRITON=1)
+    # needs the views/gathers planned here (testing is_cuda instead left that path with an empty plan)
+    if triton_module("decode_attention_triton", req_to_token) is not None or req_pool_indices.numel() == 0:
         return DecodePlan(req_to_token, req_pool_indices, seq_lens, (), ())
     _check_seq_len_values(seq_lens, req_to_token.shape[1])
     rows, lens = req_pool_indices.long(), seq_lens.tolist()

@@ -183,3 +183,30 @@ def extend_attention(
         return extend_attention_reference(*args)
     with on_device(q):
         return impl.extend_attention_triton(*args, max_extend=max_extend)
+
+
+def extend_attention_planned(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    sm_scale: float,
+    max_extend: int,
+) -> torch.Tensor:
+    """extend_attention for a caller that built the lengths on the host and passes max(extend_lens).
+
+    Shapes are checked, values are not: the runtime's own metadata, so a prefill step does not sync with
+    the host once per layer (which would stall overlap scheduling on CUDA).
+    """
+    check_extend_attention_args(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens)
+    if q.shape[0] == 0:
+        return torch.empty_like(q)
+    impl = triton_module("extend_attention_triton", q)
+    args = (q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale)
+    if impl is None:
+        return extend_attention_reference(*args)
+    with on_device(q):
+        return impl.extend_attention_triton(*args, max_extend=max_extend)

@@ -12,6 +12,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # of benchmarks/quality_gate.py and is faster), none on GPU
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16")  # auto = the model dtype
+CPU_MAX_TOTAL_TOKENS = 65536  # KV pool size on CPU when max_total_tokens is not given
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,8 @@ class EngineConfig:
     model: str | None = None  # HF folder or .gguf; None = embedded default model
     dtype: str = "float32"  # float32 on CPU: measured far faster than bf16 on this class of CPU
     device: str = "auto"  # auto = cuda when available, else cpu
-    max_total_tokens: int = 65536  # KV pool size in tokens (slots)
+    max_total_tokens: int | None = None  # KV pool size in tokens; None: 65536 on CPU, from free memory on CUDA
+    mem_fraction_static: float = 0.85  # CUDA: share of total GPU memory for weights + KV pool (SGLang's name)
     max_running_requests: int = 128
     max_prefill_tokens: int = 4096  # token budget of one prefill step
     chunked_prefill_size: int = 1024  # a longer uncached prompt is prefilled in chunks of this size
@@ -42,6 +44,12 @@ class EngineConfig:
     node_rank: int = 0  # this machine's index; node 0 runs the engine, others only start their ranks
     dist_init_addr: str | None = None  # host:port of rank 0's rendezvous; None = a free loopback port (one node)
     dist_timeout: float = 120.0  # seconds a tensor-parallel collective (or the rendezvous) may wait for a rank
+    # CUDA graphs for decode (runtime/model/cuda_graph.py). None = on for CUDA, off on CPU; False on CPU runs
+    # the same padded-bucket decode path eagerly (tests); True = off everywhere
+    disable_cuda_graph: bool | None = None
+    cuda_graph_max_bs: int = 160  # largest captured decode batch (capped by max_running_requests)
+    # overlap scheduling (engine/overlap.py): None = on for CUDA, off on CPU; False forces it on (CPU tests)
+    disable_overlap_schedule: bool | None = None
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -50,9 +58,18 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
-        for name in ("max_total_tokens", "max_running_requests", "max_prefill_tokens", "chunked_prefill_size"):
+        for name in ("max_running_requests", "max_prefill_tokens", "chunked_prefill_size", "cuda_graph_max_bs"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if self.max_total_tokens is not None and (not isinstance(self.max_total_tokens, int)
+                                                  or self.max_total_tokens <= 0):
+            raise ValueError(f"max_total_tokens must be a positive int, got {self.max_total_tokens!r}")
+        f = self.mem_fraction_static
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1:
+            raise ValueError(f"mem_fraction_static must be a number in (0, 1), got {f!r}")
+        for name in ("disable_cuda_graph", "disable_overlap_schedule"):
+            if getattr(self, name) not in (None, True, False):
+                raise ValueError(f"{name} must be true, false or unset (auto), got {getattr(self, name)!r}")
         if self.max_context_len is not None and self.max_context_len <= 1:
             raise ValueError(f"max_context_len must be > 1, got {self.max_context_len}")
         if self.quantization not in QUANTIZATION_MODES:

@@ -132,7 +132,8 @@ class ConstrainedDecoding:
     def _jump_all(self, reqs: list[Req], kv: KVManager, finished: list[Req]) -> None:
         for req in reqs:
             g = req.grammar
-            if g is None or req.finished or req.pending != 1:
+            # pending 1: the sampled token's KV comes next step; 0: overlap scheduling already computed it
+            if g is None or req.finished or req.pending > 1:
                 continue
             try:
                 self.iso.probe("jump-forward", req)

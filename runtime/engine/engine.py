@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -18,11 +19,12 @@ from typing import Any
 
 import torch
 
-from ..config import EngineConfig
+from ..config import CPU_MAX_TOTAL_TOKENS, EngineConfig
 from ..core import EngineProgress, FinishReason, OutputSink, Req, ReqStatus
 from ..memory.kv_manager import KVManager
 from ..memory.kv_pool import KVPool, ReqToTokenPool, kv_cache_torch_dtype
 from ..memory.radix_cache import RadixCache
+from ..memory.sizing import MemoryPlan, kv_bytes_per_token, plan_cuda_kv_pool
 from ..messages import (AbortReq, EngineInfo, FlushCacheReq, GenerateReq, GenerateReqInput, GetServerInfoReq,
                         ReqOutput, ShutdownReq, StepOutputs)
 from ..model.loader import resolve_model_path
@@ -31,6 +33,7 @@ from ..model.runner import ModelRunner
 from .detokenizer import IncrementalDetokenizer
 from .isolation import Isolation
 from .output import aborted_output, build_output
+from .overlap import OverlapStepper, drop_placeholder
 from .processor import OutputProcessor
 from .offline_api import OfflineAPI
 from .request_builder import RequestLimits, build_request
@@ -97,11 +100,14 @@ class Engine(OfflineAPI):
     def _build_around(self, cfg: EngineConfig, r: ModelRunner) -> None:
         """KV memory, scheduler, constrained decoding and the output processor around a loaded runner."""
         self.max_context = r.max_context
-        self.kv = KVManager(KVPool(r.num_layers, cfg.max_total_tokens, r.num_kv_heads, r.head_dim,
-                                   kv_cache_torch_dtype(cfg.kv_cache_dtype, r.dtype), r.device),
+        kv_dtype = kv_cache_torch_dtype(cfg.kv_cache_dtype, r.dtype)
+        self.memory_plan, total = self._pool_size(kv_bytes_per_token(r.num_layers, r.num_kv_heads, r.head_dim,
+                                                                     torch.empty((), dtype=kv_dtype).element_size()))
+        self.kv = KVManager(KVPool(r.num_layers, total, r.num_kv_heads, r.head_dim, kv_dtype, r.device),
                             ReqToTokenPool(cfg.max_running_requests, self.max_context, r.device),
                             RadixCache(disable=cfg.disable_radix_cache))
-        self.limits = RequestLimits(r.vocab_size, self.max_context, cfg.max_total_tokens)
+        r.init_decode_graphs(cfg, self.kv.buffers, self.kv.padding)
+        self.limits = RequestLimits(r.vocab_size, self.max_context, total)
         self.scheduler = Scheduler(cfg, self.kv, self.max_context)
         self.eos_ids = self._eos_ids()
         from .constrained import ConstrainedDecoding
@@ -113,6 +119,24 @@ class Engine(OfflineAPI):
                                                max_states=cfg.grammar_max_states)
         self.processor = OutputProcessor(Sampler(cfg.seed, r.device), self.eos_ids, self.max_context, self.constrained,
                                          self.isolation)
+        cuda = r.device.type == "cuda"
+        overlap = cfg.disable_overlap_schedule is False or (cfg.disable_overlap_schedule is None and cuda)
+        if cfg.tp_size > 1:
+            overlap = False  # future-token placeholders would travel to the other ranks unresolved
+        self.overlap = OverlapStepper(self) if overlap else None  # engine/overlap.py
+
+    def _pool_size(self, per_token: int) -> tuple[MemoryPlan | None, int]:
+        """KV pool size: max_total_tokens when given; on CUDA from free memory (printed); else the CPU default."""
+        cfg = self.config
+        if cfg.max_total_tokens is not None:
+            return None, cfg.max_total_tokens
+        if self.runner.device.type != "cuda" or cfg.tp_size > 1:
+            # every rank sizes its pool alike: under tensor parallelism the pool is not planned from one rank's
+            # free memory (pass --max-total-tokens on CUDA)
+            return None, CPU_MAX_TOTAL_TOKENS
+        plan = plan_cuda_kv_pool(self.runner.device, cfg.mem_fraction_static, per_token)
+        print(f"sglpy: {plan.describe()}", file=sys.stderr, flush=True)
+        return plan, plan.max_total_tokens
 
     def _eos_ids(self) -> set[int]:
         ids = set()
@@ -206,7 +230,7 @@ class Engine(OfflineAPI):
     def progress(self) -> EngineProgress:
         """Liveness: steps done, whether work is waiting, seconds since the loop last made progress (any thread)."""
         p = self._progress
-        busy = not p.idle and (self.scheduler.has_work() or not self._inbox.empty())
+        busy = not p.idle and (self._has_work() or not self._inbox.empty())
         return EngineProgress(p.steps, busy, time.monotonic() - p.last)
 
     def shutdown(self) -> None:
@@ -233,10 +257,13 @@ class Engine(OfflineAPI):
         return reply.result()
 
     # ------------------------------------------------------------------ the loop (engine thread only)
+    def _has_work(self) -> bool:
+        return self.scheduler.has_work() or (self.overlap is not None and self.overlap.busy)
+
     def _loop(self) -> None:
         prog = self._progress
         while True:
-            block = not self.scheduler.has_work()
+            block = not self._has_work()
             prog.idle = block
             try:
                 msg = self._inbox.get(block=block)
@@ -255,7 +282,7 @@ class Engine(OfflineAPI):
                 except queue.Empty:
                     msg = None
             try:
-                stepped = self.scheduler.has_work() and self.step()
+                stepped = self._has_work() and self.step()
             except TPGroupError as e:  # a rank is gone: nothing can run any more; fail loudly, never hang
                 self.failure = str(e)
                 logger.error("%s; the engine stops", e)
@@ -289,6 +316,8 @@ class Engine(OfflineAPI):
 
     def step(self) -> bool:
         """One scheduling round: schedule -> forward -> process -> emit; False when nothing could be scheduled."""
+        if self.overlap is not None:
+            return self.overlap.step()
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if batch is None:
@@ -324,6 +353,7 @@ class Engine(OfflineAPI):
     def _retire(self, reqs: list[Req]) -> list[Req]:
         """Finished requests leave the scheduler (their KV goes to the cache) and are counted."""
         for r in reqs:
+            drop_placeholder(r, self.kv)  # overlap: an id still in flight is not part of the output
             self.scheduler.remove(r)
             self._reqs.pop(r.rid, None)
             if r.finish_reason.type == "abort":
@@ -363,7 +393,7 @@ class Engine(OfflineAPI):
         self._emit(self._retire(reqs))
 
     def _flush(self) -> bool:
-        if self.scheduler.has_work():
+        if self._has_work():
             return False
         self.kv.flush()
         return True
@@ -383,6 +413,9 @@ class Engine(OfflineAPI):
             "num_running_reqs": len(self.scheduler.running),
             "num_waiting_reqs": len(self.scheduler.waiting),
             "total_retractions": self.scheduler.total_retractions,
+            "kv_pool_plan": self.memory_plan.describe() if self.memory_plan is not None else None,
+            "cuda_graph_batch_sizes": list(self.runner.graphs.buckets) if self.runner.graphs is not None else [],
+            "overlap_schedule": self.overlap is not None,
             "time": time.time(),
         })
         info.update(self.stats)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
 from ..core import BatchEntry, FinishReason, ForwardOutput, Req, TokenLogprob
+from ..device_io import rows as take_rows
 from .isolation import Isolation
 from .sampler import Sampler, token_logprobs
 from .stops import append_text, check_token_stop
@@ -33,6 +35,21 @@ def record_input_logprobs(e: BatchEntry, out: ForwardOutput, i: int) -> None:
         r.input_logprobs_done = True
 
 
+@dataclass
+class SampleLaunch:
+    """One forward's sampling, launched but not read back: the token ids stay on the device until needed."""
+
+    reqs: list[Req]
+    tokens: torch.Tensor | list[int | None]  # [n] int64 on the device; a list after a row-by-row retry
+    lp_index: list[int]  # positions in reqs of the requests that return logprobs
+    lp_logits: torch.Tensor | None  # [len(lp_index), vocab] their rows, copied at launch (pre-penalty)
+    failed: list[Req]  # requests that failed while sampling (already finished)
+
+    def host_tokens(self) -> list[int | None]:
+        """The sampled ids on the host (a device sync unless the overlap path copied them already)."""
+        return self.tokens if isinstance(self.tokens, list) else self.tokens.tolist()
+
+
 class OutputProcessor:
     """Applies one forward's results to its requests; returns those that finished (failed ones included)."""
 
@@ -46,6 +63,12 @@ class OutputProcessor:
 
     def process(self, entries: list[BatchEntry], out: ForwardOutput) -> list[Req]:
         """Record logprobs, sample next tokens, apply stop rules; returns newly finished requests."""
+        finished = self.prepare(entries, out)
+        launch = self.launch(entries, out)
+        return finished + self.complete(launch, launch.host_tokens())
+
+    def prepare(self, entries: list[BatchEntry], out: ForwardOutput) -> list[Req]:
+        """Prompt logprobs, and prefill-only requests (max_new_tokens 0) end when their prompt is done."""
         finished: list[Req] = []
         for i, e in enumerate(entries):
             try:
@@ -53,20 +76,31 @@ class OutputProcessor:
                 record_input_logprobs(e, out, i)
             except Exception as exc:  # noqa: BLE001 - isolated: this request alone ends
                 self._fail(e.req, "input logprobs", exc, finished)
-        for e in entries:  # prefill-only (max_new_tokens == 0) requests end when their prompt is done
+        for e in entries:
             r = e.req
             if not r.finished and r.sampling.max_new_tokens == 0 and e.prefix_len + e.extend_len >= r.seq_len:
                 r.finish_reason = FinishReason("length", length=0)
                 finished.append(r)
+        return finished
+
+    def launch(self, entries: list[BatchEntry], out: ForwardOutput, valid: list[bool] | None = None) -> SampleLaunch:
+        """Sample the rows of unfinished entries (and valid[i], when given) without reading the ids back."""
         picked = [(out.sample_row[i], e.req) for i, e in enumerate(entries)
-                  if out.sample_row[i] is not None and not e.req.finished]
-        if not picked:
-            return finished
+                  if out.sample_row[i] is not None and not e.req.finished and (valid is None or valid[i])]
         rows, reqs = [p[0] for p in picked], [p[1] for p in picked]
-        tokens = self._sample(reqs, rows, out, finished)
-        lps = self._logprobs(reqs, rows, tokens, out, finished)
+        failed: list[Req] = []
+        tokens = self._sample(reqs, rows, out, failed) if picked else []
+        lp_index = [j for j, r in enumerate(reqs) if r.return_logprob]
+        # a copy: the logits may be a CUDA-graph output that the next replay overwrites
+        lp_logits = take_rows(out.logits, [rows[j] for j in lp_index]) if lp_index else None
+        return SampleLaunch(reqs, tokens, lp_index, lp_logits, failed)
+
+    def complete(self, launch: SampleLaunch, tokens: list[int | None]) -> list[Req]:
+        """Append the sampled tokens (logprobs, grammar advance, stops, detokenization); returns finished ones."""
+        finished = list(launch.failed)
+        lps = self._logprobs(launch, tokens, finished)
         now = time.perf_counter()
-        for r, tok, lp in zip(reqs, tokens, lps):
+        for r, tok, lp in zip(launch.reqs, tokens, lps):
             if tok is not None and not r.finished:
                 self._append(r, tok, lp, now, finished)
         return finished
@@ -81,15 +115,16 @@ class OutputProcessor:
                 for phase in phases:
                     self.iso.probe(phase, r)
 
-    def _sample(self, reqs: list[Req], rows: list[int], out: ForwardOutput, finished: list[Req]) -> list[int | None]:
-        """One token per request (None for a request that failed here); batched, per row only after a failure."""
+    def _sample(self, reqs: list[Req], rows: list[int], out: ForwardOutput,
+                finished: list[Req]) -> torch.Tensor | list[int | None]:
+        """One token per request: a device tensor when batched; per row (None: failed) only after a failure."""
         uniforms = self.sampler.draw_uniforms(reqs)
         vocab = out.logits.shape[1]
         try:
             self._probe_all(("grammar mask", "sampling"), reqs)
-            logits = out.logits[rows]  # [n, vocab], a copy: penalties and masks change it in place
+            logits = take_rows(out.logits, rows)  # [n, vocab], a copy: penalties and masks change it in place
             bitmask, masked = self.constrained.masks(reqs, vocab) if self.constrained is not None else (None, None)
-            return self.sampler.sample(logits, reqs, self.eos_ids, uniforms, bitmask, masked)
+            return self.sampler.sample_tensor(logits, reqs, self.eos_ids, uniforms, bitmask, masked)
         except Exception:  # noqa: BLE001 - find the culprit below
             logger.warning("batched sampling of %d requests failed; redoing them one by one", len(reqs))
         tokens: list[int | None] = []
@@ -107,27 +142,28 @@ class OutputProcessor:
                 tokens.append(None)
         return tokens
 
-    def _logprobs(self, reqs: list[Req], rows: list[int], tokens: list[int | None], out: ForwardOutput,
+    def _logprobs(self, launch: SampleLaunch, tokens: list[int | None],
                   finished: list[Req]) -> list[TokenLogprob | None]:
         """The sampled token's logprob record for requests that asked (from the forward's logits, pre-penalty)."""
+        reqs = launch.reqs
         lps: list[TokenLogprob | None] = [None] * len(reqs)
-        want = [j for j, r in enumerate(reqs) if r.return_logprob and tokens[j] is not None]
+        want = [(k, j) for k, j in enumerate(launch.lp_index) if tokens[j] is not None]
         if not want:
             return lps
         try:
-            self._probe_all(("output logprobs",), [reqs[j] for j in want])
-            lp = torch.log_softmax(out.logits[[rows[j] for j in want]], dim=-1)  # [n, vocab]
-            recs = token_logprobs(lp, [tokens[j] for j in want], [reqs[j].top_logprobs_num for j in want])
-            for j, rec in zip(want, recs):
+            self._probe_all(("output logprobs",), [reqs[j] for _, j in want])
+            lp = torch.log_softmax(launch.lp_logits[[k for k, _ in want]], dim=-1)  # [n, vocab]
+            recs = token_logprobs(lp, [tokens[j] for _, j in want], [reqs[j].top_logprobs_num for _, j in want])
+            for (_, j), rec in zip(want, recs):
                 lps[j] = rec
             return lps
         except Exception:  # noqa: BLE001 - find the culprit below
             logger.warning("batched logprobs of %d requests failed; redoing them one by one", len(want))
-        for j in want:
+        for k, j in want:
             r = reqs[j]
             try:
                 self.iso.probe("output logprobs", r)
-                lp = torch.log_softmax(out.logits[[rows[j]]], dim=-1)  # [1, vocab]
+                lp = torch.log_softmax(launch.lp_logits[[k]], dim=-1)  # [1, vocab]
                 lps[j] = token_logprobs(lp, [tokens[j]], [r.top_logprobs_num])[0]
             except Exception as exc:  # noqa: BLE001
                 self._fail(r, "output logprobs", exc, finished)

@@ -56,9 +56,9 @@ class Scheduler:
         if req.num_preemptions == 0:
             req.cached_tokens = matched
 
-    def cache_unfinished(self, req: Req) -> None:
-        """After a prefill chunk: publish the request's KV in the cache so waiting requests can share it."""
-        self.kv.cache_unfinished(req)
+    def cache_unfinished(self, req: Req, upto: int | None = None) -> None:
+        """After a prefill chunk: publish the request's KV (all_ids[:upto]) so waiting requests can share it."""
+        self.kv.cache_unfinished(req, upto)
 
     def preempt(self, req: Req) -> None:
         """Return a running request to the front of the queue; its KV stays reusable in the cache."""

@@ -52,6 +52,12 @@ class KVManager:
     def __init__(self, pool: KVPool, rows: ReqToTokenPool, cache: RadixCache):
         self._pool, self._rows, self._cache = pool, rows, cache
         self.buffers = KVBuffers(pool.k_buffer, pool.v_buffer, rows.req_to_token)
+        rows.req_to_token[rows.padding_row].fill_(pool.padding_slot)
+
+    @property
+    def padding(self) -> tuple[int, int]:
+        """(slot, row) that padded decode rows use: never allocated, so their writes touch no request's KV."""
+        return self._pool.padding_slot, self._rows.padding_row
 
     # ------------------------------------------------------------------ read access
     @property
@@ -123,16 +129,20 @@ class KVManager:
             self._rows._free_row(req.row)
             req.row = None
 
-    def cache_unfinished(self, req: Req) -> None:
-        """Publish a running request's computed KV so waiting requests can share it; the request keeps a lock."""
-        if self._cache.disable or not req.slots or req.locked_len == req.kv_len:
+    def cache_unfinished(self, req: Req, upto: int | None = None) -> None:
+        """Publish a running request's computed KV so waiting requests can share it; the request keeps a lock.
+
+        upto: publish only all_ids[:upto] (overlap scheduling: the next token's slot is already taken, and
+        jump-forward must stay free to roll that token back)."""
+        n = req.kv_len if upto is None else min(upto, req.kv_len)
+        if self._cache.disable or not req.slots or req.locked_len >= n:
             return
-        res = self._cache.cache_unfinished(req.all_ids[: req.kv_len], req.slots, req.cache_node, req.extra_key)
+        res = self._cache.cache_unfinished(req.all_ids[:n], req.slots[:n], req.cache_node, req.extra_key)
         if res.duplicate_slots:
             self._pool._free(res.duplicate_slots)  # identical KV computed twice: keep the tree's copy
-        req.cache_node, req.slots = res.node, list(res.slots)
-        req.locked_len = len(req.slots)
-        self._rows._write(req.row, 0, req.slots)
+        req.cache_node, req.slots = res.node, list(res.slots) + req.slots[n:]
+        req.locked_len = len(res.slots)
+        self._rows._write(req.row, 0, req.slots[:n])
 
     def rollback(self, req: Req, kv_len: int) -> bool:
         """Drop `req`'s KV beyond kv_len (jump-forward re-tokenization); False when the cache owns those slots."""

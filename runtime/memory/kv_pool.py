@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import KV_CACHE_DTYPES
+from ..device_io import copy_to
 
 _KV_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -37,8 +38,10 @@ class KVPool:
     def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
         self.num_slots = num_slots
-        # k_buffer, v_buffer: [layers, slots, kv_heads, head_dim]
-        self.k_buffer = torch.zeros(num_layers, num_slots, kv_heads, head_dim, dtype=dtype, device=device)
+        # one slot past the pool is never handed out: padded decode rows (CUDA-graph buckets) write their K/V there
+        self.padding_slot = num_slots
+        # k_buffer, v_buffer: [layers, slots + 1, kv_heads, head_dim]
+        self.k_buffer = torch.zeros(num_layers, num_slots + 1, kv_heads, head_dim, dtype=dtype, device=device)
         self.v_buffer = torch.zeros_like(self.k_buffer)
         self._free_slots: list[int] = list(range(num_slots - 1, -1, -1))  # pop() hands out low slots first
         self._is_free = bytearray(b"\x01") * num_slots
@@ -75,8 +78,10 @@ class ReqToTokenPool:
     """Rows of KV slot ids, one row per running request: req_to_token[row, pos] = slot."""
 
     def __init__(self, max_reqs: int, max_context: int, device: torch.device):
-        # req_to_token: [max_reqs, max_context] int32 (read by the attention kernels)
-        self.req_to_token = torch.zeros(max_reqs, max_context, dtype=torch.int32, device=device)
+        # req_to_token: [max_reqs + 1, max_context] int32 (read by the attention kernels); the extra row is never
+        # handed out: padded decode rows read through it (KVManager points it at the pool's padding slot)
+        self.req_to_token = torch.zeros(max_reqs + 1, max_context, dtype=torch.int32, device=device)
+        self.padding_row = max_reqs
         self._free_rows = list(range(max_reqs - 1, -1, -1))
         self.max_context = max_context
 
@@ -94,5 +99,5 @@ class ReqToTokenPool:
 
     def _write(self, row: int, start: int, slots: list[int]) -> None:
         """Record slots for positions start..start+len(slots)-1 of a request's row."""
-        if slots:
-            self.req_to_token[row, start:start + len(slots)] = torch.tensor(slots, dtype=torch.int32)
+        if slots:  # pinned + non_blocking on CUDA: scheduling must not wait for the forward in flight
+            copy_to(self.req_to_token[row, start:start + len(slots)], slots, torch.int32)

@@ -21,6 +21,7 @@ class ForwardBatch:
     seq_lens: torch.Tensor  # [b] int64 = prefix_lens + extend_lens
     req_to_token: torch.Tensor  # [max_reqs, max_context] int32
     logits_indices: torch.Tensor  # [m] int64: packed token positions whose logits are computed
+    max_extend_len: int = 1  # longest extend among the extend requests (host-side: no sync in attention)
 
     @property
     def num_tokens(self) -> int:

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from sglpy.kernels import build_rope_cache, extend_attention
+from sglpy.kernels import build_rope_cache
+from sglpy.kernels.extend_attention import extend_attention_planned
 from sglpy.kernels.decode_plan import DecodePlan, decode_attention_planned, plan_decode_attention
 from sglpy.kernels.kv_store import store_kv_unchecked
 from sglpy.kernels.rmsnorm import rmsnorm_unchecked
@@ -89,13 +90,13 @@ class LlamaAttention(nn.Module):
         if nd == t:
             o = decode_attention_planned(q, k_cache, v_cache, plan.decode, self.scale)
         elif nd == 0:
-            o = extend_attention(q, k_cache, v_cache, fb.req_to_token, fb.req_pool_indices,
-                                 fb.prefix_lens, fb.extend_lens, self.scale)
+            o = extend_attention_planned(q, k_cache, v_cache, fb.req_to_token, fb.req_pool_indices,
+                                         fb.prefix_lens, fb.extend_lens, self.scale, fb.max_extend_len)
         else:  # mixed step: decode rows first, then extend rows
             o = torch.cat([
                 decode_attention_planned(q[:nd], k_cache, v_cache, plan.decode, self.scale),
-                extend_attention(q[nd:], k_cache, v_cache, fb.req_to_token, fb.req_pool_indices[nd:],
-                                 fb.prefix_lens[nd:], fb.extend_lens[nd:], self.scale),
+                extend_attention_planned(q[nd:], k_cache, v_cache, fb.req_to_token, fb.req_pool_indices[nd:],
+                                         fb.prefix_lens[nd:], fb.extend_lens[nd:], self.scale, fb.max_extend_len),
             ])
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
-from ..config import EngineConfig
+from ..config import CPU_MAX_TOTAL_TOKENS, EngineConfig
 from ..core import BatchEntry, ForwardOutput
+from ..device_io import to_device
 from ..memory.kv_manager import KVBuffers
 from ..memory.kv_pool import KVPool, kv_cache_torch_dtype
+from .cuda_graph import DecodeGraphRunner, DecodeInputs, capture_buckets, resolve_future_ids
 from .forward_batch import ForwardBatch
 from .loader import load_model
 from .parallel import TPGroup, TPGroupError
 from .quantization import quantize_model, resolve_quantization
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -56,6 +62,7 @@ class ModelRunner:
         # what a KV pool for this model needs: per-layer K/V of [slots, kv_heads, head_dim] (this rank's heads)
         self.num_layers, self.num_kv_heads, self.head_dim = hf.num_hidden_layers, self.model.num_kv_heads, \
             self.model.head_dim
+        self.graphs: DecodeGraphRunner | None = None
 
     def _start_group(self, cfg: EngineConfig, model_path: str) -> None:
         """Rank 0: check the split, start this node's other ranks, and join the group."""
@@ -105,8 +112,38 @@ class ModelRunner:
                 raise error
             raise ValueError(problem)
 
-    def forward(self, entries: list[BatchEntry], num_decode: int, kv: KVBuffers) -> ForwardOutput:
-        """Run one forward over entries (decode entries first); slots must already be allocated."""
+    def init_decode_graphs(self, cfg: EngineConfig, kv: KVBuffers, padding: tuple[int, int]) -> None:
+        """Set up the padded-bucket decode path (runtime/model/cuda_graph.py) per cfg.disable_cuda_graph.
+
+        None (auto): captured on CUDA, off on CPU. False: captured on CUDA, eager padded buckets on CPU (tests).
+        Capture needs the Triton kernels (the torch references sync with the host): without them, graphs are off.
+        """
+        cuda = self.device.type == "cuda"
+        if cfg.disable_cuda_graph or (cfg.disable_cuda_graph is None and not cuda):
+            return
+        if self.group is not None:
+            logger.warning("CUDA graphs off under tensor parallelism (the step is broadcast to the other ranks)")
+            return
+        capture = cuda
+        if cuda:
+            from sglpy.kernels._dispatch import triton_module
+
+            if triton_module("decode_attention_triton", kv.req_to_token) is None:
+                logger.warning("CUDA graphs off: the Triton kernels are disabled or unavailable")
+                return
+        buckets = capture_buckets(cfg.max_running_requests, cfg.cuda_graph_max_bs)
+        self.graphs = DecodeGraphRunner(lambda fb: self.model(fb, kv), kv, padding, buckets, self.device, capture)
+
+    def forward(self, entries: list[BatchEntry], num_decode: int, kv: KVBuffers,
+                future_tokens: torch.Tensor | None = None) -> ForwardOutput:
+        """Run one forward over entries (decode entries first); slots must already be allocated.
+
+        future_tokens: [k] int64 on the device, the previous step's sampled ids (overlap scheduling); an input
+        id -1 - j stands for future_tokens[j], resolved on the device.
+        """
+        if self.graphs is not None and num_decode == len(entries) and self.graphs.can_run(num_decode) \
+                and not any(e.req.wants_input_logprobs() for e in entries):
+            return self._decode_graph(entries, future_tokens)
         ids, pos, loc, rows = [], [], [], []
         input_rows, input_first, sample_row = [], [], []
         m = 0
@@ -140,14 +177,18 @@ class ModelRunner:
             return ForwardOutput(self._forward_tp(entries, num_decode, kv, ids, pos, loc, rows),
                                  input_rows, input_first, sample_row)
         dev = self.device
-        as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
+        as_long = lambda xs: to_device(xs, torch.int64, dev)  # noqa: E731 - no host wait on CUDA
+        input_ids = as_long(ids)
+        if ids and min(ids) < 0:
+            input_ids = resolve_future_ids(input_ids, future_tokens)
         fb = ForwardBatch(
-            input_ids=as_long(ids), positions=as_long(pos), out_cache_loc=as_long(loc), num_decode=num_decode,
+            input_ids=input_ids, positions=as_long(pos), out_cache_loc=as_long(loc), num_decode=num_decode,
             req_pool_indices=as_long([e.req.row for e in entries]),
             prefix_lens=as_long([e.prefix_len for e in entries]),
             extend_lens=as_long([e.extend_len for e in entries]),
             seq_lens=as_long([e.prefix_len + e.extend_len for e in entries]),
             req_to_token=kv.req_to_token, logits_indices=as_long(rows),
+            max_extend_len=max((e.extend_len for e in entries[num_decode:]), default=1),
         )
         logits = self.model(fb, kv)
         return ForwardOutput(logits, input_rows, input_first, sample_row)
@@ -204,10 +245,27 @@ class ModelRunner:
         self.group.destroy()
         self.group = None
 
+    def _decode_graph(self, entries: list[BatchEntry], future_tokens: torch.Tensor | None) -> ForwardOutput:
+        """A decode-only step through the padded buckets (one new token per request, every row sampled)."""
+        reqs = [e.req for e in entries]
+        inp = DecodeInputs(input_ids=[_token_at(r, e.prefix_len) for r, e in zip(reqs, entries)],
+                           positions=[e.prefix_len for e in entries],
+                           out_cache_loc=[r.slots[e.prefix_len] for r, e in zip(reqs, entries)],
+                           req_pool_indices=[r.row for r in reqs], seq_lens=[e.prefix_len + 1 for e in entries])
+        logits = self.graphs.run(inp, future_tokens)  # [b, vocab]
+        n = len(entries)
+        return ForwardOutput(logits, [range(0)] * n, [1] * n, list(range(n)))
+
 
 def kv_buffers_for(runner: ModelRunner, cfg: EngineConfig) -> KVBuffers:
     """A worker rank's own KV pool (its heads) and its mirror of rank 0's request-to-token table."""
-    pool = KVPool(runner.num_layers, cfg.max_total_tokens, runner.num_kv_heads, runner.head_dim,
+    pool = KVPool(runner.num_layers, cfg.max_total_tokens or CPU_MAX_TOTAL_TOKENS, runner.num_kv_heads, runner.head_dim,
                   kv_cache_torch_dtype(cfg.kv_cache_dtype, runner.dtype), runner.device)
     mirror = torch.zeros(cfg.max_running_requests, runner.max_context, dtype=torch.int32, device=runner.device)
     return KVBuffers(pool.k_buffer, pool.v_buffer, mirror)
+
+
+def _token_at(req, pos: int) -> int:
+    """all_ids[pos] without building all_ids."""
+    n = len(req.input_ids)
+    return req.input_ids[pos] if pos < n else req.output_ids[pos - n]

@@ -19,7 +19,10 @@ ENGINE_FLAG_HELP = {
     "default: the embedded SmolLM2-135M-Instruct",
     "dtype": "weight/activation dtype",
     "device": "auto (cuda when available, else cpu), cpu, or cuda[:N]",
-    "max_total_tokens": "KV pool size in tokens",
+    "max_total_tokens": "KV pool size in tokens; default: 65536 on CPU, on CUDA what --mem-fraction-static "
+    "leaves after the weights",
+    "mem_fraction_static": "CUDA: share of the GPU's total memory for weights + KV pool; the pool gets what "
+    "remains of it after loading the weights (printed at start)",
     "max_running_requests": "most requests decoded together in one batch",
     "max_prefill_tokens": "token budget of one prefill step",
     "chunked_prefill_size": "a longer uncached prompt is prefilled in chunks of this many tokens",
@@ -47,6 +50,12 @@ ENGINE_FLAG_HELP = {
     "node); default with one node: a free loopback port",
     "dist_timeout": "seconds a tensor-parallel collective or the rendezvous may wait for a rank before the "
     "engine fails (503, then restarted)",
+    "disable_cuda_graph": "decode without CUDA graphs (default: graphs on CUDA, none on CPU; "
+    "--no-disable-cuda-graph on CPU runs the padded-bucket decode path eagerly, for tests)",
+    "cuda_graph_max_bs": "largest decode batch captured in a CUDA graph (buckets 1, 2, 4, 8, 16, 24, ...; capped "
+    "by max_running_requests); larger batches run eagerly",
+    "disable_overlap_schedule": "do not prepare step n+1 on the CPU while the GPU runs step n (default: overlap on "
+    "CUDA, off on CPU; --no-disable-overlap-schedule forces it on, e.g. on CPU for tests)",
 }
 
 FLAG_ALIASES = {"tp_size": ("--tp",)}  # SGLang's docs write --tp N

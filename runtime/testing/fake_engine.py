@@ -18,7 +18,7 @@ import os
 import threading
 import time
 
-from sglpy.runtime.config import EngineConfig
+from sglpy.runtime.config import CPU_MAX_TOTAL_TOKENS, EngineConfig
 from sglpy.runtime.core import FinishReason, OutputSink, Req, TokenLogprob
 from sglpy.runtime.engine.output import build_output
 from sglpy.runtime.engine.request_builder import RequestLimits, build_request
@@ -72,7 +72,7 @@ class FakeEngine:
         self.token_delay = float(os.environ.get("SGLPY_FAKE_TOKEN_DELAY", "0.005"))
         self.tokenizer = FakeTokenizer()
         self.text = TokenizerOps(self.tokenizer)
-        self.limits = RequestLimits(len(self.tokenizer), self.context_len, self.config.max_total_tokens)
+        self.limits = RequestLimits(len(self.tokenizer), self.context_len, self.config.max_total_tokens or CPU_MAX_TOTAL_TOKENS)
         self._lock = threading.Lock()
         self._running: dict[str, Req] = {}
         self._used = 0  # KV tokens held by running requests
@@ -123,7 +123,7 @@ class FakeEngine:
 
     def get_server_info(self) -> dict:
         with self._lock:
-            total = self.config.max_total_tokens
+            total = self.config.max_total_tokens or CPU_MAX_TOTAL_TOKENS
             return {"model_path": self.model_path, "max_total_num_tokens": total, "max_context_len": self.context_len,
                     "kv_free": total - self._used, "kv_evictable": 0, "kv_used": self._used,
                     "num_running_reqs": len(self._running), "num_waiting_reqs": 0, "prompt_tokens": 0,

@@ -1,4 +1,4 @@
-"""Test helpers: tiny random-weight HF model folders built from a config in code."""
+"""Test helpers: tiny random-weight HF model folders built from a config in code; presets with real models' shapes (llama-1b), tokenizer export for a GPU machine."""
 
 from __future__ import annotations
 
@@ -11,11 +11,68 @@ from ..model.loader import resolve_model_path
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
+# Real models' shapes (random weights), vocabulary cut to the default tokenizer's 49152 ids. llama-1b is
+# Llama-3.2-1B's config (16 layers, 2048 hidden, 8192 MLP, 32/8 heads, head_dim 64, llama3 rope scaling).
+CONFIG_PRESETS = {
+    "llama-1b": dict(num_layers=16, hidden=2048, heads=32, kv_heads=8, max_pos=131072, tie_word_embeddings=True,
+                     extra=dict(intermediate_size=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
+                                rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})),
+    "smollm2-135m": dict(num_layers=30, hidden=576, heads=9, kv_heads=3, max_pos=8192, tie_word_embeddings=True,
+                         extra=dict(intermediate_size=1536, rope_theta=100000.0)),
+}
+
+# where make_tiny_model takes its tokenizer files when set (the GPU machine has no default model: docs/gpu.md)
+TOKENIZER_ENV = "SGLPY_TOKENIZER_DIR"
+
+
+def tokenizer_source() -> pathlib.Path:
+    """Folder holding the tokenizer files: $SGLPY_TOKENIZER_DIR, else the default model's converted folder."""
+    env = os.environ.get(TOKENIZER_ENV)
+    return pathlib.Path(env) if env else pathlib.Path(resolve_model_path(None))
+
+
+def export_tokenizer(dest: str | os.PathLike) -> str:
+    """Copy the default model's tokenizer files to dest (~3.5 MB: carried to a GPU machine instead of the model)."""
+    dest = pathlib.Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    src = pathlib.Path(resolve_model_path(None))
+    for name in TOKENIZER_FILES:
+        if (src / name).exists():
+            shutil.copy(src / name, dest / name)
+    return str(dest)
+
+
+def make_preset_model(path: str | os.PathLike, preset: str, seed: int = 0, num_layers: int | None = None) -> str:
+    """A random-weight folder with a real model's shapes (CONFIG_PRESETS); num_layers overrides the depth."""
+    if preset not in CONFIG_PRESETS:
+        raise ValueError(f"preset must be one of {sorted(CONFIG_PRESETS)}, got {preset!r}")
+    kw = dict(CONFIG_PRESETS[preset])
+    if num_layers is not None:
+        kw["num_layers"] = num_layers
+    return make_tiny_model(path, seed=seed, **kw)
+
+
+def model_from_spec(spec: str | None) -> str | None:
+    """Benchmarks' --model: None (the default model), a folder/.gguf path, or 'preset:NAME[:LAYERS]' (random
+    weights with a real model's shapes, built once under the temp folder)."""
+    if not spec or not spec.startswith("preset:"):
+        return spec
+    import tempfile
+
+    _, name, *layers = spec.split(":")
+    n = int(layers[0]) if layers else None
+    folder = pathlib.Path(tempfile.gettempdir()) / f"sglpy-preset-{name}-{n or 'full'}"
+    return make_preset_model(folder, name, num_layers=n)
+
+
 def make_tiny_model(path: str | os.PathLike, arch: str = "llama", seed: int = 0, num_layers: int = 2,
                     hidden: int = 64, heads: int = 4, kv_heads: int = 2, max_pos: int = 2048,
                     tie_word_embeddings: bool = True, intermediate: int | None = None,
-                    head_dim: int | None = None) -> str:
-    """Write a tiny random-weight Llama/Mistral/Qwen2 folder using the default model's tokenizer."""
+                    head_dim: int | None = None, extra: dict | None = None) -> str:
+    """Write a tiny random-weight Llama/Mistral/Qwen2 folder using the default model's tokenizer.
+
+    extra: more config fields (intermediate_size, rope_theta, rope_scaling, ...) over the defaults."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -23,23 +80,27 @@ def make_tiny_model(path: str | os.PathLike, arch: str = "llama", seed: int = 0,
     path = pathlib.Path(path)
     if (path / "config.json").exists():
         return str(path)
-    tok_src = pathlib.Path(resolve_model_path(None))
+    tok_src = tokenizer_source()
     classes = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
                "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
     if arch not in classes:
         raise ValueError(f"arch must be one of {sorted(classes)}")
     cfg_cls, model_cls = classes[arch]
-    extra = {} if head_dim is None else {"head_dim": head_dim}
-    config = cfg_cls(vocab_size=49152, hidden_size=hidden, intermediate_size=intermediate or hidden * 2, **extra,
-                     num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                     max_position_embeddings=max_pos, tie_word_embeddings=tie_word_embeddings,
-                     bos_token_id=1, eos_token_id=2, pad_token_id=2, rms_norm_eps=1e-5)
+    fields = dict(vocab_size=49152, hidden_size=hidden, intermediate_size=intermediate or hidden * 2,
+                  num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                  max_position_embeddings=max_pos, tie_word_embeddings=tie_word_embeddings,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=2, rms_norm_eps=1e-5)
+    if head_dim is not None:
+        fields["head_dim"] = head_dim
+    config = cfg_cls(**{**fields, **(extra or {})})
     torch.manual_seed(seed)
     model = model_cls(config).to(torch.float32)
-    with torch.no_grad():  # larger-than-default weights so logits are not all near-ties
+    # larger-than-default weights so logits are not all near-ties; 1/sqrt(hidden) keeps wide models' activations sane
+    std = min(0.08, hidden ** -0.5)
+    with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
-                p.normal_(0.0, 0.08)
+                p.normal_(0.0, std)
     tmp = path.with_name(path.name + ".tmp")
     model.save_pretrained(tmp, safe_serialization=True)
     for name in TOKENIZER_FILES:

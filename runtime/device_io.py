@@ -1,0 +1,35 @@
+"""Host-to-device copies that never wait for the device: pinned staging and non_blocking copies (CUDA).
+
+A plain `torch.tensor(values, device=cuda)` or `cuda_tensor[...] = cpu_tensor` synchronises the stream
+before returning (pageable source), so with overlap scheduling it would wait for the forward in flight.
+Staging through pinned memory lets the copy queue behind that work instead; PyTorch's caching host
+allocator keeps the pinned block alive until the copy has run. On CPU these are the plain operations.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """torch.tensor(values, dtype) on `device`, queued without a host wait on CUDA."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return t if device.type == "cpu" else t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def copy_to(dst: torch.Tensor, values, dtype: torch.dtype) -> None:
+    """dst[:] = values (a host list), queued without a host wait on CUDA."""
+    src = torch.tensor(values, dtype=dtype)
+    if dst.is_cuda:
+        dst.copy_(src.pin_memory(), non_blocking=True)
+    else:
+        dst.copy_(src)
+
+
+def rows(t: torch.Tensor, index: list[int]) -> torch.Tensor:
+    """t[index] for a host list of row indices (a copy), without a host wait on CUDA."""
+    if not t.is_cuda:
+        return t[index]
+    return t.index_select(0, to_device(index, torch.int64, t.device))
