@@ -75,6 +75,7 @@ def gen(
     no_stop_trim: Optional[bool] = None,
     ebnf: Optional[str] = None,
     logit_bias: Optional[dict] = None,
+    structural_tag: Optional[Union[str, dict]] = None,
 ):
     """Generate into variable `name`; unset (None) parameters inherit the program-level defaults.
 
@@ -108,7 +109,8 @@ def gen(
 
 
 # gen keywords that the typed variants fix or do not take (SGLang's gen_int/gen_string take the rest)
-_TYPED_GEN_EXCLUDED = ("min_tokens", "dtype", "choices", "choices_method", "regex", "json_schema", "ebnf")
+_TYPED_GEN_EXCLUDED = ("min_tokens", "dtype", "choices", "choices_method", "regex", "json_schema", "ebnf",
+                       "structural_tag")
 
 
 def _typed_gen(dtype: type, doc: str) -> Callable:

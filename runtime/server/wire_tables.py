@@ -57,7 +57,8 @@ SAMPLING = Schema("sampling_params", tuple([
     F("json_schema", one_of(STR, DICT), None, IMPL, "JSON schema constraint (a string; an object is accepted too)"),
     F("regex", STR, None, IMPL, "regex constraint"),
     F("ebnf", STR, None, IMPL, "EBNF (lark) grammar constraint"),
-    F("structural_tag", STR, None, DEFAULT_ONLY, "structural-tag constraints are not implemented"),
+    F("structural_tag", one_of(STR, DICT), None, IMPL, "structural-tag constraint (SGLang's shape: structures "
+      "[{begin, schema, end}] + triggers; a JSON string, an object is accepted too); see Tool calling"),
     F("ignore_eos", BOOL, False, IMPL, "keep going past EOS"),
     F("skip_special_tokens", BOOL, True, IMPL, "drop special tokens from the text"),
     F("spaces_between_special_tokens", BOOL, True, IMPL, "detokenizer option"),

@@ -27,7 +27,7 @@ def test_typed_gens_take_gens_keywords_without_repeating_them():
     for typed in (sgl.gen_int, sgl.gen_string):
         params = set(inspect.signature(typed).parameters)
         assert params == set(inspect.signature(sgl.gen).parameters) - {
-            "min_tokens", "dtype", "choices", "choices_method", "regex", "json_schema", "ebnf"}
+            "min_tokens", "dtype", "choices", "choices_method", "regex", "json_schema", "ebnf", "structural_tag"}
     node = sgl.gen_int("x", max_tokens=3, stop_regex=r"\d{4}", seed=7)
     assert node.overrides == {"max_tokens": 3, "stop_regex": r"\d{4}", "seed": 7, "dtype": int}
     with pytest.raises(TypeError, match="does not take"):
