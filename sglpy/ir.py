@@ -136,6 +136,7 @@ class SglConstantText(SglExpr):
 class SglGen(SglExpr):
     name: Optional[str]
     overrides: dict = field(default_factory=dict)  # gen keywords the call set (None = inherit)
+    tool_request: Any = None  # sglpy.tools.ToolRequest: the value is the parsed calls (a ToolResult)
 
 
 @dataclass(eq=False)
