@@ -126,6 +126,20 @@ def test_a_tool_loop_conversation_renders(client):
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
+def test_the_examples_openai_loop_runs(srv):
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
+    try:
+        import tool_loop
+
+        call, result, answer = tool_loop.openai_loop(srv.url)
+    finally:
+        sys.path.pop(0)
+    assert call["function"]["name"] in tool_loop.IMPLS and isinstance(answer, str)
+
+
 def test_bad_tool_input_is_a_400_naming_the_field_and_the_engine_keeps_serving(client):
     bad = [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"x": {"type": "string", "pattern": "(unclosed"}}}}}]
