@@ -300,3 +300,25 @@ def test_native_template_server_calls_in_its_format(hermes_model):
             assert ch.finish_reason == "tool_calls"
             for c in ch.message.tool_calls:
                 check_call(c)
+
+
+@pytest.mark.slow
+def test_generic_format_on_the_default_model():
+    with run_server("--max-total-tokens", "16384", "--num-threads", "2") as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+        r = client.chat.completions.create(model="m", messages=MSGS, tools=TOOLS, tool_choice="required", n=4,
+                                           temperature=1.0, max_tokens=200)
+        for ch in r.choices:
+            assert ch.finish_reason == "tool_calls"
+            for c in ch.message.tool_calls:
+                check_call(c)
+        weather = [{"role": "user", "content": "What's the weather in Oslo? Use the tool."}]
+        r = client.chat.completions.create(model="m", messages=weather, tools=TOOLS, temperature=0, max_tokens=120)
+        for c in r.choices[0].message.tool_calls or []:  # auto: whether it calls is the model's choice
+            check_call(c)
+        stream = client.chat.completions.create(model="m", messages=weather, tools=TOOLS, tool_choice="required",
+                                                temperature=0, max_tokens=120, stream=True)
+        (o,) = _collect_stream(stream)
+        assert o["finish"] == "tool_calls"
+        for c in o["calls"].values():
+            jsonschema.validate(json.loads(c["arguments"]), SCHEMAS[c["name"]])
