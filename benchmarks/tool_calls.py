@@ -8,7 +8,8 @@ every 4th request tool_choice auto, every 4th a named tool, the rest required. C
 parse or do not validate against their tool's schema (jsonschema). Then the same prompts again without
 any constraint, each forced to the length its constrained output had (min = max = that many tokens), so
 the two batches generate the same numbers of tokens: the wall-time difference is the constraint's cost
-(jump-forward tokens are prefilled instead of sampled, which can make the constrained batch cheaper).
+(jump-forward tokens are prefilled instead of sampled, which can make the constrained batch cheaper). Run in
+chunks as constrained / unconstrained / constrained again (ABA, averaged) against the shared box's drift.
 Also: the engine's in-loop grammar seconds (mask + advance + jump), cold compile times, and the
 per-token guide cost (allowed + advance) in free-text states vs inside calls, replayed on the outputs.
 """
@@ -67,7 +68,7 @@ def build(tok, n: int):
         prompts.append(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **extra))
         choice = ToolChoice("named", TOOLS[k]["name"]) if mode == "named" else ToolChoice(mode)
         tag = tool_constraint(setup.format, tools, choice, parallel=False)
-        sps.append({"structural_tag": tag, "temperature": 1.0, "max_new_tokens": 160, "seed": i})
+        sps.append({"structural_tag": tag, "temperature": 1.0, "max_new_tokens": 256, "seed": i})
         modes.append(mode)
     return prompts, sps, modes, setup.format
 
@@ -108,14 +109,14 @@ def replay(outs, sps, tok) -> dict:
     free, inside = [], []
     for o, sp in zip(outs, sps):
         g = comp.compile("structural_tag", sp["structural_tag"])
+        has_free = json.loads(sp["structural_tag"])["free_text"]
         s = g.initial_state
         for t in o["output_ids"]:
+            in_free = has_free and g.is_final(s)  # free-text states accept; states inside a call do not
             t0 = time.perf_counter()
             g.allowed(s)
-            was_final = g.is_final(s)
             s = g.advance(s, t)
-            (free if was_final and json.loads(sp["structural_tag"])["free_text"] else inside).append(
-                (time.perf_counter() - t0) * 1e6)
+            (free if in_free else inside).append((time.perf_counter() - t0) * 1e6)
     q = lambda xs, p: round(statistics.quantiles(xs, n=100)[p - 1], 1) if len(xs) > 2 else None  # noqa: E731
     return {"compile_s": compile_s, "free_text_tokens": len(free), "in_call_tokens": len(inside),
             "free_us_p50": q(free, 50), "free_us_p99": q(free, 99), "call_us_p50": q(inside, 50),
@@ -126,6 +127,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--chunk", type=int, default=50, help="requests per A/B/A round")
     ap.add_argument("--out")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -137,25 +139,41 @@ def main():
     prompts, sps, modes, fmt = build(tok, a.requests)
     eng.generate(prompts[:1], [dict(sps[0], max_new_tokens=4)])  # warm: compile workers, first forward
     eng.generate(prompts[:1], [{"max_new_tokens": 4}])
-    g0 = dict(eng.get_server_info()["grammar"])
-    t = time.perf_counter()
-    outs = eng.generate(prompts, sps)
-    t_con = time.perf_counter() - t
-    g1 = eng.get_server_info()["grammar"]
+    # ABA in chunks: constrained, the same prompts unconstrained at the same lengths, constrained again (same
+    # seeds, so the same outputs); the constrained time is the mean of the two, which cancels a linear drift of
+    # the shared box's load
+    outs, t_con, t_free, grammar_s = [], 0.0, 0.0, 0.0
+    for lo in range(0, a.requests, a.chunk):
+        p, sp = prompts[lo:lo + a.chunk], sps[lo:lo + a.chunk]
+        g0 = dict(eng.get_server_info()["grammar"])
+        t = time.perf_counter()
+        got = eng.generate(p, sp)
+        t1 = time.perf_counter() - t
+        g1 = eng.get_server_info()["grammar"]
+        grammar_s += sum(g1[k] - g0[k] for k in ("mask_s", "advance_s", "jump_s"))
+        lens = [o["meta_info"]["completion_tokens"] for o in got]
+        free_sps = [{"temperature": 1.0, "max_new_tokens": n, "min_new_tokens": n, "seed": lo + i}
+                    for i, n in enumerate(lens)]
+        t = time.perf_counter()
+        base = eng.generate(p, free_sps)
+        t_free += time.perf_counter() - t
+        assert [o["meta_info"]["completion_tokens"] for o in base] == lens
+        t = time.perf_counter()
+        again = eng.generate(p, sp)
+        t_con += (t1 + time.perf_counter() - t) / 2
+        same = sum(x["text"] == y["text"] for x, y in zip(got, again))
+        print(f"chunk {lo}: constrained {t1:.1f} s, unconstrained {t_free:.1f} s (cumulative), repeat identical "
+              f"{same}/{len(got)}, load {os.getloadavg()[0]:.1f}", flush=True)
+        outs += got
     lens = [o["meta_info"]["completion_tokens"] for o in outs]
     jumped = sum(o["meta_info"].get("jump_forward_tokens", 0) for o in outs)
-    free_sps = [{"temperature": 1.0, "max_new_tokens": n, "min_new_tokens": n, "seed": i} for i, n in enumerate(lens)]
-    t = time.perf_counter()
-    base = eng.generate(prompts, free_sps)
-    t_free = time.perf_counter() - t
-    assert [o["meta_info"]["completion_tokens"] for o in base] == lens
-    grammar_s = sum(g1[k] - g0[k] for k in ("mask_s", "advance_s", "jump_s"))
     result = {
         "requests": a.requests, "threads": a.threads, "loadavg_before": load, "loadavg_after": os.getloadavg(),
         "validity": check(outs, modes, fmt), "output_tokens": sum(lens), "jump_forward_tokens": jumped,
         "constrained_wall_s": round(t_con, 2), "unconstrained_same_lengths_wall_s": round(t_free, 2),
         "constraint_cost_per_call_ms": round((t_con - t_free) / a.requests * 1e3, 1),
         "grammar_in_loop_s": round(grammar_s, 3), "grammar_per_call_ms": round(grammar_s / a.requests * 1e3, 2),
+        "sampled_tokens": sum(lens) - jumped,
         "replay": replay(outs, sps, tok),
     }
     eng.shutdown()
