@@ -134,7 +134,7 @@ def main():
     from sglpy.runtime.engine import Engine
 
     load = os.getloadavg()
-    eng = Engine(max_total_tokens=131072, max_running_requests=256)
+    eng = Engine(max_total_tokens=40000, max_running_requests=64)  # KV ~46 KB/token (fp32): ~1.8 GB
     tok = eng.tokenizer
     prompts, sps, modes, fmt = build(tok, a.requests)
     eng.generate(prompts[:1], [dict(sps[0], max_new_tokens=4)])  # warm: compile workers, first forward

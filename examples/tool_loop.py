@@ -71,7 +71,7 @@ def openai_loop(url, question="What is 1234 plus 4321?"):
 
     messages = [{"role": "user", "content": question}]
     body = {"model": "default", "messages": messages, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
-            "max_tokens": 80}
+            "max_tokens": 80, "parallel_tool_calls": False}
     first = requests.post(url + "/v1/chat/completions", json=body, timeout=300).json()
     msg = first["choices"][0]["message"]
     call = msg["tool_calls"][0]
