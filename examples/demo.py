@@ -45,6 +45,10 @@ def main():
     engine_batch(backend.engine)
     print("\n=== 2. SGLang-style programs on the in-process engine ===")
     demo_programs.main(backend)
+    print("\n--- a tool call (sgl.gen(tools=...): the call is valid by construction) ---")
+    import tool_loop
+
+    tool_loop.program_loop(backend)
     backend.engine.shutdown()
     print("\n=== 3. The same kind of program over HTTP (sglpy serve + RuntimeEndpoint) ===")
     t = time.perf_counter()
@@ -54,6 +58,10 @@ def main():
         import quest_json_regex
 
         quest_json_regex.main(runtime.endpoint)
+        print("\n--- tool calling on the OpenAI API: tools, tool_calls, a role=tool message ---")
+        import tool_loop
+
+        tool_loop.openai_loop(runtime.url)
     finally:
         runtime.shutdown()
     print("\ndemo finished")

@@ -53,7 +53,7 @@ def choices_regex(choices: list[str]) -> str:
 class GrammarCompiler:
     """Compiles constraints for one tokenizer; results are cached (LRU) and safe to share across threads."""
 
-    KINDS = ("regex", "json_schema", "ebnf", "choices", "dtype")
+    KINDS = ("regex", "json_schema", "ebnf", "choices", "dtype", "structural_tag")
 
     def __init__(
         self,
@@ -135,7 +135,7 @@ class GrammarCompiler:
             done.set()
 
     def compile(self, kind: str, value: Any, cancel: Any = None, timeout_s: Any = ...) -> Guide:
-        """Dispatch on kind: regex | json_schema | ebnf | choices | dtype. The one entry point for the runtime.
+        """Dispatch on kind: regex | json_schema | ebnf | choices | dtype | structural_tag. The one entry point for the runtime.
 
         Raises GrammarError (a ValueError) naming the problem; BudgetExceeded (a GrammarError) past the time
         budget; CompileCancelled (a GrammarError) once `cancel.is_set()` (any object with is_set()).
@@ -151,6 +151,8 @@ class GrammarCompiler:
             return self.compile_choices(value, **kw)
         if kind == "dtype":
             return self.compile_dtype(value, **kw)
+        if kind == "structural_tag":
+            return self.compile_structural_tag(value, **kw)
         raise GrammarError(f"unknown constraint kind {kind!r} (expected one of {', '.join(self.KINDS)})")
 
     def compile_regex(self, pattern: str, cancel: Any = None, timeout_s: Any = ...) -> Guide:
@@ -238,6 +240,30 @@ class GrammarCompiler:
             return self._regex_guide(source, budget, make=make)
 
         return self._cached(key, build)
+
+    def compile_structural_tag(self, spec: Any, cancel: Any = None, timeout_s: Any = ...) -> Guide:
+        """Guide for a structural tag (SGLang's shape; grammar/structural_tag.py): free text, triggered JSON regions."""
+        from .json_schema import compile_schema
+        from .structural_tag import StructuralTag, structural_tag_dfa
+
+        tag = StructuralTag.parse(spec)
+        text = tag.to_json()
+        ws = self.whitespace_pattern
+
+        def build() -> Guide:
+            budget = self.budget(cancel, timeout_s)
+
+            def schema_dfa(schema, b):
+                return compile_schema(schema, whitespace_pattern=ws, strict=True,
+                                      max_recursion_depth=self.max_recursion_depth, budget=b).dfa
+
+            def make():
+                return structural_tag_dfa(tag, schema_dfa, self.max_states, budget), None
+
+            source = f"structural_tag:{json.dumps([ws, self.max_recursion_depth])}:{text}"
+            return self._regex_guide(source, budget, make=make)
+
+        return self._cached(("structural_tag", text, ws, self.max_recursion_depth, self.max_states), build)
 
     def compile_ebnf(self, grammar: str, start: str = "start", cancel: Any = None, timeout_s: Any = ...) -> Guide:
         """Guide for a context-free grammar in lark EBNF syntax."""

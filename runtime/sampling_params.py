@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf", "choices")
+CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf", "choices", "structural_tag")
 # sgl.gen keyword -> field, where SGLang's frontend uses another name (every other keyword is the field name).
 GEN_ALIASES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
 # /generate sampling_params key -> field, for SGLang's alternative spellings.
@@ -56,6 +56,7 @@ class SamplingParams:
     json_schema: str | None = None  # normalised to a JSON string
     ebnf: str | None = None
     choices: tuple[str, ...] | None = None
+    structural_tag: str | None = None  # SGLang's structural tag (JSON text; an object is accepted too)
     logit_bias: dict | None = field(default=None, hash=False)
 
     def __post_init__(self):
@@ -119,6 +120,11 @@ class SamplingParams:
                 fix("json_schema", json.dumps(self.json_schema))
             except TypeError as e:
                 raise ValueError(f"json_schema is not JSON-serialisable: {e}") from None
+        if self.structural_tag is not None and not isinstance(self.structural_tag, str):
+            try:
+                fix("structural_tag", json.dumps(self.structural_tag))
+            except TypeError as e:
+                raise ValueError(f"structural_tag is not JSON-serialisable: {e}") from None
         if self.choices is not None:
             if isinstance(self.choices, str) or not all(isinstance(c, str) and c for c in self.choices):
                 raise ValueError("choices must be a list of non-empty strings")

@@ -34,6 +34,7 @@ from .choices import (  # noqa: F401
 from .global_config import global_config  # noqa: F401
 from .interpreter import ProgramError  # noqa: F401
 from .program_state import ProgramState, ProgramStateGroup  # noqa: F401
+from .tools import FunctionCall, ToolResult, tool_prompt  # noqa: F401
 
 _LAZY = {
     "Engine": ("sglpy.backend_engine", "Engine"),
@@ -59,5 +60,5 @@ __all__ = [
     "assistant", "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int", "gen_string",
     "get_server_info", "global_config", "greedy_token_selection", "image", "select", "set_default_backend",
     "system", "system_begin", "system_end", "token_length_normalized", "unconditional_likelihood_normalized",
-    "user", "user_begin", "user_end", "video",
+    "user", "user_begin", "user_end", "video", "FunctionCall", "ToolResult", "tool_prompt",
 ]

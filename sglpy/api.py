@@ -75,6 +75,10 @@ def gen(
     no_stop_trim: Optional[bool] = None,
     ebnf: Optional[str] = None,
     logit_bias: Optional[dict] = None,
+    structural_tag: Optional[Union[str, dict]] = None,
+    tools: Optional[List[dict]] = None,
+    tool_choice: Union[str, None] = None,
+    parallel_tool_calls: Optional[bool] = None,
 ):
     """Generate into variable `name`; unset (None) parameters inherit the program-level defaults.
 
@@ -82,9 +86,26 @@ def gen(
     fields (runtime/sampling_params.py), so every sampling parameter can be set per gen. `max_tokens` /
     `min_tokens` are SamplingParams' max_new_tokens / min_new_tokens; the logprob fields and `dtype` are
     request options (GenParams). `choices` makes a select (temperature defaults to 0).
+    `tools` (OpenAI tool objects or bare {name, description, parameters}) constrains the output to valid calls
+    (`tool_choice` "required" (default), "auto" or a tool's name; `parallel_tool_calls` default False) and the
+    variable holds a `sgl.ToolResult` (`.call.name`, `.call.arguments`); see sglpy/tools.py.
     """
     keywords = dict(locals())
     del keywords["name"], keywords["choices"], keywords["choices_method"]
+    del keywords["tools"], keywords["tool_choice"], keywords["parallel_tool_calls"]
+    tool_request = None
+    if tools is not None:
+        from .tools import tool_constraint
+
+        if structural_tag is not None or regex is not None or json_schema is not None or ebnf is not None:
+            raise ValueError("gen(tools=...) constrains the output itself: give no regex/json_schema/ebnf/"
+                             "structural_tag with it")
+        if n not in (None, 1):
+            raise ValueError("gen(tools=...) takes one sample (n=1)")
+        keywords["structural_tag"], tool_request = tool_constraint(tools, tool_choice or "required",
+                                                                   bool(parallel_tool_calls))
+    elif tool_choice is not None or parallel_tool_calls is not None:
+        raise ValueError("tool_choice / parallel_tool_calls need tools")
     if choices:
         return SglSelect(name, list(choices), 0.0 if temperature is None else temperature,
                          choices_method or token_length_normalized)
@@ -104,11 +125,12 @@ def gen(
     if "min_tokens" in probe and "max_tokens" not in probe:
         probe["max_tokens"] = max(probe["min_tokens"], SamplingParams().max_new_tokens)
     GenParams().resolve(probe)
-    return SglGen(name, overrides)
+    return SglGen(name, overrides, tool_request)
 
 
 # gen keywords that the typed variants fix or do not take (SGLang's gen_int/gen_string take the rest)
-_TYPED_GEN_EXCLUDED = ("min_tokens", "dtype", "choices", "choices_method", "regex", "json_schema", "ebnf")
+_TYPED_GEN_EXCLUDED = ("min_tokens", "dtype", "choices", "choices_method", "regex", "json_schema", "ebnf",
+                       "structural_tag", "tools", "tool_choice", "parallel_tool_calls")
 
 
 def _typed_gen(dtype: type, doc: str) -> Callable:

@@ -243,12 +243,21 @@ class StreamExecutor:
                 self._append(chunk.delta, node.name)
                 meta = chunk.meta_info
             value = self.stream_buffers.get(node.name, "") if node.name is not None else None
-            self._finish_var(node.name, value, meta)
+            self._finish_var(node.name, _tool_value(node, value), meta)
             return
         res = self.backend.generate(self.text_, params)
         self._append(res.text, node.name)
         value = list(res.texts) if n > 1 else res.text
-        self._finish_var(node.name, value, res.meta_info)
+        self._finish_var(node.name, _tool_value(node, value), res.meta_info)
+
+
+def _tool_value(node: SglGen, value: Any) -> Any:
+    """A tool gen's variable is its parsed calls (sglpy.tools.ToolResult); other gens keep their text."""
+    if node.tool_request is None or value is None:
+        return value
+    from .tools import parse_result
+
+    return parse_result(value)
 
 
 def _set_event() -> threading.Event:

@@ -70,7 +70,7 @@ class GenParams:
         stops = tuple(extra_stops)
         if dtype is not None:
             regex, dtype_stops = dtype_to_regex(dtype)  # dtype wins over an explicit regex, like SGLang
-            fields.update(regex=regex, json_schema=None, ebnf=None, choices=None)
+            fields.update(regex=regex, json_schema=None, ebnf=None, choices=None, structural_tag=None)
             stops += dtype_stops
         if stops:
             stop = fields.get("stop", self.sampling.stop)
@@ -136,6 +136,7 @@ class SglConstantText(SglExpr):
 class SglGen(SglExpr):
     name: Optional[str]
     overrides: dict = field(default_factory=dict)  # gen keywords the call set (None = inherit)
+    tool_request: Any = None  # sglpy.tools.ToolRequest: the value is the parsed calls (a ToolResult)
 
 
 @dataclass(eq=False)

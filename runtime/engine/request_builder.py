@@ -99,7 +99,7 @@ def build_request(inp: GenerateReqInput, ops: TokenizerOps, limits: RequestLimit
     guide = None
     if sp.constraint is not None:
         if compile_guide is None:
-            raise ValueError("constrained decoding (regex / json_schema / ebnf / choices) is not available in this "
+            raise ValueError("constrained decoding (regex / json_schema / ebnf / choices / structural_tag) is not available in this "
                              "engine")
         # compiled in a worker process: the request is admitted to the scheduler once its guide is ready
         guide = compile_guide(*sp.constraint)

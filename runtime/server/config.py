@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..config import EngineConfig
+from ..tools.registry import PARSER_NAMES
 
 DEFAULT_ENGINE_FACTORY = "sglpy.runtime.engine:Engine"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -83,6 +84,8 @@ SERVER_FLAG_HELP = {
     "dp_size": "data-parallel replicas: N > 1 starts N workers on 127.0.0.1 ports PORT+1..PORT+N (torch threads "
     "split between them) behind sglang-router on HOST:PORT; the launcher exits non-zero if any of them dies",
     "router_policy": "sglang-router's --policy when --dp-size > 1",
+    "tool_call_parser": "tool-call format (SGLang's flag): generic, hermes (qwen25), llama3 or mistral; default: "
+    "detected from the chat template (generic when it does not render tools)",
 }
 
 
@@ -108,6 +111,7 @@ class ServerConfig:
     engine_factory: str = DEFAULT_ENGINE_FACTORY
     dp_size: int = 1  # > 1: runtime/server/replicas.py launches workers + sglang-router instead of serving
     router_policy: str = "cache_aware"
+    tool_call_parser: str | None = None  # None: detected from the chat template (runtime/tools/registry.py)
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self):
@@ -141,6 +145,8 @@ class ServerConfig:
                              f"PORT+1..PORT+{self.dp_size} and the router's metrics port, got {self.port}")
         if self.router_policy not in ROUTER_POLICIES:
             raise ValueError(f"router_policy must be one of {ROUTER_POLICIES}, got {self.router_policy!r}")
+        if self.tool_call_parser is not None and self.tool_call_parser not in PARSER_NAMES:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(PARSER_NAMES)}, got {self.tool_call_parser!r}")
         if not isinstance(self.engine, EngineConfig):
             raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
 
@@ -182,6 +188,8 @@ def _add_fields(group, cls, helps: dict, skip=()):
         kw = {"choices": LOG_LEVELS} if f.name == "log_level" else {}
         if f.name == "router_policy":
             kw = {"choices": ROUTER_POLICIES}
+        if f.name == "tool_call_parser":
+            kw = {"choices": PARSER_NAMES}
         if cls is EngineConfig and f.name == "dtype":
             from ..config import DTYPES
             kw = {"choices": DTYPES}

@@ -38,6 +38,13 @@ def build_sampling(fields: dict, vocab_size: int, param: str) -> SamplingParams:
         fields["top_k"] = -1  # SGLang's spelling of "whole vocabulary"
     if isinstance(fields.get("logit_bias"), dict):
         fields["logit_bias"] = {int(k): v for k, v in fields["logit_bias"].items()}
+    if fields.get("structural_tag") is not None:
+        from sglpy.grammar.structural_tag import StructuralTag
+
+        try:  # the spec's shape is checked here; its schemas when the constraint compiles
+            fields["structural_tag"] = StructuralTag.parse(fields["structural_tag"]).to_json()
+        except ValueError as e:
+            raise ApiError(400, f"{param}.structural_tag: {e}", param="structural_tag") from None
     try:
         sp = SamplingParams.from_dict(fields)
     except (ValueError, TypeError) as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import time
 from dataclasses import dataclass
 
@@ -11,10 +12,13 @@ from aiohttp import web
 
 from ..messages import ChatPromptReq, DetokenizeReq, EngineError, GenerateReqInput
 from ..sampling_params import LogprobOptions
+from ..tools import (Tool, ToolCallStream, ToolChoice, ToolError, ToolFormat, parse_tool_calls, parse_tool_choice,
+                     parse_tools, render_conversation, tool_constraint)
+from ..tools.constraint import structure_tool
 from .http_common import ApiError, error_body, read_json_object, send_sse, start_sse
 from .native_api import build_sampling, cache_namespace, check_token_ids, first_item, request_input
 from .openai_protocol import (chat_logprobs, chat_messages, check_request, completion_logprobs, finish_reason,
-                              sampling_fields)
+                              sampling_fields, tool_call_deltas)
 from .state import ServerState, new_rid
 
 
@@ -29,6 +33,45 @@ class _Job:
     want_logprobs: bool
     top_logprobs: int
     echo_texts: list[str] | None = None
+    tools: _ToolJob | None = None  # set when tool calls are parsed out of the output
+
+
+@dataclass(frozen=True)
+class _ToolJob:
+    """A chat request's tools: the format its calls are parsed in, and the tools (for error messages)."""
+
+    format: ToolFormat
+    tools: list[Tool]
+    choice: ToolChoice
+
+
+def _tools_of(f: dict, state: ServerState, messages: list[dict], sp):
+    """(template messages, extra template variables, sampling params, _ToolJob | None) for a chat request."""
+    try:
+        tools = parse_tools(f["tools"]) if f.get("tools") else None
+        choice = parse_tool_choice(f.get("tool_choice"), tools)
+        setup = state.tool_setup
+        shown = tools if choice.mode != "none" else None  # as SGLang: tool_choice none renders no tools
+        messages, extra = render_conversation(messages, setup, shown)
+    except ToolError as e:
+        raise ApiError(400, str(e), param=e.param) from None
+    constraint = tool_constraint(setup.format, tools or [], choice, f.get("parallel_tool_calls", True))
+    if constraint is None:
+        return messages, extra, sp, None
+    if sp.constraint is not None:
+        raise ApiError(400, f"tool_choice {choice.mode!r} constrains the output to tool calls; it cannot be combined "
+                            f"with {sp.constraint[0]} (use tool_choice none)", param="tool_choice")
+    return messages, extra, dataclasses.replace(sp, structural_tag=constraint), _ToolJob(setup.format, tools, choice)
+
+
+def _tool_compile_error(job: _Job, e: EngineError) -> Exception:
+    """A compile error of the tool constraint, re-worded to name the tool whose parameters failed."""
+    m = re.search(r"structural_tag\.structures\[(\d+)\]\.schema: (.*)", e.message, re.S)
+    if job.tools is None or e.status != 400 or m is None:
+        return e
+    i = structure_tool(job.tools.tools, job.tools.choice, int(m.group(1)))
+    return ApiError(400, f"tools[{i}].function.parameters cannot be compiled: {m.group(2)}",
+                    param=f"tools[{i}].function.parameters")
 
 
 async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, dict]:
@@ -37,14 +80,16 @@ async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, 
     sp = build_sampling(sampling_fields(f, chat), vocab, "request")
     if sp.n != 1:
         sp = dataclasses.replace(sp, n=1)  # n samples are n engine requests
+    tool_job = None
     if chat:
-        messages = chat_messages(f["messages"])
+        messages, extra, sp, tool_job = _tools_of(f, state, chat_messages(f["messages"]), sp)
         if f.get("input_ids") is not None:  # SGLang: pre-tokenized prompt, the template is not applied
             check_token_ids(f["input_ids"], vocab, "input_ids")
             prompts = [{"input_ids": f["input_ids"]}]
         else:
+            kwargs = {**(f.get("chat_template_kwargs") or {}), **extra}
             prompt = await state.engine.call(ChatPromptReq(messages, True, bool(f.get("continue_final_message")),
-                                                           f.get("chat_template_kwargs")))
+                                                           kwargs or None))
             prompts = [{"text": prompt}]
         want, top = bool(f.get("logprobs")), int(f.get("top_logprobs") or 0)
     else:
@@ -72,7 +117,7 @@ async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, 
             rid = job_id if len(prompts) * n == 1 else f"{job_id}-{i}-{j}"
             items.append(request_input(rid, p, sp, logprob, key))
             prompt_of.append(i)
-    job = _Job(job_id, chat, items, prompt_of, want, top)
+    job = _Job(job_id, chat, items, prompt_of, want, top, tools=tool_job)
     if not chat and f.get("echo"):
         job.echo_texts = [p["text"] if "text" in p else await state.engine.call(DetokenizeReq(p["input_ids"]))
                           for p in prompts]
@@ -95,7 +140,14 @@ def _choice(job: _Job, idx: int, out: dict) -> dict:
     meta = out.get("meta_info", {})
     reason, matched = finish_reason(meta)
     if job.chat:
-        return {"index": idx, "message": {"role": "assistant", "content": out.get("text", "")},
+        message = {"role": "assistant", "content": out.get("text", "")}
+        if job.tools is not None:
+            parsed = parse_tool_calls(message["content"], job.tools.format)
+            if parsed.calls:
+                message = {"role": "assistant", "content": parsed.content.strip() or None,
+                           "tool_calls": [c.to_openai() for c in parsed.calls]}
+                reason = "tool_calls" if reason == "stop" else reason
+        return {"index": idx, "message": message,
                 "logprobs": chat_logprobs(meta) if job.want_logprobs else None,
                 "finish_reason": reason, "matched_stop": matched}
     text = out.get("text", "")
@@ -112,7 +164,10 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
     state.admit(len(job.items))
     route = request.path
     if not f.get("stream"):
-        outs = await state.run_many(job.items, route)
+        try:
+            outs = await state.run_many(job.items, route)
+        except EngineError as e:
+            raise _tool_compile_error(job, e) from None
         return web.json_response({
             "id": job.id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": state.model_name, "choices": [_choice(job, i, o) for i, o in enumerate(outs)],
@@ -128,9 +183,15 @@ async def _stream(request, state: ServerState, job: _Job, route: str, include_us
     sent_lp = [0] * len(job.items)
     metas: list[dict] = [{} for _ in job.items]
 
-    def event(idx: int, text: str, reason=None, matched=None, logprobs=None, first=False) -> dict:
+    parsers = [ToolCallStream(job.tools.format) for _ in job.items] if job.tools is not None else None
+    held_ws = [""] * len(job.items)  # whitespace-only content of a tool job waits for real text
+    called = [False] * len(job.items)
+
+    def event(idx: int, text: str, reason=None, matched=None, logprobs=None, first=False, calls=None) -> dict:
         if job.chat:
             delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            if calls:
+                delta["tool_calls"] = calls
             choice = {"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         else:
             choice = {"index": idx, "text": text, "logprobs": logprobs, "finish_reason": reason}
@@ -138,8 +199,20 @@ async def _stream(request, state: ServerState, job: _Job, route: str, include_us
             choice["matched_stop"] = matched
         return {"id": job.id, "object": obj, "created": created, "model": state.model_name, "choices": [choice]}
 
+    def tool_delta(idx: int, events: list) -> tuple[str, list]:
+        text, calls = tool_call_deltas(events)
+        called[idx] = called[idx] or bool(calls)
+        text = held_ws[idx] + text
+        held_ws[idx] = ""
+        if text and not text.strip():
+            held_ws[idx], text = text, ""
+        return text, calls
+
     async with contextlib.aclosing(state.merge_streams(job.items, route)) as gen:
-        idx, chunk = await first_item(gen)
+        try:
+            idx, chunk = await first_item(gen)
+        except EngineError as e:
+            raise _tool_compile_error(job, e) from None
         resp = await start_sse(request, job.id)
         try:
             if job.chat:
@@ -160,10 +233,16 @@ async def _stream(request, state: ServerState, job: _Job, route: str, include_us
                           completion_logprobs(meta, sent_lp[idx], offset=sent_text[idx] - len(delta),
                                               want_top=job.top_logprobs > 0))
                     sent_lp[idx] = n_lp
-                if delta or lp:
-                    await send_sse(resp, event(idx, delta, logprobs=lp))
                 reason, matched = finish_reason(meta)
+                calls = None
+                if parsers is not None:
+                    events = parsers[idx].feed(delta) + (parsers[idx].finish() if reason is not None else [])
+                    delta, calls = tool_delta(idx, events)
+                if delta or lp or calls:
+                    await send_sse(resp, event(idx, delta, logprobs=lp, calls=calls))
                 if reason is not None:
+                    if parsers is not None and called[idx] and reason == "stop":
+                        reason = "tool_calls"
                     await send_sse(resp, event(idx, "", reason, matched))
                 try:
                     idx, chunk = await anext(gen)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from ..sampling_params import SamplingParams
+from ..tools.spec import ToolError, parse_assistant_calls, parse_tool_choice, parse_tools
 from .http_common import ApiError
 from .wire_tables import CHAT, CHAT_MESSAGE, COMPLETIONS, STREAM_OPTIONS
 
@@ -37,6 +38,11 @@ def check_request(body: dict, chat: bool) -> tuple[dict, dict]:
             raise ApiError(400, "best_of other than n is not supported", param="best_of")
         if f.get("echo") and f.get("logprobs") is not None:
             raise ApiError(400, "echo together with logprobs is not supported", param="echo")
+    if chat:
+        try:  # tool definitions and the choice are checked here; the rendering needs the model's template
+            parse_tool_choice(f.get("tool_choice"), parse_tools(f["tools"]) if f.get("tools") else None)
+        except ToolError as e:
+            raise ApiError(400, str(e), param=e.param) from None
     for key, value in (f.get("chat_template_kwargs") or {}).items():
         # template variables only (e.g. enable_thinking): never a template, tokenizer option or tool list
         if key in _TEMPLATE_RESERVED or not key.isidentifier() or not isinstance(value, (str, int, float, bool)):
@@ -45,21 +51,28 @@ def check_request(body: dict, chat: bool) -> tuple[dict, dict]:
     return f, options
 
 
-def _response_format_schema(rf: dict) -> str | None:
-    """response_format -> json_schema string (None for plain text)."""
+def _response_format_constraint(rf: dict) -> tuple[str, str] | None:
+    """response_format -> (json_schema | structural_tag, JSON text), None for plain text."""
     kind = rf.get("type")
     if kind in (None, "text"):
         return None
     if kind == "json_object":
-        return json.dumps({"type": "object"})
+        return "json_schema", json.dumps({"type": "object"})
     if kind == "json_schema":
         spec = rf.get("json_schema", rf)
         schema = spec.get("schema", spec.get("schema_")) if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise ApiError(400, "response_format.json_schema.schema must be a JSON schema object",
                            param="response_format")
-        return json.dumps(schema)
-    raise ApiError(400, f"response_format.type must be text, json_object or json_schema, got {kind!r}",
+        return "json_schema", json.dumps(schema)
+    if kind == "structural_tag":
+        from sglpy.grammar.structural_tag import StructuralTag
+
+        try:  # SGLang's shape: {"type": "structural_tag", "structures": [...], "triggers": [...]}
+            return "structural_tag", StructuralTag.parse(rf).to_json()
+        except ValueError as e:
+            raise ApiError(400, f"response_format: {e}", param="response_format") from None
+    raise ApiError(400, f"response_format.type must be text, json_object, json_schema or structural_tag, got {kind!r}",
                    param="response_format")
 
 
@@ -74,11 +87,11 @@ def sampling_fields(f: dict, chat: bool) -> dict:
     if f.get("logit_bias"):
         sp["logit_bias"] = f["logit_bias"]
     if f.get("response_format"):
-        schema = _response_format_schema(f["response_format"])
-        if schema is not None:
+        got = _response_format_constraint(f["response_format"])
+        if got is not None:
             if "json_schema" in sp:
                 raise ApiError(400, "give either response_format or json_schema, not both", param="response_format")
-            sp["json_schema"] = schema
+            sp[got[0]] = got[1]
     return sp
 
 
@@ -88,7 +101,16 @@ def chat_messages(messages: list[dict]) -> list[dict]:
     for i, m in enumerate(messages):
         f = CHAT_MESSAGE.validate(m, f"messages[{i}]")
         content = f.get("content")
-        if content is None:
+        calls = None
+        if f.get("tool_calls"):
+            if f["role"].lower() != "assistant":
+                raise ApiError(400, f"messages[{i}].tool_calls: only assistant messages carry tool calls",
+                               param=f"messages[{i}].tool_calls")
+            try:
+                calls = parse_assistant_calls(f["tool_calls"], f"messages[{i}].tool_calls")
+            except ToolError as e:
+                raise ApiError(400, str(e), param=e.param) from None
+        if content is None and not calls:
             raise ApiError(400, f"messages[{i}].content is required", param="messages")
         if isinstance(content, list):
             texts = []
@@ -102,6 +124,8 @@ def chat_messages(messages: list[dict]) -> list[dict]:
         for name in ("name", "tool_call_id"):
             if f.get(name):
                 msg[name] = f[name]
+        if calls:
+            msg["tool_calls"] = calls
         out.append(msg)
     return out
 
@@ -113,6 +137,25 @@ def finish_reason(meta: dict) -> tuple[str | None, object]:
         return None, None
     kind = fr.get("type")
     return {"stop": "stop", "length": "length", "abort": "abort"}.get(kind, kind), fr.get("matched")
+
+
+def tool_call_deltas(events: list) -> tuple[str, list[dict]]:
+    """Streaming parser events -> (content text, OpenAI `delta.tool_calls` entries)."""
+    from ..tools.stream import CallArgs, CallBegin, Content
+
+    text, calls = "", []
+    for e in events:
+        if isinstance(e, Content):
+            text += e.text
+        elif isinstance(e, CallBegin):
+            calls.append({"index": e.index, "id": e.id, "type": "function",
+                          "function": {"name": e.name, "arguments": ""}})
+        elif isinstance(e, CallArgs):
+            if calls and calls[-1]["index"] == e.index:
+                calls[-1]["function"]["arguments"] += e.text
+            else:
+                calls.append({"index": e.index, "function": {"arguments": e.text}})
+    return text, calls
 
 
 def _entry_text(e) -> str:

@@ -9,6 +9,8 @@ import time
 import uuid
 from typing import AsyncIterator
 
+from ..tools.registry import ToolSetup
+from ..tools.registry import detect as detect_tools
 from ..messages import EngineError, EngineInfo, GenerateReqInput, GetServerInfoReq
 from .engine_client import EngineClient
 from .http_common import ApiError
@@ -36,6 +38,7 @@ class ServerState:
         self.restarting: str | None = None  # what /health says while the supervisor starts a new engine
         self.metrics = ServerMetrics(config.served_model_name or config.engine.model or "default")
         self._unrecorded = ServerMetrics("unrecorded")  # never exported
+        self._tool_setup: tuple[str | None, ToolSetup] | None = None
 
     @property
     def model_name(self) -> str:
@@ -48,6 +51,14 @@ class ServerState:
         if self.engine.info is None:
             raise ApiError(503, "the engine is still starting", headers={"Retry-After": str(self.config.retry_after)})
         return self.engine.info
+
+    @property
+    def tool_setup(self) -> ToolSetup:
+        """The tool-call format and rendering for the served model's chat template (or --tool-call-parser)."""
+        template = self.info.chat_template
+        if self._tool_setup is None or self._tool_setup[0] != template:
+            self._tool_setup = (template, detect_tools(template, self.config.tool_call_parser))
+        return self._tool_setup[1]
 
     @property
     def ready(self) -> bool:

@@ -57,7 +57,8 @@ SAMPLING = Schema("sampling_params", tuple([
     F("json_schema", one_of(STR, DICT), None, IMPL, "JSON schema constraint (a string; an object is accepted too)"),
     F("regex", STR, None, IMPL, "regex constraint"),
     F("ebnf", STR, None, IMPL, "EBNF (lark) grammar constraint"),
-    F("structural_tag", STR, None, DEFAULT_ONLY, "structural-tag constraints are not implemented"),
+    F("structural_tag", one_of(STR, DICT), None, IMPL, "structural-tag constraint (SGLang's shape: structures "
+      "[{begin, schema, end}] + triggers; a JSON string, an object is accepted too); see Tool calling"),
     F("ignore_eos", BOOL, False, IMPL, "keep going past EOS"),
     F("skip_special_tokens", BOOL, True, IMPL, "drop special tokens from the text"),
     F("spaces_between_special_tokens", BOOL, True, IMPL, "detokenizer option"),
@@ -193,7 +194,8 @@ def _openai_common(chat: bool) -> list[WireField]:
         F("lora_path", one_of(STR, LIST), None, DEFAULT_ONLY, "LoRA adapters are not supported"),
         F("session_id", STR, None, NOOP, "identity only (as SGLang without session radix cache)"),
         F("session_params", DICT, None, DEFAULT_ONLY, "sessions are not implemented"),
-        F("response_format", DICT, None, IMPL, "text, json_object or json_schema (structural tags: 400)"),
+        F("response_format", DICT, None, IMPL, "text, json_object, json_schema or structural_tag "
+      "{structures, triggers}"),
         F("custom_params", DICT, None, DEFAULT_ONLY, "custom logit processors are not supported"),
         F("custom_logit_processor", one_of(STR, LIST), None, DEFAULT_ONLY, "custom logit processors are not "
           "supported"),
@@ -230,10 +232,11 @@ CHAT = Schema("request", tuple(_openai_common(chat=True) + [
     F("top_logprobs", int_range(0, MAX_OPENAI_TOP_LOGPROBS), None, IMPL, "alternatives per token"),
     F("max_tokens", int_range(0), None, IMPL, "deprecated spelling of max_completion_tokens"),
     F("max_completion_tokens", int_range(0), None, IMPL, "0 or null: the room left in the context (SGLang)"),
-    F("tools", LIST, None, DEFAULT_ONLY, "tools / function calling are not supported"),
-    F("tool_choice", one_of(STR, DICT), "auto", DEFAULT_ONLY, "\"auto\" or \"none\" (no tools)",
-      also_default=("none",)),
-    F("parallel_tool_calls", BOOL, True, NOOP, "only matters with tools"),
+    F("tools", LIST, None, IMPL, "function tools {type: function, function: {name, description, parameters, "
+      "strict}}; calls are constrained to valid arguments (see Tool calling)"),
+    F("tool_choice", one_of(STR, DICT), "auto", IMPL, "none / auto / required / {type: function, function: "
+      "{name}}; default auto with tools, none without"),
+    F("parallel_tool_calls", BOOL, True, IMPL, "false: at most one call"),
     *_default_only("not returned", "return_prompt_token_ids", "return_meta_info", "return_input_ids_in_sglext",
                    "return_output_ids_in_sglext", "return_sampling_mask", "return_flat_raw_output_top_logprobs",
                    check=BOOL, default=False),
@@ -261,13 +264,14 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 CHAT_MESSAGE = Schema("message", (
     F("role", Check(lambda v: isinstance(v, str) and v.lower() in CHAT_ROLES, "one of " + ", ".join(CHAT_ROLES)),
       REQUIRED, IMPL, "case-insensitive (SGLang's function/latest_reminder/root roles: 400)"),
-    F("content", one_of(STR, list_of(DICT)), None, IMPL, "a string or text parts; required (tool calls are not "
-      "supported)"),
-    F("tool_call_id", STR, None, IMPL, "passed to the chat template"),
+    F("content", one_of(STR, list_of(DICT)), None, IMPL, "a string or text parts; required except on an assistant "
+      "message with tool_calls"),
+    F("tool_call_id", STR, None, IMPL, "tool messages: the id of the call they answer (required)"),
     F("name", STR, None, IMPL, "passed to the chat template"),
     F("phase", STR, None, DEFAULT_ONLY, "not supported"),
     F("reasoning_content", STR, None, DEFAULT_ONLY, "no reasoning parser"),
-    F("tool_calls", LIST, None, DEFAULT_ONLY, "tool calls are not supported"),
+    F("tool_calls", LIST, None, IMPL, "assistant messages: earlier calls [{id, type: function, function: {name, "
+      "arguments}}]"),
     F("tools", LIST, None, DEFAULT_ONLY, "tools are not supported"),
     F("prefix", BOOL, None, DEFAULT_ONLY, "use continue_final_message"),
     F("refusal", STR, None, DEFAULT_ONLY, "not rendered by chat templates", origin="openai"),

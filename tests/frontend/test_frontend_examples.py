@@ -48,6 +48,15 @@ def test_tool_use_select(backend):
             assert result == tool_use_select.TOOLS[tool](inp.strip())
 
 
+def test_tool_loop(backend):
+    import tool_loop
+
+    call, result, answer = tool_loop.program_loop(backend)
+    assert call.name in tool_loop.IMPLS and isinstance(answer, str)
+    if constrained(backend):
+        assert result == tool_loop.IMPLS[call.name](**call.arguments)
+
+
 def test_parallel_tips_fork(backend):
     import parallel_tips_fork
 

@@ -16,7 +16,9 @@ FIELDS = set(SamplingParams.field_names())
 
 
 def test_gen_keywords_are_the_sampling_fields_plus_the_frontend_options():
-    keywords = set(inspect.signature(sgl.gen).parameters) - {"name", "choices_method"}
+    # the tool keywords become a structural_tag (sglpy/tools.py), not fields of their own
+    keywords = set(inspect.signature(sgl.gen).parameters) - {"name", "choices_method", "tools", "tool_choice",
+                                                             "parallel_tool_calls"}
     as_fields = {GEN_ALIASES.get(k, k) for k in keywords}
     assert as_fields == FIELDS | set(GenParams.OPTIONS)
     assert set(GenParams.OPTIONS) == set(LogprobOptions.field_names()) | {"dtype"}
@@ -27,7 +29,8 @@ def test_typed_gens_take_gens_keywords_without_repeating_them():
     for typed in (sgl.gen_int, sgl.gen_string):
         params = set(inspect.signature(typed).parameters)
         assert params == set(inspect.signature(sgl.gen).parameters) - {
-            "min_tokens", "dtype", "choices", "choices_method", "regex", "json_schema", "ebnf"}
+            "min_tokens", "dtype", "choices", "choices_method", "regex", "json_schema", "ebnf", "structural_tag",
+            "tools", "tool_choice", "parallel_tool_calls"}
     node = sgl.gen_int("x", max_tokens=3, stop_regex=r"\d{4}", seed=7)
     assert node.overrides == {"max_tokens": 3, "stop_regex": r"\d{4}", "seed": 7, "dtype": int}
     with pytest.raises(TypeError, match="does not take"):
