@@ -255,7 +255,7 @@ class GrammarCompiler:
 
             def schema_dfa(schema, b):
                 return compile_schema(schema, whitespace_pattern=ws, strict=True,
-                                      max_recursion_depth=self.max_recursion_depth, budget=b).dfa
+                                      max_recursion_depth=self.max_recursion_depth, budget=b).module
 
             def make():
                 return structural_tag_dfa(tag, schema_dfa, self.max_states, budget), None

@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from .budget import CompileBudget
-from .dfa import DEAD, ByteDFA, regex_to_dfa
+from .dfa import DEAD, ByteDFA
 from .errors import GrammarError
 from .regex_nfa import ATOM_BASE
+from .rtn_build import regex_to_module
 
 MAX_STRUCTURES = 128
 MAX_TRIGGER_BYTES = 256
@@ -173,12 +174,13 @@ def no_trigger_dfa(triggers: tuple[str, ...]) -> ByteDFA:
 
 
 def structural_tag_dfa(tag: StructuralTag, compile_schema, max_states: int = 20_000,
-                       budget: CompileBudget | None = None) -> ByteDFA:
-    """Minimal byte DFA of the tag's language; compile_schema(schema, budget) -> ByteDFA of that schema's JSON."""
-    atoms: dict[int, ByteDFA] = {}
+                       budget: CompileBudget | None = None):
+    """Minimal automaton of the tag's language: a ByteDFA, or a Module when a schema's module calls others;
+    compile_schema(schema, budget) -> that schema's JSON automaton (ByteDFA or Module)."""
+    atoms: dict[int, Any] = {}
     by_schema: dict[str, str] = {}
 
-    def atom(dfa: ByteDFA) -> str:
+    def atom(dfa) -> str:
         code = ATOM_BASE + len(atoms)
         atoms[code] = dfa
         return chr(code)
@@ -203,4 +205,6 @@ def structural_tag_dfa(tag: StructuralTag, compile_schema, max_states: int = 20_
     else:
         sep = re.escape(tag.separator)
         pattern = one + (f"(?:{sep}{one})*" if k is None else f"(?:{sep}{one}){{0,{k - 1}}}")
-    return regex_to_dfa(pattern, max_states, budget=budget, atoms=atoms, what="the structural tag")
+    # schema automata may be modules (definitions shared by reference): the tag is then a module too
+    mod = regex_to_module(pattern, max_states, budget=budget, atoms=atoms, what="the structural tag")
+    return mod if mod.entries else ByteDFA(mod.trans, mod.accepting, mod.initial)

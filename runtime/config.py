@@ -8,8 +8,8 @@ from typing import Any
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("float32", "bfloat16", "float16")
-# weight-only, quantized at load (runtime/model/quantization.py); auto = int8 on CPU (it passes the quality gate
-# of benchmarks/quality_gate.py and is faster), none on GPU
+# weight-only, quantized at load (runtime/model/quantization.py); auto = none for now: int8 passes the quality gate
+# of benchmarks/quality_gate.py and is faster, but its outputs vary with batch composition (see resolve_quantization)
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16")  # auto = the model dtype
 CPU_MAX_TOTAL_TOKENS = 65536  # KV pool size on CPU when max_total_tokens is not given
@@ -34,7 +34,7 @@ class EngineConfig:
     num_threads: int | None = None  # torch CPU threads; None = torch default
     seed: int = 0
     debug_invariants: bool = False  # check KV accounting after every step (tests)
-    quantization: str = "auto"  # weight-only quantization at load: auto (int8 on CPU, none on GPU), none, int8, int4
+    quantization: str = "auto"  # weight-only quantization at load: auto (= none for now), none, int8, int4
     kv_cache_dtype: str = "auto"  # KV pool storage; 16-bit storage is converted to float32 while reading
     grammar_workers: int = 2  # compile worker processes; 0 = compile on a thread of the engine (holds its GIL)
     grammar_compile_timeout: float = 5.0  # CPU seconds one constraint compile may use (wall cap: 10x + 10 s)

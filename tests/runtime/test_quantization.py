@@ -33,21 +33,21 @@ def test_serve_flags_map_onto_the_config():
         config_from_args(["--kv-cache-dtype", "fp7"])
 
 
-def test_auto_is_int8_on_cpu_and_none_on_gpu():
+def test_auto_is_none_everywhere_for_now():
     from sglpy.runtime.model.quantization import resolve_quantization
 
     assert EngineConfig().quantization == "auto"
-    assert resolve_quantization("auto", torch.device("cpu")) == "int8"
+    assert resolve_quantization("auto", torch.device("cpu")) == "none"
     assert resolve_quantization("auto", torch.device("cuda")) == "none"
     assert resolve_quantization("none", torch.device("cuda")) == "none"
     with pytest.raises(ValueError, match="runs on CPU only"):
         resolve_quantization("int8", torch.device("cuda"))
 
 
-def test_the_engine_default_runs_int8_and_says_so(tiny_model_path):
+def test_int8_runs_quantized_layers_and_says_so(tiny_model_path):
     from sglpy.runtime.engine import Engine
 
-    with Engine(tiny_model_path, max_total_tokens=256, device="cpu") as eng:
+    with Engine(tiny_model_path, max_total_tokens=256, device="cpu", quantization="int8") as eng:
         info = eng.get_server_info()
         kinds = {type(m).__name__ for m in eng.runner.model.modules()}
     assert info["quantization"] == "int8" and info["kv_cache_dtype"] == "auto"
