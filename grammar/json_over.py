@@ -9,7 +9,6 @@ import json
 import re
 from typing import Any
 
-from . import json_formats as F
 from .errors import GrammarError, is_fatal
 from .json_normal import TYPES, Ctx, Norm, Sub, alt, is_json_type
 from .json_numbers import ANY_NUMBER_RE
@@ -83,23 +82,7 @@ class OverMixin:
         if n.enum is not None:
             vals = [v for v in n.enum if any(is_json_type(v, t, self.draft) for t in types)]
             return alt([self.const_over(v, ctx) for v in vals])
-        parts = []
-        for t in types:
-            if t == "null":
-                parts.append(F.NULL)
-            elif t == "boolean":
-                parts.append(F.BOOLEAN)
-            elif t == "string":
-                parts.append(self.string_re(n, "over"))
-            elif t in ("integer", "number"):
-                if t == "integer" and "number" in types:
-                    continue
-                parts.append(self.number_re(n, t == "integer", "over"))
-            elif t == "array":
-                parts.append(self.array_over(n, ctx))
-            else:
-                parts.append(self.object_over(n, ctx))
-        return alt(parts)
+        return self.typed_alt(n, ctx, types, "over")
 
     def const_over(self, v: Any, ctx: Ctx) -> str | None:
         """Every generated text equal to `v` after json.loads (key order and duplicate keys included)."""

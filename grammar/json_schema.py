@@ -269,6 +269,10 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
         types = TYPES if n.types is None else [t for t in TYPES if t in n.types]
         if n.enum is not None:
             return self.enum_under(n, ctx, types)
+        return self.typed_alt(n, ctx, types, "under")
+
+    def typed_alt(self, n: Norm, ctx: Ctx, types, mode: str) -> str | None:
+        """The alternation of `types`' value languages for n, each built in `mode` ("under" or "over")."""
         parts = []
         for t in types:
             if t == "null":
@@ -276,15 +280,15 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
             elif t == "boolean":
                 parts.append(F.BOOLEAN)
             elif t == "string":
-                parts.append(self.string_re(n, "under"))
+                parts.append(self.string_re(n, mode))
             elif t in ("integer", "number"):
                 if t == "integer" and "number" in types:
                     continue
-                parts.append(self.number_re(n, t == "integer", "under"))
+                parts.append(self.number_re(n, t == "integer", mode))
             elif t == "array":
-                parts.append(self.array_under(n, ctx))
+                parts.append(getattr(self, f"array_{mode}")(n, ctx))
             else:
-                parts.append(self.object_under(n, ctx))
+                parts.append(getattr(self, f"object_{mode}")(n, ctx))
         return alt(parts)
 
     def enum_under(self, n: Norm, ctx: Ctx, types) -> str | None:
