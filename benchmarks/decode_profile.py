@@ -97,8 +97,12 @@ def main() -> None:
           f"load {os.getloadavg()}")
     print(f"{'mode':<12}{'step ms':>9}{'in ops ms':>11}{'Python/fw ms':>14}{'fw share':>10}{'ops/step':>10}"
           f"{'engine ms/tok':>15}")
+    from sglpy.runtime.engine.cpu_threads import on_own_thread
+
     for mode in args.modes.split(","):
-        r = profile_mode(path, mode, args.context, args.steps)
+        # on a short-lived thread: a ModelRunner driven from this thread would leave it a second OpenMP pool that
+        # slows the engine measured next (docs/runtime.md, "CPU threads")
+        r = on_own_thread(profile_mode, path, mode, args.context, args.steps)
         eng_ms = engine_token_ms(path, mode)
         rest = r["step_ms"] - r["op_ms"]
         print(f"{mode:<12}{r['step_ms']:>9.2f}{r['op_ms']:>11.2f}{rest:>14.2f}{rest / r['step_ms']:>9.0%}"

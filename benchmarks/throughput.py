@@ -193,6 +193,7 @@ def main():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sglpy.runtime.engine import Engine
+    from sglpy.runtime.engine.cpu_threads import on_own_thread
     from sglpy.runtime.model.loader import resolve_model_path
 
     path = resolve_model_path(None)
@@ -200,8 +201,11 @@ def main():
     work = make_workload(tok, args.requests)
     print(f"workload: {len(work)} requests, prompt tokens {sum(len(w[0]) for w in work)}, "
           f"output tokens {sum(w[1] for w in work)}, torch threads {args.threads}, load {os.getloadavg()}")
-    hf = None if args.skip_hf else AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    hf_single = [bench_hf_single(hf, tok, args.reps)] if hf is not None else []
+    # HF runs on short-lived threads: torch work on this (long-lived) thread would give it a second OpenMP pool
+    # and slow every engine step (docs/runtime.md, "CPU threads")
+    hf = None if args.skip_hf else on_own_thread(
+        lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
+    hf_single = [on_own_thread(bench_hf_single, hf, tok, args.reps)] if hf is not None else []
     modes, rows = [], []
     for mode in args.modes.split(","):
         eng = Engine(path, num_threads=args.threads, max_total_tokens=args.max_total_tokens, **parse_mode(mode))
@@ -223,10 +227,10 @@ def main():
         modes.append(m)
         print(f"{mode}: {m}, load {os.getloadavg()[0]:.2f}", flush=True)
     if hf is not None:
-        hf_single.append(bench_hf_single(hf, tok, args.reps))
+        hf_single.append(on_own_thread(bench_hf_single, hf, tok, args.reps))
         if not args.skip_batch:
-            rows.append(bench_hf_sequential(hf, work[: args.hf_seq_requests]))
-            rows.append(bench_hf_static(hf, tok, work[: 16 * args.hf_batches]))
+            rows.append(on_own_thread(bench_hf_sequential, hf, work[: args.hf_seq_requests]))
+            rows.append(on_own_thread(bench_hf_static, hf, tok, work[: 16 * args.hf_batches]))
     report(modes, rows, hf_single, args)
 
 

@@ -80,12 +80,6 @@ class Engine(OfflineAPI):
         self.model_path = resolve_model_path(cfg.model)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.text = TokenizerOps(self.tokenizer)
-        self.runner = r = ModelRunner(cfg, self.model_path)
-        try:
-            self._build_around(cfg, r)
-        except BaseException:
-            r.close()  # tensor-parallel ranks already started must not outlive a failed start
-            raise
         self.stats = {"num_requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
                       "num_steps": 0, "num_aborted": 0, "step_s": 0.0}
         self._reqs: dict[str, Req] = {}
@@ -94,8 +88,29 @@ class Engine(OfflineAPI):
         self._inbox: queue.Queue = queue.Queue()
         self._stopped = False
         self.failure: str | None = None  # why the engine stopped serving (a tensor-parallel rank failed)
-        self._thread = threading.Thread(target=self._loop, name="sglpy-engine", daemon=True)
+        # The model is loaded on the loop thread, not here: torch's OpenMP (libgomp) gives every thread that runs a
+        # parallel op its own worker pool, and once two pools exist on a machine with few cores their workers stop
+        # spinning between ops, which made every decode step 1.5-2x slower (docs/runtime.md, "CPU threads").
+        started: Future = Future()
+        self._thread = threading.Thread(target=self._run, args=(started,), name="sglpy-engine", daemon=True)
         self._thread.start()
+        started.result()  # a failed load raises here, in the caller
+
+    def _run(self, started: Future) -> None:
+        """Loop thread: load the model and build around it, report the start, then serve until shutdown."""
+        try:
+            self.runner = r = ModelRunner(self.config, self.model_path)
+            try:
+                self._build_around(self.config, r)
+            except BaseException:
+                r.close()  # tensor-parallel ranks already started must not outlive a failed start
+                raise
+        except BaseException as e:  # noqa: BLE001 - re-raised in the constructing thread
+            self._stopped = True
+            started.set_exception(e)
+            return
+        started.set_result(None)
+        self._loop()
 
     def _build_around(self, cfg: EngineConfig, r: ModelRunner) -> None:
         """KV memory, scheduler, constrained decoding and the output processor around a loaded runner."""

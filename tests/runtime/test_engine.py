@@ -302,3 +302,38 @@ def test_stop_regex_cuts_at_the_first_match_and_streaming_never_shows_it(engine)
     with pytest.raises(ValueError, match="stop_regex"):
         engine.generate(prompt, {**sp, "stop_regex": "(unclosed"})
     _assert_no_leak(engine)
+
+
+def test_model_is_loaded_and_run_on_the_loop_thread(tiny_model_path, monkeypatch):
+    """libgomp keeps one worker pool per thread that runs a parallel torch op; a second pool (the caller's)
+    made every CPU decode step 1.5-2x slower, so loading, warm-up and forwards all stay on the loop thread."""
+    from sglpy.runtime.engine import engine as engine_mod
+
+    seen = []
+
+    class SpyRunner(engine_mod.ModelRunner):
+        def __init__(self, *args, **kwargs):
+            seen.append(("load", threading.current_thread().name))
+            super().__init__(*args, **kwargs)
+
+        def forward(self, *args, **kwargs):
+            seen.append(("forward", threading.current_thread().name))
+            return super().forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine_mod, "ModelRunner", SpyRunner)
+    with Engine(tiny_model_path, max_total_tokens=512) as eng:
+        eng.generate("hi", {"max_new_tokens": 2})
+    assert {what for what, _ in seen} == {"load", "forward"}
+    assert {name for _, name in seen} == {"sglpy-engine"}
+
+
+def test_a_failed_model_load_raises_in_the_constructing_thread(tiny_model_path, monkeypatch):
+    from sglpy.runtime.engine import engine as engine_mod
+
+    class BrokenRunner:
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("weights are unreadable")
+
+    monkeypatch.setattr(engine_mod, "ModelRunner", BrokenRunner)
+    with pytest.raises(RuntimeError, match="weights are unreadable"):
+        Engine(tiny_model_path, max_total_tokens=512)
