@@ -10,11 +10,12 @@ import torch.nn.functional as F
 from ._checks import FLOAT_DTYPES, check_dim, check_tensor
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's packed int4 CPU kernel accepts
-# Up to this many rows go through the packed kernels; above it a bf16 copy of the dequantized weights runs as
-# a dense GEMM when one was packed (CPUs with native bf16 matmul). The packed kernels scale linearly in rows;
-# measured on the whole default model (one forward of M rows, 1 thread, weights streaming from memory, ms
-# packed vs dense): int8 M=1 46 vs 74, M=8 69 vs 77, M=12 88 vs 85; int4 M=8 51 vs 67, M=16 85 vs 77.
-PACKED_MAX_ROWS = 8
+# Above this many rows a dense copy of the dequantized weights (when one was kept) runs as a plain GEMM: the packed
+# kernels cost the same per row at any M, a GEMM gets cheaper per row. Measured ([576 -> 3072] and [1536 -> 576],
+# 2 threads, AVX2, ms packed vs float32 dense): M=8 0.21 vs 0.36, M=16 0.38 vs 0.41, M=24 0.60 vs 0.50, M=64
+# 1.5 vs 0.92, M=512 14.9 vs 6.2 (int8); a bf16 copy, on CPUs that multiply bf16 natively, measured on the whole
+# model (1 thread): int8 M=8 69 vs 77 ms, M=12 88 vs 85; int4 M=8 51 vs 67, M=16 85 vs 77.
+PACKED_MAX_ROWS = {torch.float32: 16, torch.bfloat16: 8}
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class PackedLinear:
     qweight: torch.Tensor  # int8 [N, K] | uint8 [N, K // 2] (torch's CPU int4 packing)
     scales: torch.Tensor  # int8: bf16 [N]; int4: bf16 [K // group, N, 2] (scale, zero) per group
     group_size: int  # in_features for int8
-    dense: torch.Tensor | None = None  # bf16 [N, K]: the same dequantized weights, for many-row calls
+    dense: torch.Tensor | None = None  # float32 or bf16 [N, K]: the same dequantized weights, for many-row calls
     bias: torch.Tensor | None = None  # float32 [N]
 
     def __post_init__(self):
@@ -86,8 +87,11 @@ def dequantize_int4(codes: torch.Tensor, scales_and_zeros: torch.Tensor, group_s
 
 
 def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None, kind: str, group_size: int = 32,
-                dense: bool = False) -> PackedLinear:
-    """Quantize an fp32 [N, K] weight into the kernel layout; dense=True also keeps a bf16 copy for many rows."""
+                dense: torch.dtype | None = None) -> PackedLinear:
+    """Quantize an fp32 [N, K] weight into the kernel layout; `dense` (float32 or bfloat16) also keeps a copy of the
+    dequantized weights in that dtype for many-row calls (PACKED_MAX_ROWS)."""
+    if dense not in (None, torch.float32, torch.bfloat16):
+        raise ValueError(f"dense must be None, torch.float32 or torch.bfloat16, got {dense}")
     check_tensor("weight", weight, 2, FLOAT_DTYPES)
     n, k = weight.shape
     if kind == "int8":
@@ -104,7 +108,7 @@ def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None, kind: str, grou
         raise ValueError(f"kind must be 'int8' or 'int4', got {kind!r}")
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
     return PackedLinear(kind, n, k, packed, scales, group_size,
-                        deq.to(torch.bfloat16).contiguous() if dense else None, b)
+                        deq.to(dense).contiguous() if dense is not None else None, b)
 
 
 def dequantize(p: PackedLinear) -> torch.Tensor:
@@ -140,13 +144,19 @@ def quant_linear_unchecked(x: torch.Tensor, p: PackedLinear) -> torch.Tensor:
     """quant_linear without argument checks (the model's hot path; its shapes are fixed at load)."""
     # x: [M, K] float -> [M, N] in x.dtype. Activations enter the kernels as bf16 (their fast path); the
     # kernels accumulate in float32. fp32 activations in torch's packed kernels take a scalar path (~10x slower).
+    if p.dense is not None and x.shape[0] > PACKED_MAX_ROWS[p.dense.dtype]:
+        y = F.linear(x if x.dtype == p.dense.dtype else x.to(p.dense.dtype), p.dense)
+        return _finish(y, x, p)
     xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)  # (a no-op .to still costs ~1 us)
-    if p.dense is not None and x.shape[0] > PACKED_MAX_ROWS:
-        y = F.linear(xb, p.dense)
-    elif p.kind == "int8":
+    if p.kind == "int8":
         y = torch._weight_int8pack_mm(xb, p.qweight, p.scales)
     else:
         y = torch._weight_int4pack_mm_for_cpu(xb, p.qweight, p.group_size, p.scales)
+    return _finish(y, x, p)
+
+
+def _finish(y: torch.Tensor, x: torch.Tensor, p: PackedLinear) -> torch.Tensor:
+    # y: [M, N] from a kernel -> x.dtype, + bias
     if y.dtype != x.dtype:
         y = y.to(x.dtype)
     if p.bias is not None:

@@ -8,8 +8,8 @@ from typing import Any
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("float32", "bfloat16", "float16")
-# weight-only, quantized at load (runtime/model/quantization.py); auto = none for now: int8 passes the quality gate
-# of benchmarks/quality_gate.py and is faster, but its outputs vary with batch composition (see resolve_quantization)
+# weight-only, quantized at load (runtime/model/quantization.py); auto = on CPU int4 for weights already on a 4-bit
+# grid, else int8 (both pass benchmarks/quality_gate.py and are faster), none elsewhere (see resolve_quantization)
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16")  # auto = the model dtype
 CPU_MAX_TOTAL_TOKENS = 65536  # KV pool size on CPU when max_total_tokens is not given

@@ -5,33 +5,65 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sglpy.kernels.quant_linear import PackedLinear, pack_linear, quant_linear_unchecked
+from sglpy.kernels.quant_linear import (PackedLinear, dequantize_int4, dequantize_int8, pack_linear, quant_linear_unchecked,
+                                        quantize_int4, quantize_int8)
 from ..config import QUANTIZATION_MODES
 
 INT4_GROUP_SIZE = 32  # GGUF Q4_1's block: the embedded model's weights sit exactly on this grid
 
 
-def resolve_quantization(mode: str, device: torch.device) -> str:
-    """The mode that runs: 'auto' is none for now (float32 weights) on every device.
+def resolve_quantization(mode: str, device: torch.device, model: nn.Module | None = None,
+                         tensor_parallel: bool = False) -> str:
+    """The mode that runs. 'auto': none off CPU; on CPU int4 when `model`'s projections already sit on a 4-bit
+    grid (int4_loses_nothing), else int8. Both pass the quality gate on the default model (benchmarks/README.md).
 
-    int8 passes the quality gate and decodes ~1.9x faster on CPU (benchmarks/README.md), but its bf16-rounded
-    activations turn last-bit differences between batch shapes into visible logprob and greedy-token
-    differences, so a request's output would depend on its neighbours in the batch; it stays opt-in
-    (--quantization int8) until that is fixed."""
+    Under tensor parallelism auto is int8 on CPU: each rank sees only its shards, and every rank must run the same
+    mode. Quantized outputs, like SGLang's and vLLM's, can differ in the last bits with the batch a request runs
+    in; `none` (float32) is the mode whose outputs equal HF's and do not depend on the batch."""
     if mode not in QUANTIZATION_MODES:
         raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, got {mode!r}")
     if mode == "auto":
-        return "none"
+        if device.type != "cpu":
+            return "none"
+        return "int4" if not tensor_parallel and model is not None and int4_loses_nothing(model) else "int8"
     if mode != "none" and device.type != "cpu":
         raise ValueError(f"quantization={mode!r} runs on CPU only (device is {device}); use none or auto")
     return mode
 
 
-def dense_bf16_matmul_is_fast() -> bool:
-    """True on CPUs with native bf16 matmul (AMX or AVX512-BF16), where a bf16 GEMM beats the packed kernels."""
+def _projections(layer: nn.Module) -> list[nn.Linear]:
+    """The fused projections of one decoder layer (what quantize_model replaces)."""
+    return [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj]
+
+
+def int4_loses_nothing(model: nn.Module) -> bool:
+    """True when the first and last layers' projections re-quantized to int4 (group 32) are at least as close
+    to them as int8 is (checking every layer took ~10 s at load; a checkpoint quantizes its layers alike).
+
+    That happens when the weights came from 4-bit blocks (a Q4_0/Q4_1 GGUF such as the embedded default model:
+    int4 then only re-rounds the block scales, ~0.4% relative error vs int8's ~0.9%); ordinary float weights
+    lose ~10% to int4 and stay with int8.
+    """
+    with torch.no_grad():
+        layers = model.model.layers
+        for lin in _projections(layers[0]) + _projections(layers[-1]):
+            w = lin.weight.detach().to(torch.float32)
+            n, k = w.shape
+            if n % 16 or k % INT4_GROUP_SIZE:
+                return False
+            err4 = (dequantize_int4(*quantize_int4(w, INT4_GROUP_SIZE), INT4_GROUP_SIZE) - w).norm()
+            if err4 > (dequantize_int8(*quantize_int8(w)) - w).norm():
+                return False
+    return True
+
+
+def dense_copy_dtype() -> torch.dtype:
+    """dtype of the dense weight copy for many-row calls: bf16 on CPUs with native bf16 matmul (AMX or
+    AVX512-BF16), where a bf16 GEMM beats the packed kernels from 8 rows; float32 elsewhere (from 16 rows)."""
     cpu = torch.cpu
-    return bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)()
-                or getattr(cpu, "_is_avx512_bf16_supported", lambda: False)())
+    native = bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)()
+                  or getattr(cpu, "_is_avx512_bf16_supported", lambda: False)())
+    return torch.bfloat16 if native else torch.float32
 
 
 class QuantizedLinear(nn.Module):
@@ -43,8 +75,9 @@ class QuantizedLinear(nn.Module):
         self.in_features, self.out_features = packed.in_features, packed.out_features
 
     @classmethod
-    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, mode: str, dense: bool) -> "QuantizedLinear":
-        """Quantize an fp32 [out, in] weight per `mode` ('int8' or 'int4')."""
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
+                    dense: torch.dtype | None) -> "QuantizedLinear":
+        """Quantize an fp32 [out, in] weight per `mode` ('int8' or 'int4'); `dense`: dtype of a many-row copy."""
         return cls(pack_linear(weight, bias, mode, INT4_GROUP_SIZE, dense=dense))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -55,7 +88,7 @@ class QuantizedLinear(nn.Module):
         return f"{p.kind}, in={p.in_features}, out={p.out_features}, dense_copy={p.dense is not None}"
 
 
-def _replace(parent: nn.Module, name: str, mode: str, dense: bool) -> int:
+def _replace(parent: nn.Module, name: str, mode: str, dense: torch.dtype | None) -> int:
     lin = getattr(parent, name)
     if hasattr(lin, "linear"):  # a tensor-parallel RowParallel wrapper: quantize this rank's shard inside it
         parent, name, lin = lin, "linear", lin.linear
@@ -64,12 +97,14 @@ def _replace(parent: nn.Module, name: str, mode: str, dense: bool) -> int:
     return q.packed.nbytes
 
 
-def quantize_model(model: nn.Module, mode: str, dense: bool | None = None) -> int:
+def quantize_model(model: nn.Module, mode: str, dense: bool = True) -> int:
     """Replace every projection of a loaded, fused LlamaForCausalLM by its quantized form; returns weight bytes.
 
     The lm_head gets its own quantized copy (int8 per channel in both modes: the embedded model's
     embedding is Q8_0, and 4 bits lose 15 points of top-1 agreement); the embedding lookup stays exact.
-    dense=None keeps a bf16 copy for many-row calls when this CPU multiplies bf16 natively.
+    dense=True also keeps the dequantized weights in dense_copy_dtype() for many-row calls (prefill chunks and
+    batches above 16 rows, where a dense GEMM is 1.6-2.4x faster than the packed kernels): speed, not memory, is
+    what quantization buys on CPU here; dense=False keeps only the packed weights.
     Under tensor parallelism each rank quantizes its own shards: per output channel, a column-parallel shard
     gets exactly the numbers of tp=1; a row-parallel shard's channel scale covers its own input columns.
     """
@@ -77,8 +112,7 @@ def quantize_model(model: nn.Module, mode: str, dense: bool | None = None) -> in
         raise ValueError(f"quantize_model takes none, int8 or int4 (resolve 'auto' first), got {mode!r}")
     if mode == "none":
         return 0
-    if dense is None:
-        dense = dense_bf16_matmul_is_fast()
+    dense = dense_copy_dtype() if dense else None
     total = 0
     with torch.no_grad():
         for layer in model.model.layers:

@@ -52,7 +52,8 @@ class ModelRunner:
         if self.group is not None and self.group.device.type == "cuda":
             self.device = self.group.device
         self.model = load_model(model_path, self.dtype, self.device, self.group)
-        self.quantization = resolve_quantization(cfg.quantization, self.device)  # what runs: none, int8, int4
+        # what runs: none, int8 or int4 (auto looks at the loaded weights)
+        self.quantization = resolve_quantization(cfg.quantization, self.device, self.model, self.group is not None)
         quantize_model(self.model, self.quantization)
         hf = self.model.config
         self.hf_config = hf

@@ -34,8 +34,9 @@ ENGINE_FLAG_HELP = {
     "num_threads": "torch CPU threads of the engine process; default: torch's default",
     "seed": "random seed of the engine",
     "debug_invariants": "check KV accounting after every engine step (slow; for tests)",
-    "quantization": "weight-only quantization at load, CPU: none (fp32, exact HF equality), int8 (per output "
-    "channel) or int4 (per group of 32); the lm_head gets an int8 copy, the embedding stays exact",
+    "quantization": "weight-only quantization at load: auto (CPU: int4 when the weights already sit on a 4-bit "
+    "grid, else int8; GPU: none), none (fp32, exact HF equality), int8 (per output channel) or int4 (per group of "
+    "32); the lm_head gets an int8 copy, the embedding stays exact",
     "kv_cache_dtype": "KV cache storage: auto (the model dtype), bfloat16/bf16 or float16/fp16 (converted "
     "to float32 while attention reads it)",
     "grammar_workers": "constraint compile worker processes (0: compile on a thread of the engine process, "

@@ -50,12 +50,13 @@ def test_int4_recovers_weights_already_on_a_q4_1_grid():
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_dequantize_matches_the_dense_copy_and_the_codes(kind):
+@pytest.mark.parametrize("dense", [torch.float32, torch.bfloat16])
+def test_dequantize_matches_the_dense_copy_and_the_codes(kind, dense):
     w = _weight()
-    p = pack_linear(w, None, kind, 32, dense=True)
+    p = pack_linear(w, None, kind, 32, dense=dense)
     deq = dequantize(p)
     assert deq.shape == w.shape and deq.dtype == torch.float32
-    assert torch.equal(deq.bfloat16(), p.dense)
+    assert p.dense.dtype == dense and torch.equal(deq.to(dense), p.dense)
     if kind == "int4":
         codes, sz = quantize_int4(w, 32)
         assert torch.equal(deq, dequantize_int4(codes, sz, 32))
@@ -64,8 +65,8 @@ def test_dequantize_matches_the_dense_copy_and_the_codes(kind):
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
-@pytest.mark.parametrize("dense", [False, True])
-@pytest.mark.parametrize("rows", [1, 3, PACKED_MAX_ROWS + 5])
+@pytest.mark.parametrize("dense", [None, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 13, 21])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_quant_linear_matches_reference(kind, dense, rows, with_bias):
     w = _weight(seed=rows)
@@ -74,10 +75,30 @@ def test_quant_linear_matches_reference(kind, dense, rows, with_bias):
     x = torch.randn(rows, 96)
     got = quant_linear(x, p)
     assert got.shape == (rows, 48) and got.dtype == torch.float32
+    if dense == torch.float32 and rows > PACKED_MAX_ROWS[torch.float32]:
+        # the float32 dense copy: exactly the dequantized weights, float32 activations
+        torch.testing.assert_close(got, quant_linear_reference(x, p), rtol=1e-5, atol=1e-5)
+        return
     # the kernels read activations as bf16 and return bf16: compare with the oracle on bf16-rounded inputs
     want = quant_linear_reference(x.bfloat16().float(), p)
     tol = 1e-2 * want.abs().max().item()
     torch.testing.assert_close(got, want, rtol=1e-2, atol=tol)
+
+
+def test_many_rows_take_the_dense_copy_and_few_rows_the_packed_kernel(monkeypatch):
+    import sglpy.kernels.quant_linear as ql
+
+    p = pack_linear(_weight(), None, "int8", 32, dense=torch.float32)
+    calls = []
+    real = torch._weight_int8pack_mm
+    monkeypatch.setattr(torch, "_weight_int8pack_mm", lambda *a: calls.append("packed") or real(*a))
+    real_linear = ql.F.linear
+    monkeypatch.setattr(ql.F, "linear", lambda *a: calls.append("dense") or real_linear(*a))
+    for rows in (1, PACKED_MAX_ROWS[torch.float32], PACKED_MAX_ROWS[torch.float32] + 1, 64):
+        quant_linear(torch.randn(rows, 96), p)
+    assert calls == ["packed", "packed", "dense", "dense"]
+    with pytest.raises(ValueError, match="dense must be"):
+        pack_linear(_weight(), None, "int8", 32, dense=torch.float16)
 
 
 def test_packed_linear_accounts_bytes_and_rejects_bad_kinds():

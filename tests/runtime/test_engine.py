@@ -16,7 +16,7 @@ def engine(tiny_model_path):
     eng.shutdown()
 
 
-# float32 weights (the CPU default is int8): for logprobs that must equal HF's, and for greedy outputs compared
+# float32 weights (the CPU default, auto, quantizes): for logprobs that must equal HF's, and for greedy outputs compared
 # across batch shapes, chunking and preemption. Those are bit-identical in float32 only: int8 rounds the
 # activations to bf16 for its kernels, so a last-bit attention difference between batch shapes (gather vs
 # in-place read) can flip a near-tie of the random tiny model's logits.

@@ -36,7 +36,9 @@ NUMBER: /[0-9]{1,3}/
 
 @pytest.fixture(scope="module")
 def engine(default_model_path):
-    eng = Engine(default_model_path, max_total_tokens=32768, debug_invariants=True)
+    # float32: greedy outputs with and without jump-forward are compared, and they run in different batch shapes
+    # (quantized outputs may differ in the last bits with the batch; docs/runtime.md)
+    eng = Engine(default_model_path, max_total_tokens=32768, debug_invariants=True, quantization="none")
     yield eng
     eng.shutdown()
 

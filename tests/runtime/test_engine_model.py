@@ -34,7 +34,7 @@ def hf_logits(hf_model, prompts: list[list[int]]) -> list[torch.Tensor]:
 
 def make_runner(path: str, **kw) -> ModelRunner:
     """A ModelRunner on CPU for a model folder; float32 weights (quantization='none') unless kw says otherwise."""
-    kw.setdefault("quantization", "none")  # the CPU default is int8; comparisons with HF need exact weights
+    kw.setdefault("quantization", "none")  # the CPU default (auto) quantizes; comparisons with HF need exact weights
     return ModelRunner(EngineConfig(model=path, device="cpu", **kw), path)
 
 

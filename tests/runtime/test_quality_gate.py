@@ -58,3 +58,12 @@ def test_shipped_modes_pass_the_gate_on_the_default_model(default_model_path):
     for r in results:
         assert r.passed, table
     assert results[0].agreement == 1.0 and 20 < results[0].perplexity < 40, table
+
+
+@pytest.mark.slow
+def test_auto_runs_int4_on_the_default_model(default_model_path):
+    """The embedded model comes from a Q4_1 GGUF: its weights sit on the int4 grid, so auto picks the faster int4."""
+    from sglpy.runtime.model.quantization import int4_loses_nothing
+
+    assert int4_loses_nothing(make_runner(default_model_path, max_total_tokens=64).model)
+    assert make_runner(default_model_path, max_total_tokens=64, quantization="auto").quantization == "int4"

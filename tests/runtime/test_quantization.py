@@ -33,15 +33,26 @@ def test_serve_flags_map_onto_the_config():
         config_from_args(["--kv-cache-dtype", "fp7"])
 
 
-def test_auto_is_none_everywhere_for_now():
-    from sglpy.runtime.model.quantization import resolve_quantization
+def test_auto_is_int8_on_cpu_int4_for_weights_on_a_4bit_grid_and_none_elsewhere(tiny_model_path):
+    from sglpy.kernels.quant_linear import dequantize_int4, quantize_int4
+    from sglpy.runtime.model.quantization import _projections, int4_loses_nothing, resolve_quantization
 
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert EngineConfig().quantization == "auto"
-    assert resolve_quantization("auto", torch.device("cpu")) == "none"
-    assert resolve_quantization("auto", torch.device("cuda")) == "none"
-    assert resolve_quantization("none", torch.device("cuda")) == "none"
+    model = make_runner(tiny_model_path, max_total_tokens=256).model
+    assert not int4_loses_nothing(model)  # random float weights: int4 would lose ~10%
+    assert resolve_quantization("auto", cpu, model) == "int8"
+    with torch.no_grad():  # what a Q4_1 GGUF's weights are: every group of 32 on a 16-level grid
+        for layer in model.model.layers:
+            for lin in _projections(layer):
+                lin.weight.copy_(dequantize_int4(*quantize_int4(lin.weight, 32), 32))
+    assert int4_loses_nothing(model)
+    assert resolve_quantization("auto", cpu, model) == "int4"
+    assert resolve_quantization("auto", cpu, model, tensor_parallel=True) == "int8"  # ranks see only shards
+    assert resolve_quantization("auto", cuda, model) == "none"
+    assert resolve_quantization("none", cuda) == "none"
     with pytest.raises(ValueError, match="runs on CPU only"):
-        resolve_quantization("int8", torch.device("cuda"))
+        resolve_quantization("int8", cuda)
 
 
 def test_int8_runs_quantized_layers_and_says_so(tiny_model_path):
