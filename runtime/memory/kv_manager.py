@@ -106,10 +106,13 @@ class KVManager:
 
     def grow(self, req: Req, n: int) -> bool:
         """Append n new slots to `req` (evicting cached KV if needed); False and nothing taken when short."""
-        res = self._pool._alloc(n)
+        # extend the request's own run (its last slot), or start one in a roomy place if it has none yet
+        own = len(req.slots) > req.locked_len
+        after, fresh = (req.slots[-1] if req.slots else None), not own
+        res = self._pool._alloc(n, after, fresh)
         if not res.ok and self._cache.evictable_size > 0:
             self._cache.evict(n - self._pool.available(), self._free_evicted)
-            res = self._pool._alloc(n)
+            res = self._pool._alloc(n, after, fresh)
         if not res.ok:
             return False
         self._rows._write(req.row, req.kv_len, res.slots)

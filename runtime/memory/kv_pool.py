@@ -5,6 +5,7 @@ The underscore methods (alloc, free, reset, rows) are for memory/kv_manager.py a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +13,7 @@ import torch
 from ..config import KV_CACHE_DTYPES
 from ..device_io import copy_to
 
+_FREE_RUN = re.compile(b"\x01+")  # a run of free slots in KVPool._is_free
 _KV_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
@@ -33,32 +35,65 @@ class SlotAlloc:
 
 
 class KVPool:
-    """Owns K/V storage and the free list. Slots are token-granular; slot ids are plain ints."""
+    """Owns K/V storage and the free slots. Slots are token-granular; slot ids are plain ints.
+
+    On CPU the pool keeps each request's KV one contiguous run where it can (`contiguous=True`): decode
+    attention reads a contiguous run in place, while a scattered request's K/V is gathered every layer of every
+    step, which took 65% of a batch-64 decode step (docs/runtime.md, "KV memory"). A request's first slots go
+    into the middle of the largest free run, leaving it room to grow, and later slots extend its run when the
+    next slots are free; otherwise any free slots are taken (correct, only slower to read).
+    """
 
     def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, contiguous: bool | None = None):
         self.num_slots = num_slots
         # one slot past the pool is never handed out: padded decode rows (CUDA-graph buckets) write their K/V there
         self.padding_slot = num_slots
         # k_buffer, v_buffer: [layers, slots + 1, kv_heads, head_dim]
         self.k_buffer = torch.zeros(num_layers, num_slots + 1, kv_heads, head_dim, dtype=dtype, device=device)
         self.v_buffer = torch.zeros_like(self.k_buffer)
-        self._free_slots: list[int] = list(range(num_slots - 1, -1, -1))  # pop() hands out low slots first
-        self._is_free = bytearray(b"\x01") * num_slots
+        # the Triton decode kernel reads slots through req_to_token at any layout: placement only pays on CPU
+        self.contiguous = (torch.device(device).type == "cpu") if contiguous is None else contiguous
+        self._all_free()
 
     def available(self) -> int:
         """Number of free slots."""
-        return len(self._free_slots)
+        return self._num_free
 
-    def _alloc(self, n: int) -> SlotAlloc:
-        """Take n free slots; returns ok=False (and takes nothing) when fewer than n are free."""
-        if n > len(self._free_slots):
+    def _alloc(self, n: int, after: int | None = None, fresh: bool = False) -> SlotAlloc:
+        """Take n free slots; returns ok=False (and takes nothing) when fewer than n are free.
+
+        after: the request's last slot; the n slots right after it are taken when all are free. fresh: the
+        request has no run of its own yet; its slots start in the middle of the largest free run."""
+        if n > self._num_free:
             return SlotAlloc(False, [])
-        out = self._free_slots[len(self._free_slots) - n:][::-1]
-        del self._free_slots[len(self._free_slots) - n:]
-        for s in out:
-            self._is_free[s] = 0
+        if n and self.contiguous:
+            if after is not None and self._is_free[after + 1:after + 1 + n] == b"\x01" * n:
+                return SlotAlloc(True, self._take_run(after + 1, n))
+            if fresh:
+                start = self._placement(n)
+                if start is not None:
+                    return SlotAlloc(True, self._take_run(start, n))
+        out, fs, is_free = [], self._free_slots, self._is_free
+        while len(out) < n:  # the stack may hold stale entries of slots taken as part of a run: skip them
+            s = fs.pop()
+            if is_free[s]:
+                is_free[s] = 0
+                out.append(s)
+        self._num_free -= n
         return SlotAlloc(True, out)
+
+    def _take_run(self, start: int, n: int) -> list[int]:
+        self._is_free[start:start + n] = bytes(n)
+        self._num_free -= n
+        return list(range(start, start + n))
+
+    def _placement(self, n: int) -> int | None:
+        """Start of n slots in the middle of the largest free run (room to grow on both sides), or None."""
+        best = max(_FREE_RUN.finditer(self._is_free), key=lambda m: m.end() - m.start(), default=None)
+        if best is None or best.end() - best.start() < n:
+            return None
+        return best.start() + (best.end() - best.start() - n) // 2
 
     def _free(self, slots: list[int]) -> None:
         """Return slots to the free list; freeing a free slot is a bug and raises."""
@@ -66,12 +101,19 @@ class KVPool:
             if self._is_free[s]:
                 raise RuntimeError(f"double free of KV slot {s}")
             self._is_free[s] = 1
+        self._num_free += len(slots)
         self._free_slots.extend(slots)
+        if len(self._free_slots) > 2 * self.num_slots:  # drop the stale entries runs left behind
+            self._free_slots = [s for s in range(self.num_slots - 1, -1, -1) if self._is_free[s]]
 
     def _reset(self) -> None:
         """Mark every slot free (flush)."""
-        self._free_slots = list(range(self.num_slots - 1, -1, -1))
+        self._all_free()
+
+    def _all_free(self) -> None:
+        self._free_slots: list[int] = list(range(self.num_slots - 1, -1, -1))  # pop() hands out low slots first
         self._is_free = bytearray(b"\x01") * self.num_slots
+        self._num_free = self.num_slots
 
 
 class ReqToTokenPool:

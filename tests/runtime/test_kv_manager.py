@@ -124,3 +124,52 @@ def test_engine_frees_and_allocates_only_through_the_kv_manager(tiny_model_path,
         eng.shutdown()
     assert info["total_retractions"] > 0  # the small pool forced preemption
     assert callers == {"kv_manager.py"}, callers
+
+
+def test_requests_growing_side_by_side_keep_one_contiguous_run_each():
+    """CPU decode attention reads a contiguous run in place and gathers anything else: placement keeps runs whole."""
+    m = _manager(slots=400, rows=4)
+    reqs = [_req(f"r{i}", range(10 + i, 40 + i)) for i in range(3)]
+    for r in reqs:
+        assert m.assign_row(r) and m.grow(r, 30)  # prompts, admitted one after another
+    for _ in range(40):  # then decode, one token each per step
+        for r in reqs:
+            assert m.grow(r, 1)
+    for r in reqs:
+        assert r.slots == list(range(r.slots[0], r.slots[0] + 70)), r.slots
+    gpu_like = KVPool(1, 64, 1, 1, torch.float32, torch.device("cpu"), contiguous=False)
+    assert gpu_like._alloc(3, fresh=True).slots == [0, 1, 2]  # no placement where layout does not matter
+
+
+def test_pool_hands_out_every_slot_once_under_any_mix_of_runs_and_frees():
+    from hypothesis import given, settings, strategies as st
+
+    ops = st.lists(st.tuples(st.sampled_from(["fresh", "after", "any", "free"]), st.integers(1, 9),
+                             st.integers(0, 10**6)), max_size=60)
+
+    @settings(max_examples=150, deadline=None)
+    @given(ops)
+    def run(seq):
+        pool = KVPool(1, 48, 1, 1, torch.float32, torch.device("cpu"))
+        held: list[list[int]] = []
+        for kind, n, pick in seq:
+            if kind == "free":
+                if held:
+                    pool._free(held.pop(pick % len(held)))
+                continue
+            after = held[pick % len(held)][-1] if kind == "after" and held else None
+            before = pool.available()
+            res = pool._alloc(n, after=after, fresh=kind == "fresh")
+            if not res.ok:
+                assert n > before and res.slots == []
+                continue
+            assert len(res.slots) == n and pool.available() == before - n
+            if after is not None and all(0 <= after + 1 + i < 48 for i in range(n)) and \
+                    not any(after + 1 + i in s for s in held for i in range(n)):
+                assert res.slots == list(range(after + 1, after + 1 + n))  # the run extends when it can
+            held.append(res.slots)
+            taken = [x for s in held for x in s]
+            assert len(taken) == len(set(taken)) and all(0 <= x < 48 for x in taken)
+            assert pool.available() == 48 - len(taken) == sum(pool._is_free)
+
+    run()
