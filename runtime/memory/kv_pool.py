@@ -40,8 +40,9 @@ class KVPool:
     On CPU the pool keeps each request's KV one contiguous run where it can (`contiguous=True`): decode
     attention reads a contiguous run in place, while a scattered request's K/V is gathered every layer of every
     step, which took 65% of a batch-64 decode step (docs/runtime.md, "KV memory"). A request's first slots go
-    into the middle of the largest free run, leaving it room to grow, and later slots extend its run when the
-    next slots are free; otherwise any free slots are taken (correct, only slower to read).
+    into the middle of the largest free run (its start when the run opens the pool), leaving room to grow, and
+    later slots extend its run when the next slots are free; otherwise any free slots are taken (correct, only
+    slower to read).
     """
 
     def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
@@ -89,11 +90,12 @@ class KVPool:
         return list(range(start, start + n))
 
     def _placement(self, n: int) -> int | None:
-        """Start of n slots in the middle of the largest free run (room to grow on both sides), or None."""
+        """Start of n slots in the largest free run, or None: in its middle, which leaves room to grow both to
+        the request whose run may end just before it and to this one; at its start when it opens the pool."""
         best = max(_FREE_RUN.finditer(self._is_free), key=lambda m: m.end() - m.start(), default=None)
         if best is None or best.end() - best.start() < n:
             return None
-        return best.start() + (best.end() - best.start() - n) // 2
+        return 0 if best.start() == 0 else best.start() + (best.end() - best.start() - n) // 2
 
     def _free(self, slots: list[int]) -> None:
         """Return slots to the free list; freeing a free slot is a bug and raises."""
