@@ -5,15 +5,14 @@ The underscore methods (alloc, free, reset, rows) are for memory/kv_manager.py a
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..config import KV_CACHE_DTYPES
 from ..device_io import copy_to
 
-_FREE_RUN = re.compile(b"\x01+")  # a run of free slots in KVPool._is_free
 _KV_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
@@ -92,10 +91,16 @@ class KVPool:
     def _placement(self, n: int) -> int | None:
         """Start of n slots in the largest free run, or None: in its middle, which leaves room to grow both to
         the request whose run may end just before it and to this one; at its start when it opens the pool."""
-        best = max(_FREE_RUN.finditer(self._is_free), key=lambda m: m.end() - m.start(), default=None)
-        if best is None or best.end() - best.start() < n:
+        # run edges, vectorized: a fragmented 65k-slot pool has ~30k runs (6 ms as a Python loop, ~0.3 ms here)
+        edges = np.flatnonzero(np.diff(np.frombuffer(b"\x00" + bytes(self._is_free) + b"\x00", dtype=np.uint8)))
+        if not len(edges):
             return None
-        return 0 if best.start() == 0 else best.start() + (best.end() - best.start() - n) // 2
+        starts, ends = edges[0::2], edges[1::2]  # free runs are [starts[i], ends[i])
+        k = int(np.argmax(ends - starts))
+        start, length = int(starts[k]), int(ends[k] - starts[k])
+        if length < n:
+            return None
+        return 0 if start == 0 else start + (length - n) // 2
 
     def _free(self, slots: list[int]) -> None:
         """Return slots to the free list; freeing a free slot is a bug and raises."""
