@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sglpy.kernels.quant_linear import (PackedLinear, dequantize_int4, dequantize_int8, pack_linear, quant_linear_unchecked,
-                                        quantize_int4, quantize_int8)
+from sglpy.kernels.quant_linear import (PackedLinear, dequantize_int4, dequantize_int8, pack_linear,
+                                        quant_linear_unchecked, quantize_int4, quantize_int8)
 from ..config import QUANTIZATION_MODES
 
 INT4_GROUP_SIZE = 32  # GGUF Q4_1's block: the embedded model's weights sit exactly on this grid
