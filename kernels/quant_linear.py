@@ -11,10 +11,10 @@ from ._checks import FLOAT_DTYPES, check_dim, check_tensor
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's packed int4 CPU kernel accepts
 # Above this many rows a dense copy of the dequantized weights (when one was kept) runs as a plain GEMM: the packed
-# kernels cost the same per row at any M, a GEMM gets cheaper per row. Measured ([576 -> 3072] and [1536 -> 576],
-# 2 threads, AVX2, ms packed vs float32 dense): M=8 0.21 vs 0.36, M=16 0.38 vs 0.41, M=24 0.60 vs 0.50, M=64
-# 1.5 vs 0.92, M=512 14.9 vs 6.2 (int8); a bf16 copy, on CPUs that multiply bf16 natively, measured on the whole
-# model (1 thread): int8 M=8 69 vs 77 ms, M=12 88 vs 85; int4 M=8 51 vs 67, M=16 85 vs 77.
+# kernels cost the same per row at any M, a GEMM gets cheaper per row. Measured on the 2-core dev box (which has
+# AMX), [576 -> 3072], 2 threads, ms packed int8 vs float32 dense: M=8 0.21 vs 0.36, M=16 0.38 vs 0.41, M=24
+# 0.60 vs 0.50, M=64 1.5 vs 0.92, M=512 14.9 vs 6.2; packed int4 vs bf16 dense (AMX): M=8 0.19 vs 0.13, M=16
+# 0.38 vs 0.17, M=64 1.47 vs 0.27, M=512 12.0 vs 0.96 (float32 is the copy on CPUs without native bf16).
 PACKED_MAX_ROWS = {torch.float32: 16, torch.bfloat16: 8}
 
 

@@ -18,8 +18,8 @@ def resolve_quantization(mode: str, device: torch.device, model: nn.Module | Non
     grid (int4_loses_nothing), else int8. Both pass the quality gate on the default model (benchmarks/README.md).
 
     Under tensor parallelism auto is int8 on CPU: each rank sees only its shards, and every rank must run the same
-    mode. Quantized outputs, like SGLang's and vLLM's, can differ in the last bits with the batch a request runs
-    in; `none` (float32) is the mode whose outputs equal HF's and do not depend on the batch."""
+    mode. Quantized outputs depend on the batch a request runs in (bf16 roundings; docs/runtime.md); `none`
+    (float32) is the mode whose outputs equal HF's and do not depend on the batch."""
     if mode not in QUANTIZATION_MODES:
         raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, got {mode!r}")
     if mode == "auto":
@@ -103,8 +103,8 @@ def quantize_model(model: nn.Module, mode: str, dense: bool = True) -> int:
     The lm_head gets its own quantized copy (int8 per channel in both modes: the embedded model's
     embedding is Q8_0, and 4 bits lose 15 points of top-1 agreement); the embedding lookup stays exact.
     dense=True also keeps the dequantized weights in dense_copy_dtype() for many-row calls (prefill chunks and
-    batches above 16 rows, where a dense GEMM is 1.6-2.4x faster than the packed kernels): speed, not memory, is
-    what quantization buys on CPU here; dense=False keeps only the packed weights.
+    batches: bf16 above 8 rows where the CPU multiplies bf16 natively, 5-12x faster than the packed kernels
+    there; float32 above 16 rows elsewhere); dense=False keeps only the packed weights.
     Under tensor parallelism each rank quantizes its own shards: per output channel, a column-parallel shard
     gets exactly the numbers of tp=1; a row-parallel shard's channel scale covers its own input columns.
     """
