@@ -5,6 +5,9 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
+from urllib.parse import quote
+
 from aiohttp import web
 
 from ..messages import EngineError
@@ -23,6 +26,17 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.headers = status, message, param, headers or {}
+
+
+def request_id_header(rid: str) -> dict:
+    """{"X-Request-Id": rid}, percent-encoded when rid has characters a header value cannot carry.
+
+    A client picks the rid (SGLang's `rid` field): a control character in it made aiohttp drop the connection
+    after the response was built (found by the fuzz test)."""
+    return {"X-Request-Id": rid if _HEADER_SAFE.fullmatch(rid) else quote(rid, safe="")}
+
+
+_HEADER_SAFE = re.compile(r"[\x20-\x7e]*")  # visible ASCII and space
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:
@@ -131,7 +145,7 @@ def first_bad_string(obj, path: str = "body") -> str | None:
 async def start_sse(request: web.Request, rid: str) -> web.StreamResponse:
     """Send the headers of a text/event-stream response."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                       "X-Request-Id": rid})
+                                       **request_id_header(rid)})
     await resp.prepare(request)
     return resp
 

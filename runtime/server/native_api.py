@@ -10,7 +10,7 @@ from aiohttp import web
 
 from ..messages import EngineError, GenerateReqInput
 from ..sampling_params import LogprobOptions, SamplingParams
-from .http_common import ApiError, error_body, read_json_object, send_sse, start_sse
+from .http_common import ApiError, error_body, read_json_object, request_id_header, send_sse, start_sse
 from .state import ServerState, new_rid
 from .wire_tables import GENERATE, MAX_TOP_LOGPROBS_NUM, SAMPLING, TOP_K_ALL
 
@@ -166,7 +166,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     opts = {"record_metrics": job.log_metrics, "log": not job.no_logs}
     if not job.stream:
         results = await state.run_many(items, "/generate", **opts)
-        return web.json_response(results if job.batch else results[0], headers={"X-Request-Id": items[0].rid})
+        return web.json_response(results if job.batch else results[0], headers=request_id_header(items[0].rid))
     if not job.batch:
         return await _stream_single(request, state, items[0], opts)
     return await _stream_batch(request, state, items, opts)

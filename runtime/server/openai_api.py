@@ -15,7 +15,7 @@ from ..sampling_params import LogprobOptions
 from ..tools import (Tool, ToolCallStream, ToolChoice, ToolError, ToolFormat, parse_tool_calls, parse_tool_choice,
                      parse_tools, render_conversation, tool_constraint)
 from ..tools.constraint import structure_tool
-from .http_common import ApiError, error_body, read_json_object, send_sse, start_sse
+from .http_common import ApiError, error_body, read_json_object, request_id_header, send_sse, start_sse
 from .native_api import build_sampling, cache_namespace, check_token_ids, first_item, request_input
 from .openai_protocol import (chat_logprobs, chat_messages, check_request, completion_logprobs, finish_reason,
                               sampling_fields, tool_call_deltas)
@@ -171,7 +171,7 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
         return web.json_response({
             "id": job.id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": state.model_name, "choices": [_choice(job, i, o) for i, o in enumerate(outs)],
-            "usage": _usage(job, [o.get("meta_info", {}) for o in outs])}, headers={"X-Request-Id": job.id})
+            "usage": _usage(job, [o.get("meta_info", {}) for o in outs])}, headers=request_id_header(job.id))
     include_usage = bool(f["stream_options"].get("include_usage"))
     return await _stream(request, state, job, route, include_usage)
 

@@ -81,6 +81,16 @@ def test_raw_bytes_get_a_clean_400(srv, route, raw, ctype):
         assert r.status_code == 400 and r.json()["error"]["code"] == 400
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_rid_with_control_characters_is_answered_with_an_encoded_header(srv, stream):
+    """The rid is the client's (SGLang's field); a control character in it cannot go into a header verbatim."""
+    r = requests.post(srv.url + "/generate", json={"text": "0", "rid": "a\x1fb\n", "stream": stream,
+                                                   "sampling_params": {"max_new_tokens": 2}}, timeout=30)
+    assert r.status_code == 200 and r.headers["X-Request-Id"] == "a%1Fb%0A"
+    if not stream:
+        assert r.json()["meta_info"]["id"] == "a\x1fb\n"  # the body keeps the rid as sent
+
+
 def test_server_survives_the_fuzzing(srv):
     assert srv.get("/health").status_code == 200
     assert srv.post("/generate", {"text": "ok", "sampling_params": {"max_new_tokens": 2}}).status_code == 200
