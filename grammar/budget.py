@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import BudgetExceeded, CompileCancelled, GrammarError
+from .errors import BudgetExceeded, CompileCancelled, too_large
 
 _CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
@@ -60,6 +60,5 @@ class CompileBudget:
     def check_states(self, n: int, what: str) -> None:
         """Raise a GrammarError naming `what` when an automaton grows past max_states."""
         if n > self.max_states:
-            raise GrammarError(f"automaton too large: {what} needs more than {self.max_states} DFA states "
-                               "(raise max_states, or simplify the constraint)")
+            raise too_large(what, self.max_states)
 

@@ -13,6 +13,12 @@ class BudgetExceeded(GrammarError):
     """The compile ran past its time budget (CompileBudget.time_s)."""
 
 
+def too_large(what: str, max_states: int) -> GrammarError:
+    """The error of an automaton that grows past max_states, naming what was being built."""
+    return GrammarError(f"automaton too large: {what} needs more than {max_states} DFA states "
+                        "(raise max_states, or simplify the constraint)")
+
+
 def is_fatal(e: Exception) -> bool:
     """Errors that end the whole compile (time budget, cancellation), as opposed to one construct's refusal."""
     return isinstance(e, (BudgetExceeded, CompileCancelled))

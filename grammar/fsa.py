@@ -102,10 +102,9 @@ def product(a: ByteDFA, b: ByteDFA, op: str, max_states: int = 20_000, budget: C
 
 
 def raise_too_large(max_states: int, what: str) -> None:
-    from .errors import GrammarError
+    from .errors import too_large
 
-    raise GrammarError(f"automaton too large: {what} needs more than {max_states} DFA states "
-                       "(raise max_states, or simplify the constraint)")
+    raise too_large(what, max_states)
 
 
 def intersect_all(dfas: list[ByteDFA], max_states: int = 20_000, budget: CompileBudget | None = None,

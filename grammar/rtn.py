@@ -16,7 +16,7 @@ import numpy as np
 
 from .budget import CompileBudget
 from .dfa import DEAD, ByteDFA, group_rows
-from .errors import GrammarError
+from .errors import GrammarError, too_large
 
 CALL_MIN = 24  # modules smaller than this are inlined into their callers (a call costs a stack frame)
 
@@ -238,8 +238,7 @@ def flatten(mod: Module, max_states: int, budget: CompileBudget | None = None, w
             off = copies[key] = total
             total += sub.num_states
             if total > max_states:
-                raise GrammarError(f"automaton too large: {what} needs more than {max_states} DFA states "
-                                   "(raise max_states, or simplify the constraint)")
+                raise too_large(what, max_states)
         targets[i] = off + e.at
     trans = np.concatenate(blocks)
     trans[rows, cols] = targets

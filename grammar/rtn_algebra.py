@@ -15,7 +15,7 @@ import numpy as np
 
 from .budget import CompileBudget
 from .dfa import DEAD
-from .errors import GrammarError
+from .errors import too_large
 from .rtn import Entry, Module, finish_module, refine_classes
 
 _OPS = ("and", "or", "diff")
@@ -83,8 +83,7 @@ def module_product(a: Module, b: Module, op: str, max_states: int, budget: Compi
         sid = ids.get(pair)
         if sid is None:
             if len(rows) > max_states:
-                raise GrammarError(f"automaton too large: {what} needs more than {max_states} DFA states "
-                                   "(raise max_states, or simplify the constraint)")
+                raise too_large(what, max_states)
             if budget is not None and len(rows) % 256 == 0:
                 budget.check(what)
             sid = ids[pair] = len(rows)

@@ -15,7 +15,7 @@ import numpy as np
 
 from .budget import CompileBudget
 from .dfa import DEAD
-from .errors import GrammarError
+from .errors import too_large
 from .regex_nfa import NFA
 from .rtn import Entry, Module, finish_module, refine_classes
 
@@ -82,8 +82,7 @@ def nfa_to_module(nfa: NFA, max_states: int, budget: CompileBudget | None = None
         sid = ids.get(key)
         if sid is None:
             if len(rows) > max_states:
-                raise GrammarError(f"automaton too large: {what} needs more than {max_states} DFA states "
-                                   "(raise max_states, or simplify the constraint)")
+                raise too_large(what, max_states)
             if budget is not None and len(rows) % 256 == 0:
                 budget.check(what)
             sid = ids[key] = len(rows)
