@@ -7,6 +7,8 @@ import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_same_dtype, check_tensor
 from ._dispatch import on_device, triton_module
+from .cpu_native import native_lib
+from .decode_attention_cpu import decode_attention_cpu, supports
 
 
 def length_groups(lens: list[int], max_waste: float = 2.0) -> list[list[int]]:
@@ -135,12 +137,18 @@ def decode_attention(
     seq_lens: torch.Tensor,
     sm_scale: float,
 ) -> torch.Tensor:
-    """Attention of each request's single new query over its first seq_lens[i] cached tokens; returns o like q."""
+    """Attention of each request's single new query over its first seq_lens[i] cached tokens; returns o like q.
+
+    CUDA: the Triton kernel. CPU: the native kernel (kernels/cpu_native.py) when it is built and can read these
+    tensors, else the torch reference."""
     check_decode_attention_args(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens)
     if q.shape[0] == 0:
         return torch.empty_like(q)
     impl = triton_module("decode_attention_triton", q)
     if impl is None:
+        lib = native_lib() if q.device.type == "cpu" else None
+        if lib is not None and supports(q, k_cache, v_cache, req_to_token):
+            return decode_attention_cpu(lib, q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale)
         # Value checks cost a host sync, so only the reference path (CPU, or CUDA without Triton) makes them.
         _check_seq_len_values(seq_lens, req_to_token.shape[1])
         return decode_attention_reference(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale)

@@ -1,7 +1,9 @@
-"""Decode attention planned once per forward: contiguous requests read K/V in place, the rest one gather."""
+"""Decode attention planned once per forward: the native CPU kernel or Triton read K/V in place; the torch path reads
+contiguous requests as views and gathers the rest."""
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -9,7 +11,10 @@ import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, check_dim, check_tensor
 from ._dispatch import on_device, triton_module
-from .decode_attention import _check_seq_len_values, check_decode_attention_args, length_groups
+from .cpu_native import native_lib
+from .decode_attention_cpu import decode_attention_cpu, supports
+from .decode_attention import (_check_seq_len_values, check_decode_attention_args, decode_attention_reference,
+                               length_groups)
 
 # A request whose slots form one contiguous run reads its K/V as a view of the pool (one SDPA, no copy, no
 # mask); the others are gathered, padded per length group. Measured here (1 thread, 9/3 heads, d 64, ms per
@@ -39,6 +44,7 @@ class DecodePlan:
     seq_lens: torch.Tensor  # [b]
     views: tuple[tuple[int, int, int], ...]  # (batch position, first slot, length) of requests read in place
     groups: tuple[GatherGroup, ...]  # the other requests (CPU), gathered per length group
+    native: ctypes.CDLL | None = None  # the native CPU kernels' library: one call reads the whole batch in place
 
     @property
     def batch(self) -> int:
@@ -78,6 +84,11 @@ def plan_decode_attention(req_to_token: torch.Tensor, req_pool_indices: torch.Te
     # needs the views/gathers planned here (testing is_cuda instead left that path with an empty plan)
     if triton_module("decode_attention_triton", req_to_token) is not None or req_pool_indices.numel() == 0:
         return DecodePlan(req_to_token, req_pool_indices, seq_lens, (), ())
+    lib = native_lib() if req_to_token.device.type == "cpu" else None
+    if lib is not None and req_to_token.dtype == torch.int32 and req_to_token.is_contiguous():
+        # the kernel checks lengths, rows and slot ids itself; int64 copies once here, not once per layer
+        return DecodePlan(req_to_token, req_pool_indices.to(torch.int64).contiguous(),
+                          seq_lens.to(torch.int64).contiguous(), (), (), lib)
     _check_seq_len_values(seq_lens, req_to_token.shape[1])
     rows, lens = req_pool_indices.long(), seq_lens.tolist()
     b = len(lens)
@@ -142,6 +153,13 @@ def decode_attention_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     if k_cache.shape[1:] != v_cache.shape[1:] or k_cache.shape[2] != q.shape[2] or q.shape[1] % k_cache.shape[1]:
         raise ValueError(f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)} "
                          "do not fit: head_dim must agree and heads must be a multiple of kv_heads")
+    if plan.native is not None:
+        if supports(q, k_cache, v_cache, plan.req_to_token):
+            return decode_attention_cpu(plan.native, q, k_cache, v_cache, plan.req_to_token, plan.req_pool_indices,
+                                        plan.seq_lens, sm_scale)
+        _check_seq_len_values(plan.seq_lens, plan.req_to_token.shape[1])  # a layout the kernel cannot read
+        return decode_attention_reference(q, k_cache, v_cache, plan.req_to_token, plan.req_pool_indices,
+                                          plan.seq_lens, sm_scale)
     if len(plan.views) == 1 and not plan.groups:  # one request alone: no output buffer either
         _, first, n = plan.views[0]
         o = _sdpa_view(q[0], k_cache, v_cache, first, n, sm_scale)

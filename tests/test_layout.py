@@ -108,12 +108,16 @@ def test_wheel_builds_and_imports_outside_repo(tmp_path):
                 "grammar", "kernels"):
         assert (target / "sglpy" / pkg / "__init__.py").exists(), f"wheel lacks sglpy/{pkg}"
     assert not (target / "runtime").exists(), "runtime/ must not install as a top-level package"
+    for src in ("csrc/cpu_common.h", "csrc/decode_attention.cpp"):  # the native CPU kernels compile from these
+        assert (target / "sglpy" / "kernels" / src).exists(), f"wheel lacks sglpy/kernels/{src}"
     code = (
         "import sglpy, sglpy.runtime, sglpy.grammar, sglpy.kernels, sglpy.runtime.model\n"
         "import sglpy.runtime.engine, sglpy.runtime.server, sglpy.runtime.testing.fake_engine\n"
         "from sglpy.runtime.engine import Engine\n"
         f"assert sglpy.runtime.__file__.startswith({str(target)!r}), sglpy.runtime.__file__\n"
         f"assert sglpy.grammar.__file__.startswith({str(target)!r}), sglpy.grammar.__file__\n"
+        "from sglpy.kernels.cpu_native import find_compiler, native_status\n"
+        "assert find_compiler() is None or native_status().startswith('native'), native_status()\n"
         "print('ok')\n"
     )
     env = dict(os.environ, PYTHONPATH=str(target))

@@ -195,6 +195,7 @@ class StepLoop:
         info = {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}
         info.update({
             "quantization": self.runner.quantization,  # the mode that runs ('auto' resolved)
+            "cpu_kernels": self.runner.cpu_kernels,  # 'native: ...' or 'torch reference: <why>'; None off CPU
             "model_path": self.model_path,
             "max_total_num_tokens": kv.total,
             "max_context_len": self.max_context,

@@ -6,6 +6,8 @@ import logging
 
 import torch
 
+from sglpy.kernels.cpu_native import native_status
+
 from ..config import CPU_MAX_TOTAL_TOKENS, EngineConfig
 from ..core import BatchEntry, ForwardOutput
 from ..device_io import to_device
@@ -55,6 +57,8 @@ class ModelRunner:
         # what runs: none, int8 or int4 (auto looks at the loaded weights)
         self.quantization = resolve_quantization(cfg.quantization, self.device, self.model, self.group is not None)
         quantize_model(self.model, self.quantization)
+        # built (once per machine) or loaded here, not in the first request's forward; None off CPU (Triton runs)
+        self.cpu_kernels = native_status() if self.device.type == "cpu" else None
         hf = self.model.config
         self.hf_config = hf
         self.vocab_size = hf.vocab_size

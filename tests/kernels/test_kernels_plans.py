@@ -8,7 +8,14 @@ import torch
 from sglpy.runtime.testing.kernel_cases import make_paged_batch
 from sglpy.kernels import apply_rotary, build_rope_cache, decode_attention_reference
 from sglpy.kernels.decode_plan import VIEW_ANY_LEN_BATCH, VIEW_MIN_LEN, decode_attention_planned, plan_decode_attention
+from sglpy.kernels.cpu_native import DISABLE_ENV
 from sglpy.kernels.rotary import apply_rotary_planned, plan_rotary
+
+
+@pytest.fixture(autouse=True)
+def torch_path(monkeypatch):
+    """These tests check the torch path's plan (views, gathers): the one that runs without the native kernels."""
+    monkeypatch.setenv(DISABLE_ENV, "1")
 
 
 def _contiguous_batch(lens, kv_heads, d, dtype, gap=3):

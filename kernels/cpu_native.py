@@ -1,0 +1,166 @@
+"""Native CPU kernels (kernels/csrc/*.cpp): built once per machine with the system C++ compiler, loaded by ctypes.
+
+The library is compiled on first use into $SGLPY_CACHE/cpu_kernels (default ~/.cache/sglpy), keyed by the sources,
+the compiler, the flags and the CPU (it is built for this CPU: -march=native), so later processes load it in
+milliseconds. Where it cannot run (no compiler, a failed build, SGLPY_DISABLE_CPU_KERNELS=1), native_lib() is None
+and every wrapper falls back to its torch reference, which stays the oracle the tests compare the kernels with.
+
+Threads: the kernels use OpenMP only when torch itself runs on libgomp; the library then binds to torch's already
+loaded libgomp.so.1 (same soname), so torch's ops and ours share one worker pool per thread (a second pool made
+every op on the 2-core box pay a wake-up: docs/runtime.md, "CPU threads"). Elsewhere they are built serial.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DISABLE_ENV = "SGLPY_DISABLE_CPU_KERNELS"  # =1: torch references only (A/B runs, debugging)
+CSRC = pathlib.Path(__file__).with_name("csrc")
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # = enum DType in csrc/cpu_common.h
+
+_P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+# name -> (restype, argtypes) of every exported function (their C signatures are in the sources)
+SIGNATURES = {
+    "sglpy_decode_attention": (_I64, [_P, _P, _P, _I32, _I64, _I64, _P, _I64, _I64, _P, _P, _P,
+                                      _I64, _I64, _I64, _I64, _F32, _I32]),
+}
+
+
+@dataclass(frozen=True)
+class NativeBuild:
+    """The loaded library, or None with the reason; `detail` says what was built (compiler, flags, file)."""
+
+    lib: ctypes.CDLL | None
+    detail: str
+
+
+def cache_dir() -> pathlib.Path:
+    """Where built libraries live: $SGLPY_CACHE/cpu_kernels (the model conversion cache's folder)."""
+    return pathlib.Path(os.environ.get("SGLPY_CACHE", pathlib.Path.home() / ".cache" / "sglpy")) / "cpu_kernels"
+
+
+def find_compiler() -> str | None:
+    """$CXX, else g++, c++ or clang++ on PATH; None when there is none."""
+    env = os.environ.get("CXX")
+    if env:
+        return shutil.which(env) or env
+    return next((p for p in map(shutil.which, ("g++", "c++", "clang++")) if p), None)
+
+
+def torch_openmp_is_libgomp() -> bool:
+    """True when torch runs its parallel ops on OpenMP through a loaded libgomp (Linux wheels)."""
+    if "OpenMP" not in torch.__config__.parallel_info() or not sys.platform.startswith("linux"):
+        return False
+    return bool(loaded_libgomp())
+
+
+def loaded_libgomp() -> list[str]:
+    """Paths of the libgomp copies mapped into this process (Linux; empty elsewhere)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return sorted({line.split()[-1] for line in f if "libgomp" in line})
+    except OSError:
+        return []
+
+
+def _cpu_identity() -> str:
+    # -march=native code may not run on another CPU sharing this cache folder (a shared home directory)
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+        keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features", "CPU part"))]
+        return "\n".join(dict.fromkeys(keep))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def compile_flags(openmp: bool) -> list[str]:
+    """g++/clang++ flags: optimized for this CPU; OpenMP threads only beside torch's libgomp."""
+    return ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
+            "-fopenmp" if openmp else "-fopenmp-simd"]
+
+
+def build_native(cxx: str | None, cache: pathlib.Path, openmp: bool | None = None) -> NativeBuild:
+    """Compile (unless cached) and load the kernels library; never raises: a failure is NativeBuild(None, why)."""
+    if cxx is None:
+        return NativeBuild(None, "no C++ compiler found (install g++ or set CXX)")
+    openmp = torch_openmp_is_libgomp() if openmp is None else openmp
+    flags = compile_flags(openmp)
+    sources = sorted(CSRC.glob("*.cpp"))
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return NativeBuild(None, f"C++ compiler {cxx!r} does not run: {e}")
+    key = hashlib.sha256()
+    for part in [cxx, version, " ".join(flags), _cpu_identity(), platform.machine()]:
+        key.update(part.encode())
+    for path in sources + sorted(CSRC.glob("*.h")):
+        key.update(path.name.encode() + path.read_bytes())
+    out = cache / f"libsglpy_cpu_{key.hexdigest()[:20]}.so"
+    if not out.exists():
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(f"{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            cmd = [cxx, *flags, *map(str, sources), "-o", str(tmp)]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except (OSError, subprocess.SubprocessError) as e:
+            return NativeBuild(None, f"building the CPU kernels failed: {e}")
+        if r.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            return NativeBuild(None, f"building the CPU kernels failed ({' '.join(cmd)}): {r.stderr.strip()[-1500:]}")
+        os.replace(tmp, out)  # atomic: concurrent builders (engine processes, TP ranks) never see half a file
+    try:
+        lib = ctypes.CDLL(str(out))
+        for name, (restype, argtypes) in SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, argtypes
+    except (OSError, AttributeError) as e:
+        return NativeBuild(None, f"loading {out} failed: {e}")
+    threads = "OpenMP on torch's libgomp" if openmp else "single-threaded (torch does not run on libgomp)"
+    return NativeBuild(lib, f"{version.splitlines()[0] if version else cxx}; {threads}; {out}")
+
+
+_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def _default_build() -> NativeBuild:
+    with _lock:
+        build = build_native(find_compiler(), cache_dir())
+    if build.lib is None:
+        warnings.warn(f"sglpy.kernels: native CPU kernels unavailable, using torch references: {build.detail}",
+                      stacklevel=3)
+    else:
+        logger.info("native CPU kernels: %s", build.detail)
+    return build
+
+
+def native_lib() -> ctypes.CDLL | None:
+    """The loaded kernels library, or None (SGLPY_DISABLE_CPU_KERNELS=1, no compiler, or a failed build)."""
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+        return None
+    return _default_build().lib
+
+
+def native_status() -> str:
+    """One line for get_server_info: 'native: <compiler; threads; file>' or 'torch reference: <why>'."""
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+        return f"torch reference: {DISABLE_ENV} is set"
+    build = _default_build()
+    return f"native: {build.detail}" if build.lib is not None else f"torch reference: {build.detail}"

@@ -1,0 +1,211 @@
+// Paged decode attention on CPU: each request's one query over its first lens[i] cached tokens, K/V read in place
+// through req_to_token (no gather, no padding), every query head of a kv head sharing one pass over its K/V rows.
+// Oracle: kernels/decode_attention.py:decode_attention_reference (tests/kernels/test_kernels_cpu_native.py).
+#include <vector>
+
+#include "cpu_common.h"
+
+namespace sglpy {
+namespace {
+
+constexpr int64_t BLOCK = 64;    // keys scored before one softmax update
+constexpr int64_t PREFETCH = 6;  // keys ahead whose K/V rows are prefetched (scattered slots are latency-bound)
+constexpr int64_t MAX_NV = 16;   // head_dim <= 256, a multiple of 16 (kernels/decode_attention_cpu.py:supports)
+
+struct Args {
+  const float* q;  // [b, H, D]
+  const void* k;   // [slots, Hkv, D] rows `row` elements apart
+  const void* v;
+  int64_t num_slots, row;
+  const int32_t* r2t;  // [r2t_rows, r2t_stride]
+  int64_t r2t_rows, r2t_stride;
+  const int64_t* rows;  // [b]
+  const int64_t* lens;  // [b]
+  float* out;           // [b, H, D]
+  int64_t b, H, Hkv, D;
+  float scale;
+};
+
+// Softmax state of one (request, key range) for all H heads: running max m, sum l, unnormalized acc [H, D].
+// NV = head_dim / 16 vectors, fixed at compile time for 64 and 128 (a head's accumulator then lives in registers
+// while a block's V rows stream through); NV == 0 reads it from the arguments (head_dim <= 256).
+// Returns false when a slot id is out of range (nothing is read there).
+template <typename KV, int NV>
+bool attend(const Args& a, int64_t i, int64_t lo, int64_t hi, float* m, float* l, float* acc) {
+  const int64_t H = a.H, nv = NV > 0 ? NV : a.D / W, D = nv * W, G = a.H / a.Hkv, Hkv = a.Hkv, row = a.row;
+  const float* q = a.q + i * H * D;
+  const int32_t* slots = a.r2t + a.rows[i] * a.r2t_stride;
+  const KV* kc = static_cast<const KV*>(a.k);
+  const KV* vc = static_cast<const KV*>(a.v);
+  std::vector<float> s((size_t)(H * BLOCK));  // scores of one block [H, BLOCK]
+  int64_t base[BLOCK];                          // element offset of each key's slot row
+  vf k[MAX_NV], r[MAX_NV];
+  for (int64_t h = 0; h < H; ++h) m[h] = -INFINITY, l[h] = 0.f;
+  std::fill(acc, acc + H * D, 0.f);
+  for (int64_t j0 = lo; j0 < hi; j0 += BLOCK) {
+    const int64_t n = std::min(BLOCK, hi - j0);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t slot = slots[j0 + j];
+      if (slot < 0 || slot >= a.num_slots) return false;
+      base[j] = slot * row;
+    }
+    for (int64_t j = 0; j < n; ++j) {  // scores: each K row loaded once, shared by its G query heads
+      if (j0 + j + PREFETCH < hi) {
+        // scattered slots only: a contiguous run is what the hardware prefetcher already streams
+        const int64_t ahead = slots[j0 + j + PREFETCH];
+        if (ahead != slots[j0 + j] + PREFETCH && ahead >= 0 && ahead < a.num_slots) {
+          const char* pk = reinterpret_cast<const char*>(kc + ahead * row);
+          const char* pv = reinterpret_cast<const char*>(vc + ahead * row);
+          for (int64_t c = 0; c < Hkv * D * (int64_t)sizeof(KV); c += 64) {
+            __builtin_prefetch(pk + c);
+            __builtin_prefetch(pv + c);
+          }
+        }
+      }
+      for (int64_t kh = 0; kh < Hkv; ++kh) {
+        const KV* kr = kc + base[j] + kh * D;
+        for (int64_t v = 0; v < nv; ++v) k[v] = load(kr + v * W);
+        for (int64_t g = 0; g < G; ++g) {
+          const float* qh = q + (kh * G + g) * D;
+          vf t = k[0] * load(qh);
+          for (int64_t v = 1; v < nv; ++v) t += k[v] * load(qh + v * W);
+          s[(kh * G + g) * BLOCK + j] = hsum(t) * a.scale;
+        }
+      }
+    }
+    for (int64_t h = 0; h < H; ++h) {  // online softmax: rescale what came before to the new max
+      float* sh = s.data() + h * BLOCK;
+      float bm = m[h];
+      for (int64_t j = 0; j < n; ++j) bm = std::max(bm, sh[j]);
+      const float c = exp_nonpos(m[h] - bm);
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < n; ++j) {
+        sh[j] = exp_nonpos(sh[j] - bm);
+        sum += sh[j];
+      }
+      l[h] = l[h] * c + sum;
+      m[h] = bm;
+      // P V: the head's accumulator stays in registers while the block's V rows stream through
+      float* ah = acc + h * D;
+      const int64_t voff = (h / G) * D;
+      for (int64_t v = 0; v < nv; ++v) r[v] = load(ah + v * W) * c;
+      for (int64_t j = 0; j < n; ++j) {
+        const vf p = splat(sh[j]);
+        const KV* vr = vc + base[j] + voff;
+        for (int64_t v = 0; v < nv; ++v) r[v] += p * load(vr + v * W);
+      }
+      for (int64_t v = 0; v < nv; ++v) store(ah + v * W, r[v]);
+    }
+  }
+  return true;
+}
+
+template <typename KV>
+bool attend_any(const Args& a, int64_t i, int64_t lo, int64_t hi, float* m, float* l, float* acc) {
+  switch (a.D) {
+    case 64: return attend<KV, 4>(a, i, lo, hi, m, l, acc);
+    case 128: return attend<KV, 8>(a, i, lo, hi, m, l, acc);
+    default: return attend<KV, 0>(a, i, lo, hi, m, l, acc);
+  }
+}
+
+enum Problem : int64_t { BAD_SLOT = 0, BAD_LEN = 1, BAD_ROW = 2 };  // decoded by kernels/decode_attention_cpu.py
+
+struct Task {
+  int64_t req, lo, hi, part;  // part: index of the partial-state slot, -1 = writes the output directly
+};
+
+template <typename KV>
+int64_t run(const Args& a, int32_t nthreads) {
+  const int64_t H = a.H, D = a.D;
+  for (int64_t i = 0; i < a.b; ++i) {  // cheap host-side checks first: nothing is read for a bad batch
+    if (a.rows[i] < 0 || a.rows[i] >= a.r2t_rows) return 1 + 4 * i + BAD_ROW;
+    if (a.lens[i] < 1 || a.lens[i] > a.r2t_stride) return 1 + 4 * i + BAD_LEN;
+  }
+  // Few requests: split each into key chunks (flash-decoding) so every thread has work, merged below.
+  int64_t total = 0;
+  for (int64_t i = 0; i < a.b; ++i) total += a.lens[i];
+  const int64_t want = 4 * (int64_t)std::max(nthreads, 1);
+  const int64_t chunk = a.b >= want ? INT64_MAX : std::max<int64_t>(256, (total + want - 1) / want);
+  std::vector<Task> tasks;
+  int64_t parts = 0;
+  for (int64_t i = 0; i < a.b; ++i) {
+    if (a.lens[i] <= chunk) {
+      tasks.push_back({i, 0, a.lens[i], -1});
+      continue;
+    }
+    for (int64_t lo = 0; lo < a.lens[i]; lo += chunk) tasks.push_back({i, lo, std::min(a.lens[i], lo + chunk), parts++});
+  }
+  const int64_t stride = H * (D + 2);  // one partial: m [H], l [H], acc [H, D]
+  std::vector<float> partial((size_t)(parts * stride));
+  int64_t bad = INT64_MAX;  // smallest request index with an out-of-range slot
+  const int64_t T = (int64_t)tasks.size();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (T > 1 && nthreads > 1)
+  for (int64_t t = 0; t < T; ++t) {
+    const Task& task = tasks[t];
+    std::vector<float> own;
+    float* p;
+    if (task.part >= 0) {
+      p = partial.data() + task.part * stride;
+    } else {
+      own.resize((size_t)stride);
+      p = own.data();
+    }
+    if (!attend_any<KV>(a, task.req, task.lo, task.hi, p, p + H, p + 2 * H)) {
+#pragma omp critical(sglpy_decode_bad)
+      bad = std::min(bad, task.req);
+      continue;
+    }
+    if (task.part < 0) {
+      float* o = a.out + task.req * H * D;
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < D; ++d) o[h * D + d] = p[2 * H + h * D + d] / p[H + h];
+    }
+  }
+  if (bad != INT64_MAX) return 1 + 4 * bad + BAD_SLOT;
+  for (int64_t t = 0; t < T;) {  // merge the chunks of each split request
+    if (tasks[t].part < 0) {
+      ++t;
+      continue;
+    }
+    int64_t u = t;
+    while (u < T && tasks[u].req == tasks[t].req) ++u;
+    float* o = a.out + tasks[t].req * H * D;
+    for (int64_t h = 0; h < H; ++h) {
+      float mx = -INFINITY, l = 0.f;
+      for (int64_t w = t; w < u; ++w) mx = std::max(mx, partial[tasks[w].part * stride + h]);
+      std::fill(o + h * D, o + (h + 1) * D, 0.f);
+      for (int64_t w = t; w < u; ++w) {
+        const float* p = partial.data() + tasks[w].part * stride;
+        const float c = exp_nonpos(p[h] - mx);
+        l += p[H + h] * c;
+        for (int64_t d = 0; d < D; ++d) o[h * D + d] += c * p[2 * H + h * D + d];
+      }
+      for (int64_t d = 0; d < D; ++d) o[h * D + d] /= l;
+    }
+    t = u;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace sglpy
+
+// Returns 0, -1 for an unknown kv_dtype, or 1 + 4 * i + problem for the first bad request i: BAD_SLOT (a slot id
+// outside [0, num_slots)), BAD_LEN (lens[i] outside [1, r2t_stride]), BAD_ROW (rows[i] outside [0, r2t_rows)).
+extern "C" int64_t sglpy_decode_attention(const float* q, const void* k_cache, const void* v_cache, int32_t kv_dtype,
+                                          int64_t num_slots, int64_t kv_row, const int32_t* req_to_token,
+                                          int64_t r2t_rows, int64_t r2t_stride, const int64_t* rows,
+                                          const int64_t* lens, float* out, int64_t b, int64_t heads, int64_t kv_heads,
+                                          int64_t head_dim, float scale, int32_t nthreads) {
+  using namespace sglpy;
+  const Args a{q, k_cache, v_cache, num_slots, kv_row, req_to_token, r2t_rows, r2t_stride, rows, lens, out,
+               b, heads, kv_heads, head_dim, scale};
+  switch (kv_dtype) {
+    case F32: return run<float>(a, nthreads);
+    case BF16: return run<bf16_t>(a, nthreads);
+    case F16: return run<f16_t>(a, nthreads);
+    default: return -1;
+  }
+}
