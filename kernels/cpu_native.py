@@ -37,8 +37,14 @@ DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # = enum 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 # name -> (restype, argtypes) of every exported function (their C signatures are in the sources)
 SIGNATURES = {
-    "sglpy_decode_attention": (_I64, [_P, _P, _P, _I32, _I64, _I64, _P, _I64, _I64, _P, _P, _P,
+    "sglpy_decode_attention": (_I64, [_P, _I64, _P, _P, _I32, _I64, _I64, _P, _I64, _I64, _P, _P, _P,
                                       _I64, _I64, _I64, _I64, _F32, _I32]),
+    "sglpy_rmsnorm": (_I64, [_P, _P, _P, _F32, _P, _P, _I64, _I64, _I32]),
+    "sglpy_rotary_store": (_I64, [_P, _I64, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I32, _I64, _I64, _P,
+                                  _I32]),
+    "sglpy_silu_mul": (_I64, [_P, _I64, _I64, _P, _I32]),
+    "sglpy_gemv_int8": (_I64, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I32]),
+    "sglpy_gemv_int4": (_I64, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I32]),
 }
 
 
@@ -90,18 +96,20 @@ def _cpu_identity() -> str:
         return platform.processor() or platform.machine()
 
 
-def compile_flags(openmp: bool) -> list[str]:
-    """g++/clang++ flags: optimized for this CPU; OpenMP threads only beside torch's libgomp."""
-    return ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
+def compile_flags(openmp: bool, march: str = "native") -> list[str]:
+    """g++/clang++ flags: optimized for this CPU (or `march`); OpenMP threads only beside torch's libgomp."""
+    return ["-O3", f"-march={march}", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
             "-fopenmp" if openmp else "-fopenmp-simd"]
 
 
-def build_native(cxx: str | None, cache: pathlib.Path, openmp: bool | None = None) -> NativeBuild:
-    """Compile (unless cached) and load the kernels library; never raises: a failure is NativeBuild(None, why)."""
+def build_native(cxx: str | None, cache: pathlib.Path, openmp: bool | None = None,
+                 march: str = "native") -> NativeBuild:
+    """Compile (unless cached) and load the kernels library; never raises: a failure is NativeBuild(None, why).
+    `march` other than native builds for an older CPU (tests run the kernels' generic, non-AVX-512 code paths)."""
     if cxx is None:
         return NativeBuild(None, "no C++ compiler found (install g++ or set CXX)")
     openmp = torch_openmp_is_libgomp() if openmp is None else openmp
-    flags = compile_flags(openmp)
+    flags = compile_flags(openmp, march)
     sources = sorted(CSRC.glob("*.cpp"))
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout

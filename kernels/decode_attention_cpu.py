@@ -30,12 +30,14 @@ def decode_attention_cpu(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tenso
     (checked by the kernel before or while reading; nothing is read out of bounds)."""
     # q: [b, heads, d]; k_cache, v_cache: [slots, kv_heads, d]; req_to_token: [max_reqs, max_context] int32
     b, heads, d = q.shape
-    qf = q if q.dtype == torch.float32 and q.is_contiguous() else q.to(torch.float32).contiguous()
+    # read in place when each row's heads are contiguous (e.g. q as a view of a fused qkv projection)
+    in_place = q.dtype == torch.float32 and q.stride(2) == 1 and q.stride(1) == d
+    qf = q if in_place else q.to(torch.float32).contiguous()
     rows = rows if rows.dtype == torch.int64 and rows.is_contiguous() else rows.to(torch.int64).contiguous()
     lens = lens if lens.dtype == torch.int64 and lens.is_contiguous() else lens.to(torch.int64).contiguous()
     out = torch.empty((b, heads, d), dtype=torch.float32)
     rc = lib.sglpy_decode_attention(
-        qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), DTYPE_CODES[k_cache.dtype], k_cache.shape[0],
+        qf.data_ptr(), qf.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), DTYPE_CODES[k_cache.dtype], k_cache.shape[0],
         k_cache.stride(0), req_to_token.data_ptr(), req_to_token.shape[0], req_to_token.shape[1], rows.data_ptr(),
         lens.data_ptr(), out.data_ptr(), b, heads, k_cache.shape[1], d, sm_scale, torch.get_num_threads())
     if rc != 0:

@@ -1,4 +1,8 @@
-"""Weight-only quantized linear layers: int8 per output channel or int4 per group, packed once at load."""
+"""Weight-only quantized linear layers: int8 per output channel or int4 per group, packed once at load.
+
+Two layouts of the same quantized values: the native CPU kernels' (kernels/quant_linear_cpu.py, float32 activations,
+chosen when the native library is built) and torch's packed kernels' (bf16 activations, the fallback).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, check_dim, check_tensor
+from .cpu_native import native_lib
+from .quant_linear_cpu import (NATIVE_MAX_ROWS, int4_from_native, int4_to_native, native_layout_fits,
+                               quant_linear_cpu)
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's packed int4 CPU kernel accepts
 # Above this many rows a dense copy of the dequantized weights (when one was kept) runs as a plain GEMM: the packed
@@ -25,11 +32,12 @@ class PackedLinear:
     kind: str  # "int8" (per output channel) or "int4" (asymmetric, per group of group_size inputs)
     out_features: int
     in_features: int
-    qweight: torch.Tensor  # int8 [N, K] | uint8 [N, K // 2] (torch's CPU int4 packing)
-    scales: torch.Tensor  # int8: bf16 [N]; int4: bf16 [K // group, N, 2] (scale, zero) per group
+    qweight: torch.Tensor  # torch layout: int8 [N, K] | uint8 [N, K // 2]; native: see kernels/quant_linear_cpu.py
+    scales: torch.Tensor  # torch layout: int8 bf16 [N]; int4 bf16 [K // group, N, 2] (scale, zero) per group
     group_size: int  # in_features for int8
     dense: torch.Tensor | None = None  # float32 or bf16 [N, K]: the same dequantized weights, for many-row calls
     bias: torch.Tensor | None = None  # float32 [N]
+    native: bool = False  # qweight/scales in the native CPU kernels' layout
 
     def __post_init__(self):
         if self.kind not in ("int8", "int4"):
@@ -87,34 +95,46 @@ def dequantize_int4(codes: torch.Tensor, scales_and_zeros: torch.Tensor, group_s
 
 
 def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None, kind: str, group_size: int = 32,
-                dense: torch.dtype | None = None) -> PackedLinear:
-    """Quantize an fp32 [N, K] weight into the kernel layout; `dense` (float32 or bfloat16) also keeps a copy of the
-    dequantized weights in that dtype for many-row calls (PACKED_MAX_ROWS)."""
+                dense: torch.dtype | None = None, native: bool | None = None) -> PackedLinear:
+    """Quantize an fp32 [N, K] weight into a kernel layout; `dense` (float32 or bfloat16) also keeps a copy of the
+    dequantized weights in that dtype for many-row calls. native: the native kernels' layout (None = when the native
+    library is built and can hold this shape), else torch's packed layout."""
     if dense not in (None, torch.float32, torch.bfloat16):
         raise ValueError(f"dense must be None, torch.float32 or torch.bfloat16, got {dense}")
+    if kind not in ("int8", "int4"):
+        raise ValueError(f"kind must be 'int8' or 'int4', got {kind!r}")
     check_tensor("weight", weight, 2, FLOAT_DTYPES)
     n, k = weight.shape
+    if native is None:
+        native = native_lib() is not None and native_layout_fits(kind, n, k, group_size)
+    elif native and not native_layout_fits(kind, n, k, group_size):
+        raise ValueError(f"the native layout cannot hold {kind} [{n}, {k}] with group_size {group_size}")
     if kind == "int8":
         q, scales = quantize_int8(weight)
         deq = dequantize_int8(q, scales)
         packed, group_size = q.contiguous(), k
-    elif kind == "int4":
-        if n % 16:  # the packed CPU layout interleaves 16 output rows
+        if native:
+            scales = scales.to(torch.float32)  # exact: the kernel multiplies by a float32
+    else:
+        if n % 16 and not native:  # torch's packed CPU layout interleaves 16 output rows
             raise ValueError(f"int4 needs out_features divisible by 16, got {n}")
         codes, scales = quantize_int4(weight, group_size)
         deq = dequantize_int4(codes, scales, group_size)
-        packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
-    else:
-        raise ValueError(f"kind must be 'int8' or 'int4', got {kind!r}")
+        if native:
+            packed, scales = int4_to_native(codes, scales)
+        else:
+            packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
     return PackedLinear(kind, n, k, packed, scales, group_size,
-                        deq.to(dense).contiguous() if dense is not None else None, b)
+                        deq.to(dense).contiguous() if dense is not None else None, b, native)
 
 
 def dequantize(p: PackedLinear) -> torch.Tensor:
-    """float32 [N, K] weights a PackedLinear stands for (int4: unpacked by the kernel's exact float32 path)."""
+    """float32 [N, K] weights a PackedLinear stands for (torch's int4: unpacked by its kernel's exact float32 path)."""
     if p.kind == "int8":
         return dequantize_int8(p.qweight, p.scales)
+    if p.native:
+        return dequantize_int4(*int4_from_native(p.qweight, p.scales), p.group_size)
     # torch has no public int4 unpack; an identity through the kernel's float32 path returns W^T exactly.
     eye = torch.eye(p.in_features, dtype=torch.float32)
     wt = torch._weight_int4pack_mm_for_cpu(eye, p.qweight, p.group_size, p.scales.to(torch.float32))  # [K, N]
@@ -142,11 +162,18 @@ def check_quant_linear_args(x: torch.Tensor, p: PackedLinear) -> None:
 
 def quant_linear_unchecked(x: torch.Tensor, p: PackedLinear) -> torch.Tensor:
     """quant_linear without argument checks (the model's hot path; its shapes are fixed at load)."""
-    # x: [M, K] float -> [M, N] in x.dtype. Activations enter the kernels as bf16 (their fast path); the
-    # kernels accumulate in float32. fp32 activations in torch's packed kernels take a scalar path (~10x slower).
-    if p.dense is not None and x.shape[0] > PACKED_MAX_ROWS[p.dense.dtype]:
+    # x: [M, K] float -> [M, N] in x.dtype. Native kernels: float32 activations in and out. Torch's packed kernels:
+    # activations enter as bf16 (their fast path; fp32 takes a scalar path ~10x slower), accumulate in float32.
+    rows = x.shape[0]
+    if p.dense is not None and rows > (NATIVE_MAX_ROWS if p.native else PACKED_MAX_ROWS[p.dense.dtype]):
         y = F.linear(x if x.dtype == p.dense.dtype else x.to(p.dense.dtype), p.dense)
         return _finish(y, x, p)
+    if p.native:
+        lib = native_lib()
+        if lib is None:  # the library was disabled after packing (SGLPY_DISABLE_CPU_KERNELS): correct, not fast
+            return quant_linear_reference(x, p)
+        y = quant_linear_cpu(lib, x, p.kind, p.qweight, p.scales, p.bias, p.out_features)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
     xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)  # (a no-op .to still costs ~1 us)
     if p.kind == "int8":
         y = torch._weight_int8pack_mm(xb, p.qweight, p.scales)

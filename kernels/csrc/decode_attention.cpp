@@ -13,7 +13,8 @@ constexpr int64_t PREFETCH = 6;  // keys ahead whose K/V rows are prefetched (sc
 constexpr int64_t MAX_NV = 16;   // head_dim <= 256, a multiple of 16 (kernels/decode_attention_cpu.py:supports)
 
 struct Args {
-  const float* q;  // [b, H, D]
+  const float* q;  // [b, H, D], rows q_row elements apart (a view into a fused qkv row is read in place)
+  int64_t q_row;
   const void* k;   // [slots, Hkv, D] rows `row` elements apart
   const void* v;
   int64_t num_slots, row;
@@ -33,7 +34,7 @@ struct Args {
 template <typename KV, int NV>
 bool attend(const Args& a, int64_t i, int64_t lo, int64_t hi, float* m, float* l, float* acc) {
   const int64_t H = a.H, nv = NV > 0 ? NV : a.D / W, D = nv * W, G = a.H / a.Hkv, Hkv = a.Hkv, row = a.row;
-  const float* q = a.q + i * H * D;
+  const float* q = a.q + i * a.q_row;
   const int32_t* slots = a.r2t + a.rows[i] * a.r2t_stride;
   const KV* kc = static_cast<const KV*>(a.k);
   const KV* vc = static_cast<const KV*>(a.v);
@@ -77,11 +78,11 @@ bool attend(const Args& a, int64_t i, int64_t lo, int64_t hi, float* m, float* l
       float* sh = s.data() + h * BLOCK;
       float bm = m[h];
       for (int64_t j = 0; j < n; ++j) bm = std::max(bm, sh[j]);
-      const float c = exp_nonpos(m[h] - bm);
+      const float c = exp_f32(m[h] - bm);
       float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j < n; ++j) {
-        sh[j] = exp_nonpos(sh[j] - bm);
+        sh[j] = exp_f32(sh[j] - bm);
         sum += sh[j];
       }
       l[h] = l[h] * c + sum;
@@ -178,7 +179,7 @@ int64_t run(const Args& a, int32_t nthreads) {
       std::fill(o + h * D, o + (h + 1) * D, 0.f);
       for (int64_t w = t; w < u; ++w) {
         const float* p = partial.data() + tasks[w].part * stride;
-        const float c = exp_nonpos(p[h] - mx);
+        const float c = exp_f32(p[h] - mx);
         l += p[H + h] * c;
         for (int64_t d = 0; d < D; ++d) o[h * D + d] += c * p[2 * H + h * D + d];
       }
@@ -194,13 +195,13 @@ int64_t run(const Args& a, int32_t nthreads) {
 
 // Returns 0, -1 for an unknown kv_dtype, or 1 + 4 * i + problem for the first bad request i: BAD_SLOT (a slot id
 // outside [0, num_slots)), BAD_LEN (lens[i] outside [1, r2t_stride]), BAD_ROW (rows[i] outside [0, r2t_rows)).
-extern "C" int64_t sglpy_decode_attention(const float* q, const void* k_cache, const void* v_cache, int32_t kv_dtype,
+extern "C" int64_t sglpy_decode_attention(const float* q, int64_t q_row, const void* k_cache, const void* v_cache, int32_t kv_dtype,
                                           int64_t num_slots, int64_t kv_row, const int32_t* req_to_token,
                                           int64_t r2t_rows, int64_t r2t_stride, const int64_t* rows,
                                           const int64_t* lens, float* out, int64_t b, int64_t heads, int64_t kv_heads,
                                           int64_t head_dim, float scale, int32_t nthreads) {
   using namespace sglpy;
-  const Args a{q, k_cache, v_cache, num_slots, kv_row, req_to_token, r2t_rows, r2t_stride, rows, lens, out,
+  const Args a{q, q_row, k_cache, v_cache, num_slots, kv_row, req_to_token, r2t_rows, r2t_stride, rows, lens, out,
                b, heads, kv_heads, head_dim, scale};
   switch (kv_dtype) {
     case F32: return run<float>(a, nthreads);

@@ -6,14 +6,14 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-import torch.nn.functional as F
 
 from sglpy.kernels import build_rope_cache
+from sglpy.kernels.activation import silu_and_mul
 from sglpy.kernels.extend_attention import extend_attention_planned
 from sglpy.kernels.decode_plan import DecodePlan, decode_attention_planned, plan_decode_attention
-from sglpy.kernels.kv_store import store_kv_unchecked
 from sglpy.kernels.rmsnorm import rmsnorm_unchecked
-from sglpy.kernels.rotary import RotaryPlan, apply_rotary_planned, plan_rotary
+from sglpy.kernels.rotary import RotaryPlan, plan_rotary
+from sglpy.kernels.rotary_store import rotate_and_store
 from .forward_batch import ForwardBatch
 from ..memory.kv_manager import KVBuffers
 
@@ -78,14 +78,10 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch, kv: KVBuffers, plan: StepPlan) -> torch.Tensor:
         t = x.shape[0]
-        hq, hkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(x).split([hq, hkv, hkv], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)  # q: [tokens, heads, head_dim]
-        k = k.view(t, self.num_kv_heads, self.head_dim)  # k: [tokens, kv_heads, head_dim]
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        apply_rotary_planned(q, k, plan.rope)
         k_cache, v_cache = kv.k_buffer[self.layer_id], kv.v_buffer[self.layer_id]
-        store_kv_unchecked(k_cache, v_cache, fb.out_cache_loc, k, v)  # shapes fixed at load
+        # q, k rotated inside the fused projection, k, v written to the pool; q: [tokens, heads, head_dim] (a view)
+        q = rotate_and_store(self.qkv_proj(x), self.num_heads, self.num_kv_heads, self.head_dim, plan.rope,
+                             k_cache, v_cache, fb.out_cache_loc)
         nd = fb.num_decode
         if nd == t:
             o = decode_attention_planned(q, k_cache, v_cache, plan.decode, self.scale)
@@ -119,8 +115,7 @@ class LlamaMLP(nn.Module):
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -197,3 +197,163 @@ def test_sources_ship_with_the_package():
     assert {"cpu_common.h", "decode_attention.cpp"} <= names
     for name in cpu_native.SIGNATURES:  # every declared entry point exists in some source
         assert any(name in p.read_text() for p in csrc.glob("*.cpp")), name
+
+
+# ---------------------------------------------------------------- weight-only GEMV
+
+
+@needs_native
+@settings(max_examples=30, deadline=None)
+@given(kind=st.sampled_from(["int8", "int4"]), n=st.integers(1, 70), groups=st.integers(1, 6), rows=st.integers(1, 20),
+       with_bias=st.booleans(), seed=st.integers(0, 1000))
+def test_gemv_matches_the_reference(kind, n, groups, rows, with_bias, seed):
+    """Any N (no 16-row interleave), K a multiple of 32, M over eight rows (several passes over the weights)."""
+    from sglpy.kernels.quant_linear import pack_linear, quant_linear_reference
+    from sglpy.kernels.quant_linear_cpu import quant_linear_cpu
+
+    g = torch.Generator().manual_seed(seed)
+    k = 32 * groups
+    w = torch.randn(n, k, generator=g) * 0.05
+    bias = torch.randn(n, generator=g) if with_bias else None
+    p = pack_linear(w, bias, kind, 32, native=True)
+    x = torch.randn(rows, k, generator=g)
+    got = quant_linear_cpu(native_lib(), x, p.kind, p.qweight, p.scales, p.bias, p.out_features)
+    torch.testing.assert_close(got, quant_linear_reference(x, p), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- decode glue: rmsnorm, rotary + store, silu * up
+
+
+def _rope_plan(positions, head_dim, max_pos=512):
+    from sglpy.kernels.rotary import build_rope_cache, plan_rotary
+
+    return plan_rotary(torch.tensor(positions), build_rope_cache(head_dim, max_pos, 10000.0))
+
+
+@needs_native
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,kv_heads,d,rows", [(9, 3, 64, 1), (4, 4, 32, 11), (8, 2, 128, 3)])
+def test_rotate_and_store_matches_the_torch_path(kv_dtype, heads, kv_heads, d, rows):
+    from sglpy.kernels.rotary_store import rotate_and_store, rotate_and_store_reference
+
+    g = torch.Generator().manual_seed(rows)
+    width = (heads + 2 * kv_heads) * d
+    qkv = torch.randn(rows, width, generator=g)
+    positions = torch.randint(0, 500, (rows,), generator=g).tolist()
+    plan = _rope_plan(positions, d)
+    loc = torch.randperm(40, generator=g)[:rows]
+    caches = [torch.zeros(40, kv_heads, d, dtype=kv_dtype) for _ in range(4)]
+    q_native = rotate_and_store(qkv.clone(), heads, kv_heads, d, plan, caches[0], caches[1], loc)
+    q_torch = rotate_and_store_reference(qkv.clone(), heads, kv_heads, d, plan, caches[2], caches[3], loc)
+    assert q_native.shape == (rows, heads, d)
+    torch.testing.assert_close(q_native, q_torch, rtol=1e-6, atol=1e-6)
+    tol = 1e-6 if kv_dtype == torch.float32 else 1e-2  # a product fused or not can move a 16-bit rounding
+    torch.testing.assert_close(caches[0].float(), caches[2].float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(caches[1].float(), caches[3].float(), rtol=tol, atol=tol)
+    untouched = torch.ones(40, dtype=torch.bool)
+    untouched[loc] = False
+    assert caches[0][untouched].abs().sum() == 0 and caches[1][untouched].abs().sum() == 0
+
+
+@needs_native
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16])
+def test_pool_stores_round_exactly_as_torch(kv_dtype):
+    """At position 0 the rotary is the identity on finite values (inf * sin 0 is nan in both paths), so the stored
+    elements must equal torch's .to() bit for bit: round to nearest even, overflow to inf, subnormals."""
+    from sglpy.kernels.rotary_store import rotate_and_store
+
+    d, rows = 32, 12
+    special = torch.tensor([0.0, 1e-40, 65504.0, 65520.0, 1e6, -1e6, 3.0e38, -3.0e38, 1.00390625, 1.01171875,
+                            6.0e-8, 3.0e-8, -2.0e-5])
+    n = rows * 2 * d - len(special)
+    g = torch.Generator().manual_seed(0)
+    vals = torch.cat([special, torch.randn(n, generator=g) * 10.0 ** torch.randint(-9, 6, (n,), generator=g).float()])
+    qkv = torch.zeros(rows, 3 * d)  # one q head, one kv head
+    qkv[:, d:] = vals[: rows * 2 * d].reshape(rows, 2 * d)
+    k_cache, v_cache = torch.zeros(rows, 1, d, dtype=kv_dtype), torch.zeros(rows, 1, d, dtype=kv_dtype)
+    rotate_and_store(qkv, 1, 1, d, _rope_plan([0] * rows, d), k_cache, v_cache, torch.arange(rows))
+    want = qkv[:, d:].to(kv_dtype).reshape(rows, 2, 1, d)
+    assert torch.equal(k_cache.view(torch.int16), want[:, 0].contiguous().view(torch.int16))
+    assert torch.equal(v_cache.view(torch.int16), want[:, 1].contiguous().view(torch.int16))
+
+
+@needs_native
+def test_rotate_and_store_rejects_bad_rows_before_writing():
+    from sglpy.kernels.decode_glue_cpu import rotate_and_store_cpu
+    from sglpy.kernels.rotary import build_rope_cache
+
+    qkv = torch.randn(3, 3 * 16)
+    k_cache, v_cache = torch.zeros(8, 1, 16), torch.zeros(8, 1, 16)
+    cache = build_rope_cache(16, 64)
+    with pytest.raises(ValueError, match=r"out_cache_loc\[2\] = 8 is not a slot of the pool \[0, 8\)"):
+        rotate_and_store_cpu(native_lib(), qkv, 1, 1, 16, torch.tensor([0, 1, 2]), cache, k_cache, v_cache,
+                             torch.tensor([0, 1, 8]))
+    with pytest.raises(ValueError, match=r"positions\[1\] = 64 must lie in \[0, 64\)"):
+        rotate_and_store_cpu(native_lib(), qkv, 1, 1, 16, torch.tensor([0, 64, 2]), cache, k_cache, v_cache,
+                             torch.tensor([0, 1, 2]))
+    assert k_cache.abs().sum() == 0 and v_cache.abs().sum() == 0
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_silu_and_mul_matches_torch(rows):
+    from sglpy.kernels.activation import silu_and_mul, silu_and_mul_reference
+
+    gu = torch.randn(rows, 2 * 96) * 4
+    gu[0, :6] = torch.tensor([0.0, -100.0, 100.0, -88.5, 88.5, 1e-30])
+    torch.testing.assert_close(silu_and_mul(gu), silu_and_mul_reference(gu), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="must be even"):
+        silu_and_mul(torch.randn(2, 7))
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 3, 33])
+def test_rmsnorm_rows_in_parallel_match_the_reference(rows, monkeypatch):
+    from sglpy.kernels.rmsnorm import rmsnorm, rmsnorm_reference
+
+    x, res, w = torch.randn(rows, 576), torch.randn(rows, 576), torch.randn(576)
+    for residual in (None, res):
+        got = rmsnorm(x, w, 1e-6, residual)
+        want = rmsnorm_reference(x, w, 1e-6, residual)
+        torch.testing.assert_close(got.out, want.out, rtol=2e-6, atol=2e-6)
+        assert torch.equal(got.residual, want.residual)
+
+
+@needs_native
+@pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="x86-64 micro-architecture levels")
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])
+def test_generic_code_paths_without_avx512(march, tmp_path):
+    """Built for AVX2 (x86-64-v3) or SSE2 (x86-64): the widening loads' portable branch, every kernel still right."""
+    from sglpy.kernels.activation import silu_and_mul_reference
+    from sglpy.kernels.decode_glue_cpu import rmsnorm_cpu, rotate_and_store_cpu, silu_and_mul_cpu
+    from sglpy.kernels.quant_linear import pack_linear, quant_linear_reference
+    from sglpy.kernels.quant_linear_cpu import quant_linear_cpu
+    from sglpy.kernels.rmsnorm import rmsnorm_reference
+    from sglpy.kernels.rotary_store import rotate_and_store_reference
+
+    built = build_native(find_compiler(), tmp_path, march=march)
+    assert built.lib is not None, built.detail
+    lib = built.lib
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        _check(lib, [1, 70, 300], 9, 3, 64, dtype)
+        _check(lib, [2000], 4, 2, 48, dtype)  # split into chunks; head_dim 48: the runtime-width path
+    for kind in ("int8", "int4"):
+        p = pack_linear(torch.randn(40, 96) * 0.05, torch.randn(40), kind, 32, native=True)
+        x = torch.randn(3, 96)
+        torch.testing.assert_close(quant_linear_cpu(lib, x, p.kind, p.qweight, p.scales, p.bias, 40),
+                                   quant_linear_reference(x, p), rtol=1e-5, atol=1e-5)
+    x, res, w = torch.randn(2, 64), torch.randn(2, 64), torch.randn(64)
+    out, stream = rmsnorm_cpu(lib, x, w, 1e-6, res)
+    want = rmsnorm_reference(x, w, 1e-6, res)
+    torch.testing.assert_close(out, want.out, rtol=2e-6, atol=2e-6)
+    gu = torch.randn(3, 64) * 4
+    torch.testing.assert_close(silu_and_mul_cpu(lib, gu), silu_and_mul_reference(gu), rtol=1e-6, atol=1e-6)
+    qkv = torch.randn(2, 3 * 32)
+    plan = _rope_plan([5, 300], 32)
+    caches = [torch.zeros(4, 1, 32, dtype=torch.float16) for _ in range(4)]
+    ref = rotate_and_store_reference(qkv.clone(), 1, 1, 32, plan, caches[2], caches[3], torch.tensor([3, 1]))
+    mine = qkv.clone()
+    rotate_and_store_cpu(lib, mine, 1, 1, 32, plan.positions, plan.cos_sin_cache, caches[0], caches[1],
+                         torch.tensor([3, 1]))
+    torch.testing.assert_close(mine[:, :32].view(2, 1, 32), ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(caches[0].float(), caches[2].float(), rtol=1e-2, atol=1e-2)

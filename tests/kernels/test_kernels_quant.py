@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sglpy.kernels.cpu_native import find_compiler
 from sglpy.kernels.quant_linear import (
+    NATIVE_MAX_ROWS,
     PACKED_MAX_ROWS,
     PackedLinear,
     dequantize,
@@ -16,6 +18,10 @@ from sglpy.kernels.quant_linear import (
     quantize_int4,
     quantize_int8,
 )
+
+
+# the native CPU kernels' layout where a compiler can build them, torch's packed layout everywhere
+LAYOUTS = [False] + ([True] if find_compiler() is not None else [])
 
 
 def _weight(n=48, k=96, seed=0):
@@ -49,11 +55,13 @@ def test_int4_recovers_weights_already_on_a_q4_1_grid():
     assert torch.equal(got_codes.reshape(n, k // g, g), codes.to(torch.int32))
 
 
+@pytest.mark.parametrize("native", LAYOUTS)
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 @pytest.mark.parametrize("dense", [torch.float32, torch.bfloat16])
-def test_dequantize_matches_the_dense_copy_and_the_codes(kind, dense):
+def test_dequantize_matches_the_dense_copy_and_the_codes(kind, dense, native):
     w = _weight()
-    p = pack_linear(w, None, kind, 32, dense=dense)
+    p = pack_linear(w, None, kind, 32, dense=dense, native=native)
+    assert p.native == native
     deq = dequantize(p)
     assert deq.shape == w.shape and deq.dtype == torch.float32
     assert p.dense.dtype == dense and torch.equal(deq.to(dense), p.dense)
@@ -64,18 +72,23 @@ def test_dequantize_matches_the_dense_copy_and_the_codes(kind, dense):
     assert bool(((deq - w).abs() <= step * 0.6).all())
 
 
+@pytest.mark.parametrize("native", LAYOUTS)
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 @pytest.mark.parametrize("dense", [None, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 13, 21])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_quant_linear_matches_reference(kind, dense, rows, with_bias):
+def test_quant_linear_matches_reference(kind, dense, rows, with_bias, native):
     w = _weight(seed=rows)
     bias = torch.randn(48) if with_bias else None
-    p = pack_linear(w, bias, kind, 32, dense=dense)
+    p = pack_linear(w, bias, kind, 32, dense=dense, native=native)
     x = torch.randn(rows, 96)
     got = quant_linear(x, p)
     assert got.shape == (rows, 48) and got.dtype == torch.float32
-    if dense == torch.float32 and rows > PACKED_MAX_ROWS[torch.float32]:
+    if native and (dense is None or rows <= NATIVE_MAX_ROWS):
+        # the native kernels: float32 activations and the exact dequantized weights, summed in another order
+        torch.testing.assert_close(got, quant_linear_reference(x, p), rtol=1e-5, atol=1e-5)
+        return
+    if dense == torch.float32 and rows > (NATIVE_MAX_ROWS if native else PACKED_MAX_ROWS[torch.float32]):
         # the float32 dense copy: exactly the dequantized weights, float32 activations
         torch.testing.assert_close(got, quant_linear_reference(x, p), rtol=1e-5, atol=1e-5)
         return
@@ -85,10 +98,29 @@ def test_quant_linear_matches_reference(kind, dense, rows, with_bias):
     torch.testing.assert_close(got, want, rtol=1e-2, atol=tol)
 
 
+@pytest.mark.skipif(len(LAYOUTS) == 1, reason="no C++ compiler: no native kernels")
+def test_few_rows_take_the_native_kernel_and_many_rows_the_dense_copy(monkeypatch):
+    import sglpy.kernels.quant_linear as ql
+
+    p = pack_linear(_weight(), None, "int4", 32, dense=torch.bfloat16, native=True)
+    calls = []
+    real_native, real_linear = ql.quant_linear_cpu, ql.F.linear
+    monkeypatch.setattr(ql, "quant_linear_cpu", lambda *a: calls.append("native") or real_native(*a))
+    monkeypatch.setattr(ql.F, "linear", lambda *a: calls.append("dense") or real_linear(*a))
+    for rows in (1, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1, 64):
+        quant_linear(torch.randn(rows, 96), p)
+    assert calls == ["native", "native", "dense", "dense"]
+    calls.clear()
+    monkeypatch.setenv("SGLPY_DISABLE_CPU_KERNELS", "1")  # disabled after packing: the reference, still right
+    x = torch.randn(3, 96)
+    torch.testing.assert_close(quant_linear(x, p), quant_linear_reference(x, p))
+    assert calls == []
+
+
 def test_many_rows_take_the_dense_copy_and_few_rows_the_packed_kernel(monkeypatch):
     import sglpy.kernels.quant_linear as ql
 
-    p = pack_linear(_weight(), None, "int8", 32, dense=torch.float32)
+    p = pack_linear(_weight(), None, "int8", 32, dense=torch.float32, native=False)
     calls = []
     real = torch._weight_int8pack_mm
     monkeypatch.setattr(torch, "_weight_int8pack_mm", lambda *a: calls.append("packed") or real(*a))
@@ -101,8 +133,9 @@ def test_many_rows_take_the_dense_copy_and_few_rows_the_packed_kernel(monkeypatc
         pack_linear(_weight(), None, "int8", 32, dense=torch.float16)
 
 
-def test_packed_linear_accounts_bytes_and_rejects_bad_kinds():
-    p = pack_linear(_weight(), None, "int4", 32)
+@pytest.mark.parametrize("native", LAYOUTS)
+def test_packed_linear_accounts_bytes_and_rejects_bad_kinds(native):
+    p = pack_linear(_weight(), None, "int4", 32, native=native)
     assert p.nbytes == 48 * 96 // 2 + (96 // 32) * 48 * 2 * 2
     with pytest.raises(ValueError, match="kind must be"):
         pack_linear(_weight(), None, "int3")
@@ -112,9 +145,13 @@ def test_packed_linear_accounts_bytes_and_rejects_bad_kinds():
 
 def test_pack_and_call_reject_bad_shapes():
     with pytest.raises(ValueError, match="multiple of group_size"):
-        pack_linear(_weight(k=80), None, "int4", 32)
+        pack_linear(_weight(k=80), None, "int4", 32, native=False)
+    with pytest.raises(ValueError, match="native layout cannot hold int4"):
+        pack_linear(_weight(k=80), None, "int4", 32, native=True)
     with pytest.raises(ValueError, match="divisible by 16"):
-        pack_linear(_weight(n=40), None, "int4", 32)
+        pack_linear(_weight(n=40), None, "int4", 32, native=False)
+    with pytest.raises(ValueError, match="native layout cannot hold int4"):
+        pack_linear(_weight(), None, "int4", 64, native=True)
     with pytest.raises(ValueError, match="group_size must be one of"):
         pack_linear(_weight(), None, "int4", 48)
     p = pack_linear(_weight(), None, "int8")

@@ -42,8 +42,11 @@ def test_decode_logits_match_the_torch_path(tiny_model_path, monkeypatch, kv_cac
     native = decode_logits(tiny_model_path, kv_cache_dtype)
     monkeypatch.setenv(DISABLE_ENV, "1")
     reference = decode_logits(tiny_model_path, kv_cache_dtype)
+    # a 16-bit pool rounds each K/V element once; the two paths' rotary may round a product differently (fused or
+    # not), which can move an element by one 16-bit step (2^-8 for bf16) and a logit by ~1e-4
+    tol = 1e-4 if kv_cache_dtype == "auto" else 1e-3
     for a, b in zip(native, reference):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a, b, atol=tol, rtol=tol)
 
 
 def test_engine_reports_the_kernels_it_runs(tiny_model_path, monkeypatch):

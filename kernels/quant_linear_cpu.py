@@ -1,0 +1,58 @@
+"""Native CPU weight-only GEMV (csrc/quant_gemv.cpp) for a few rows: float32 activations, the weights in the native
+layout; quant_linear_reference is its oracle.
+
+Native layout (the same quantized values as torch's packed kernels read, arranged for 16-lane loads):
+  int8: qweight int8 [N, K], scales float32 [N].
+  int4: qweight uint8 [N, K // 32, 16] (byte i of a group: input i in the low nibble, input i + 16 in the high one),
+        scales bf16 [N, 2, K // 32] (each row's group scales, then its group zeros).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+NATIVE_GROUP = 32  # the int4 kernel's group size (GGUF Q4_1's block)
+MAX_INT4_K = 32 * 1024  # csrc/quant_gemv.cpp: MAX_GROUPS
+# Rows up to which the native kernels beat a dense bf16 copy of the weights. Measured on the 2-core AMD EPYC dev box
+# (AVX-512, no AMX), every layer's weights read from memory, us per SmolLM2 layer: int4 native M=1 139, M=8 507,
+# dense bf16 747 / 829; M=16 about even (1,014 vs 1,127); the int8 lm_head at M=8 3.0 vs 6.2 ms.
+NATIVE_MAX_ROWS = 16
+
+
+def native_layout_fits(kind: str, n: int, k: int, group_size: int) -> bool:
+    """Whether the native kernels can hold this weight (int4: group 32 and K <= 32k; int8: K a multiple of 16)."""
+    if kind == "int4":
+        return group_size == NATIVE_GROUP and k % NATIVE_GROUP == 0 and k <= MAX_INT4_K
+    return kind == "int8" and k % 16 == 0
+
+
+def int4_to_native(codes: torch.Tensor, scales_and_zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes int32 [N, K] in 0..15 and torch's bf16 [K // 32, N, 2] -> (uint8 [N, K // 32, 16], bf16 [N, 2, K // 32])."""
+    n, k = codes.shape
+    c = codes.reshape(n, k // NATIVE_GROUP, NATIVE_GROUP)
+    packed = (c[..., :16] | (c[..., 16:] << 4)).to(torch.uint8).contiguous()
+    return packed, scales_and_zeros.permute(1, 2, 0).contiguous()
+
+
+def int4_from_native(packed: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of int4_to_native: (codes int32 [N, K], scales_and_zeros bf16 [K // 32, N, 2])."""
+    n, groups, _ = packed.shape
+    codes = torch.cat([packed & 15, packed >> 4], dim=-1).to(torch.int32).reshape(n, groups * NATIVE_GROUP)
+    return codes, scales.permute(2, 0, 1).contiguous()
+
+
+def quant_linear_cpu(lib: ctypes.CDLL, x: torch.Tensor, kind: str, qweight: torch.Tensor, scales: torch.Tensor,
+                     bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """x @ W^T (+ bias) through the native kernels: x [M, K] float32 -> [M, N] float32 (any M; fastest up to
+    NATIVE_MAX_ROWS)."""
+    # x: [M, K] -> y: [M, N]
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        x = x.to(torch.float32).contiguous()
+    m, k = x.shape
+    y = torch.empty((m, out_features), dtype=torch.float32)
+    fn = lib.sglpy_gemv_int4 if kind == "int4" else lib.sglpy_gemv_int8
+    fn(x.data_ptr(), m, k, qweight.data_ptr(), scales.data_ptr(), None if bias is None else bias.data_ptr(),
+       y.data_ptr(), out_features, torch.get_num_threads())
+    return y
