@@ -43,6 +43,7 @@ SIGNATURES = {
     "sglpy_rotary_store": (_I64, [_P, _I64, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I32, _I64, _I64, _P,
                                   _I32]),
     "sglpy_silu_mul": (_I64, [_P, _I64, _I64, _P, _I32]),
+    "sglpy_decode_layer": (_I64, [_P, _P, _P, _P, _I32, _I64]),
     "sglpy_gemv_int8": (_I64, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I32]),
     "sglpy_gemv_int4": (_I64, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I32]),
 }

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cpu_common.h"
+#include "kernels.h"
 
 namespace sglpy {
 namespace {
@@ -195,11 +196,12 @@ int64_t run(const Args& a, int32_t nthreads) {
 
 // Returns 0, -1 for an unknown kv_dtype, or 1 + 4 * i + problem for the first bad request i: BAD_SLOT (a slot id
 // outside [0, num_slots)), BAD_LEN (lens[i] outside [1, r2t_stride]), BAD_ROW (rows[i] outside [0, r2t_rows)).
-extern "C" int64_t sglpy_decode_attention(const float* q, int64_t q_row, const void* k_cache, const void* v_cache, int32_t kv_dtype,
-                                          int64_t num_slots, int64_t kv_row, const int32_t* req_to_token,
-                                          int64_t r2t_rows, int64_t r2t_stride, const int64_t* rows,
-                                          const int64_t* lens, float* out, int64_t b, int64_t heads, int64_t kv_heads,
-                                          int64_t head_dim, float scale, int32_t nthreads) {
+extern "C" int64_t sglpy_decode_attention(const float* q, int64_t q_row, const void* k_cache, const void* v_cache,
+                                          int32_t kv_dtype, int64_t num_slots, int64_t kv_row,
+                                          const int32_t* req_to_token, int64_t r2t_rows, int64_t r2t_stride,
+                                          const int64_t* rows, const int64_t* lens, float* out, int64_t b,
+                                          int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
+                                          int32_t nthreads) {
   using namespace sglpy;
   const Args a{q, q_row, k_cache, v_cache, num_slots, kv_row, req_to_token, r2t_rows, r2t_stride, rows, lens, out,
                b, heads, kv_heads, head_dim, scale};

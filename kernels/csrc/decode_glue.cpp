@@ -5,6 +5,7 @@
 //   sglpy_silu_mul       silu(gate) * up                     oracle: kernels/activation.py:silu_and_mul_reference
 // All float32 activations; rows are independent, so several rows split across threads.
 #include "cpu_common.h"
+#include "kernels.h"
 
 namespace sglpy {
 namespace {

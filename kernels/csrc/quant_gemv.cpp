@@ -5,6 +5,7 @@
 //   int4: q uint8 [N, K / 32, 16]: byte i of a group holds input i in its low nibble and input i + 16 in its high
 //         nibble; sz bf16 [N, 2, K / 32] = each row's scales, then its zeros: W = (code - 8) * scale + zero.
 #include "cpu_common.h"
+#include "kernels.h"
 
 namespace sglpy {
 namespace {

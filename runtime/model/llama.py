@@ -9,12 +9,14 @@ from torch import nn
 
 from sglpy.kernels import build_rope_cache
 from sglpy.kernels.activation import silu_and_mul
+from sglpy.kernels.cpu_native import native_lib
 from sglpy.kernels.extend_attention import extend_attention_planned
 from sglpy.kernels.decode_plan import DecodePlan, decode_attention_planned, plan_decode_attention
 from sglpy.kernels.rmsnorm import rmsnorm_unchecked
 from sglpy.kernels.rotary import RotaryPlan, plan_rotary
 from sglpy.kernels.rotary_store import rotate_and_store
 from .forward_batch import ForwardBatch
+from .native_decode import build_layer_structs, native_step, run_native_layers
 from ..memory.kv_manager import KVBuffers
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -164,6 +166,7 @@ class LlamaForCausalLM(nn.Module):
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         self.rope_cache: torch.Tensor | None = None
         self.logits_head: nn.Module | None = None  # replaces the (tied) lm_head matmul when set (quantization)
+        self.native_layers = None  # per-layer structs of the fused CPU decode layer (prepare_native_decode)
 
     def fuse_projections(self) -> None:
         """Fuse q/k/v and gate/up weights once the HF-named weights are loaded."""
@@ -181,6 +184,13 @@ class LlamaForCausalLM(nn.Module):
         if not self.tie_word_embeddings:
             del self.lm_head  # the head now holds the only copy
 
+    def prepare_native_decode(self) -> bool:
+        """Build the fused CPU decode layers' structs when every projection is natively packed (call after
+        quantizing); small decode steps then run one native call per layer (runtime/model/native_decode.py)."""
+        on_cpu = self.model.embed_tokens.weight.device.type == "cpu"
+        self.native_layers = build_layer_structs(self) if on_cpu and native_lib() is not None else None
+        return self.native_layers is not None
+
     def init_rope(self, max_pos: int, device, dtype) -> None:
         """Build the cos/sin table once the model is on its device."""
         theta, scaling = rope_settings(self.config)
@@ -194,9 +204,14 @@ class LlamaForCausalLM(nn.Module):
         plan = StepPlan(plan_rotary(fb.positions, self.rope_cache),
                         plan_decode_attention(fb.req_to_token, fb.req_pool_indices[:nd], fb.seq_lens[:nd])
                         if nd else None)
-        residual = None
-        for layer in self.model.layers:
-            x, residual = layer.forward(x, residual, fb, kv, plan)
+        ns = native_step(native_lib(), fb, kv, plan.decode, self.rope_cache) if self.native_layers else None
+        fused = run_native_layers(self.native_layers, ns, x) if ns is not None else None  # one call per layer
+        if fused is not None:
+            x, residual = fused
+        else:  # the per-op path (also for an input the fused layers rejected: it raises the precise ValueError)
+            residual = None
+            for layer in self.model.layers:
+                x, residual = layer.forward(x, residual, fb, kv, plan)
         x, _ = self.model.norm(x, residual)
         x = x[fb.logits_indices]  # only the rows we sample from or score
         if self.logits_head is not None:

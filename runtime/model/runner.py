@@ -57,6 +57,7 @@ class ModelRunner:
         # what runs: none, int8 or int4 (auto looks at the loaded weights)
         self.quantization = resolve_quantization(cfg.quantization, self.device, self.model, self.group is not None)
         quantize_model(self.model, self.quantization)
+        self.model.prepare_native_decode()
         # built (once per machine) or loaded here, not in the first request's forward; None off CPU (Triton runs)
         self.cpu_kernels = native_status() if self.device.type == "cpu" else None
         hf = self.model.config

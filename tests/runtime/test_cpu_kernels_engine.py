@@ -15,13 +15,20 @@ from sglpy.runtime.testing.runner_kv import runner_kv
 pytestmark = pytest.mark.skipif(find_compiler() is None, reason="no C++ compiler: only the references run")
 
 
-def decode_logits(path: str, kv_cache_dtype: str, steps: int = 6) -> list[torch.Tensor]:
-    """Logits of `steps` batched decode forwards after a ragged prefill (fixed next tokens, not sampled)."""
-    runner = ModelRunner(EngineConfig(model=path, device="cpu", quantization="none", kv_cache_dtype=kv_cache_dtype,
-                                      max_total_tokens=1024), path)
-    kv = runner_kv(runner, 1024, 4, kv_cache_dtype)
+PROMPTS = [[1, 5, 9, 200, 3000], [7], list(range(100, 400))]
+
+
+def decode_logits(path: str, kv_cache_dtype: str, steps: int = 6, quantization: str = "none", fused: bool = True,
+                  prompts: list[list[int]] = PROMPTS) -> list[torch.Tensor]:
+    """Logits of `steps` batched decode forwards after a ragged prefill (fixed next tokens, not sampled).
+    fused=False keeps the model on the per-op path (no fused decode layers)."""
+    runner = ModelRunner(EngineConfig(model=path, device="cpu", quantization=quantization,
+                                      kv_cache_dtype=kv_cache_dtype, max_total_tokens=4096), path)
+    if not fused:
+        runner.model.native_layers = None
+    kv = runner_kv(runner, 4096, len(prompts) + 1, kv_cache_dtype)
     reqs = [Req(rid=str(i), input_ids=ids, sampling=SamplingParams(max_new_tokens=steps))
-            for i, ids in enumerate([[1, 5, 9, 200, 3000], [7], list(range(100, 400))])]
+            for i, ids in enumerate(prompts)]
     for r in reqs:
         assert kv.assign_row(r) and kv.grow(r, len(r.input_ids))
     runner.forward([BatchEntry(r, 0, len(r.input_ids), sample=True) for r in reqs], 0, kv.buffers)
@@ -60,3 +67,63 @@ def test_engine_reports_the_kernels_it_runs(tiny_model_path, monkeypatch):
         assert eng.get_server_info()["cpu_kernels"] == f"torch reference: {DISABLE_ENV} is set"
         again = eng.generate("Hello there", {"max_new_tokens": 8, "temperature": 0})
     assert first["meta_info"]["completion_tokens"] == again["meta_info"]["completion_tokens"] == 8
+
+
+def _count_fused(monkeypatch) -> list[int]:
+    import sglpy.runtime.model.llama as llama
+
+    calls = [0]
+    real = llama.run_native_layers
+
+    def counted(*a):
+        out = real(*a)
+        calls[0] += out is not None
+        return out
+
+    monkeypatch.setattr(llama, "run_native_layers", counted)
+    return calls
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v biases
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bf16"])
+def test_fused_decode_layers_equal_the_per_op_path(tmp_path, monkeypatch, arch, quantization, kv_cache_dtype):
+    """One native call per layer runs the same kernels in the same order as the per-op path: equal logits."""
+    from sglpy.runtime.testing import make_tiny_model
+
+    path = make_tiny_model(tmp_path / arch, arch=arch, num_layers=3)
+    calls = _count_fused(monkeypatch)
+    fused = decode_logits(path, kv_cache_dtype, quantization=quantization)
+    assert calls[0] == 6  # every decode step took the fused layers
+    per_op = decode_logits(path, kv_cache_dtype, quantization=quantization, fused=False)
+    assert calls[0] == 6
+    for a, b in zip(fused, per_op):
+        assert torch.equal(a, b)
+
+
+def test_fused_layers_need_native_packing_and_few_rows(tiny_model_path, monkeypatch):
+    calls = _count_fused(monkeypatch)
+    runner = ModelRunner(EngineConfig(model=tiny_model_path, device="cpu", quantization="none"), tiny_model_path)
+    assert runner.model.native_layers is None  # float32 weights: the per-op path (HF-equality mode)
+    from sglpy.kernels.quant_linear_cpu import NATIVE_MAX_ROWS
+
+    many = [[3 + i, 40 + i] for i in range(NATIVE_MAX_ROWS + 1)]
+    decode_logits(tiny_model_path, "auto", steps=2, quantization="int8", prompts=many)
+    assert calls[0] == 0  # more rows than the native GEMV serves: per op (the dense copy)
+    decode_logits(tiny_model_path, "auto", steps=2, quantization="int8", prompts=many[:NATIVE_MAX_ROWS])
+    assert calls[0] == 2
+
+
+def test_a_bad_slot_in_a_fused_step_raises_the_per_op_error(tiny_model_path, monkeypatch):
+    runner = ModelRunner(EngineConfig(model=tiny_model_path, device="cpu", quantization="int4",
+                                      max_total_tokens=256), tiny_model_path)
+    assert runner.model.native_layers is not None
+    kv = runner_kv(runner, 256, 2, "auto")
+    req = Req(rid="r", input_ids=[5, 6, 7], sampling=SamplingParams(max_new_tokens=2))
+    assert kv.assign_row(req) and kv.grow(req, 3)
+    runner.forward([BatchEntry(req, 0, 3, sample=True)], 0, kv.buffers)
+    req.output_ids.append(9)
+    assert kv.grow(req, 1)
+    req.slots[3] = 10 ** 6  # what a bookkeeping bug would hand the model
+    with pytest.raises(ValueError, match=r"out_cache_loc\[0\] = 1000000 is not a slot of the pool"):
+        runner.forward([BatchEntry(req, 3, 1, sample=True)], 1, kv.buffers)

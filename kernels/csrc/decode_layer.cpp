@@ -1,0 +1,96 @@
+// One Llama decoder layer of a decode step, for weight-only quantized projections in the native layout: the per-op
+// kernels chained here, so Python makes one call per layer instead of ~10 (each with its checks, views and
+// allocations: ~100 us per layer at batch 1, a third of the step).
+//   residual += x (first layer: residual = x); h = rmsnorm1(residual); qkv = h Wqkv^T (+ b); rotary on q, k;
+//   k, v -> pool; a = attention(q); x = a Wo^T; residual += x; h = rmsnorm2(residual);
+//   x = silu(h Wg^T) * (h Wu^T) Wd^T
+// Oracle: the model's per-op path (runtime/model/llama.py, tests/runtime/test_cpu_kernels_engine.py).
+// Struct layouts are mirrored by ctypes Structures in kernels/decode_layer_cpu.py.
+#include <vector>
+
+#include "cpu_common.h"
+#include "kernels.h"
+
+namespace sglpy {
+namespace {
+
+struct QLinear {  // one projection: kind 0 = int8 (scales float32 [N]), 1 = int4 (scales bf16 [N, 2, K / 32])
+  int64_t kind;
+  const void* q;
+  const void* scales;
+  const float* bias;  // nullable
+  int64_t n, k;
+};
+
+int64_t gemv(const QLinear& w, const float* x, int64_t M, float* y, int32_t nthreads) {
+  if (w.kind == 0)
+    return sglpy_gemv_int8(x, M, w.k, static_cast<const int8_t*>(w.q), static_cast<const float*>(w.scales), w.bias,
+                           y, w.n, nthreads);
+  return sglpy_gemv_int4(x, M, w.k, static_cast<const uint8_t*>(w.q), static_cast<const uint16_t*>(w.scales),
+                         w.bias, y, w.n, nthreads);
+}
+
+}  // namespace
+}  // namespace sglpy
+
+using namespace sglpy;
+
+struct SglpyDecodeLayer {  // per layer, built once at load
+  QLinear qkv, o, gate_up, down;
+  const float* norm1;
+  const float* norm2;
+  int64_t layer, heads, kv_heads, head_dim, hidden, intermediate;
+  float eps, scale;
+};
+
+struct SglpyDecodeStep {  // per forward, shared by every layer
+  const int64_t* positions;  // [M]
+  const float* cos_sin;      // [max_pos, head_dim] float32
+  int64_t max_pos;
+  char* k_base;  // the pools [layers, slots, kv_heads, head_dim]: layer l at base + l * layer_bytes
+  char* v_base;
+  int64_t layer_bytes, num_slots, kv_row;
+  int32_t kv_dtype, nthreads;
+  const int64_t* loc;  // [M] slot of each row's new token
+  const int32_t* req_to_token;
+  int64_t r2t_rows, r2t_stride;
+  const int64_t* rows;  // [M]
+  const int64_t* lens;  // [M]
+};
+
+// x, residual: float32 [M, hidden], updated in place (x -> the layer's output; residual -> the residual stream;
+// first != 0: residual is only written). Returns 0, or the failing kernel's code offset by its stage:
+// 1'000'000'000 + code (rotary/store), 2'000'000'000 + code (attention); nothing past a failing stage runs.
+extern "C" int64_t sglpy_decode_layer(const SglpyDecodeLayer* L, const SglpyDecodeStep* S, float* x, float* residual,
+                                      int32_t first, int64_t M) {
+  const int64_t hidden = L->hidden, qkv_w = L->qkv.n, attn_w = L->heads * L->head_dim;
+  const int32_t nt = S->nthreads;
+  // scratch: h [M, hidden], qkv [M, qkv_w], attn [M, attn_w], gate_up [M, 2I], act [M, I]
+  thread_local std::vector<float> scratch;
+  const size_t need = (size_t)(M * (hidden + qkv_w + attn_w + 3 * L->intermediate));
+  if (scratch.size() < need) scratch.resize(need);
+  float* h = scratch.data();
+  float* qkv = h + M * hidden;
+  float* attn = qkv + M * qkv_w;
+  float* gate_up = attn + M * attn_w;
+  float* act = gate_up + M * 2 * L->intermediate;
+  void* k_cache = S->k_base + L->layer * S->layer_bytes;
+  void* v_cache = S->v_base + L->layer * S->layer_bytes;
+
+  sglpy_rmsnorm(x, first ? nullptr : residual, L->norm1, L->eps, h, residual, M, hidden, nt);
+  if (first) std::memcpy(residual, x, sizeof(float) * M * hidden);
+  gemv(L->qkv, h, M, qkv, nt);
+  int64_t rc = sglpy_rotary_store(qkv, M, qkv_w, L->heads, L->kv_heads, L->head_dim, S->cos_sin, S->max_pos,
+                                  S->positions, k_cache, v_cache, S->kv_dtype, S->num_slots, S->kv_row, S->loc, nt);
+  if (rc != 0) return 1000000000 + rc;
+  rc = sglpy_decode_attention(qkv, qkv_w, k_cache, v_cache, S->kv_dtype, S->num_slots, S->kv_row, S->req_to_token,
+                              S->r2t_rows, S->r2t_stride, S->rows, S->lens, attn, M, L->heads, L->kv_heads,
+                              L->head_dim, L->scale, nt);
+  if (rc != 0) return 2000000000 + rc;
+  gemv(L->o, attn, M, x, nt);
+  sglpy_rmsnorm(x, residual, L->norm2, L->eps, h, residual, M, hidden, nt);
+  gemv(L->gate_up, h, M, gate_up, nt);
+  sglpy_silu_mul(gate_up, M, L->intermediate, act, nt);
+  gemv(L->down, act, M, x, nt);
+  return 0;
+}
