@@ -1,6 +1,7 @@
-"""Triton kernels, each beside a pure-torch reference (the CPU path and the test oracle).
+"""Triton kernels and native CPU kernels, each beside a pure-torch reference (the test oracle).
 
-Importing this package never imports triton: the `*_triton` modules load lazily, and only for CUDA tensors.
+Importing this package never imports triton (the `*_triton` modules load lazily, only for CUDA tensors) and never
+builds the native CPU kernels (kernels/cpu_native.py builds them on first use).
 """
 
 from .bitmask import apply_token_bitmask, apply_token_bitmask_reference

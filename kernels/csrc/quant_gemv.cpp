@@ -88,6 +88,55 @@ void for_row_blocks(int64_t N, int32_t nthreads, Rows rows) {
   for (int64_t blk = 0; blk < blocks; ++blk) rows(blk * ROW_BLOCK, std::min(N, (blk + 1) * ROW_BLOCK));
 }
 
+// Passes of up to eight rows over the weights (each pass reads every weight once), output rows split across
+// threads; Kernel::rows<MR>(m0, n0, n1) computes rows m0 .. m0 + MR of outputs n0 .. n1.
+template <typename Kernel>
+void passes(const Kernel& k, int64_t M, int64_t N, int32_t nthreads) {
+  for (int64_t m0 = 0; m0 < M; m0 += 8) {
+    const int64_t mr = std::min<int64_t>(8, M - m0);
+    for_row_blocks(N, nthreads, [&](int64_t n0, int64_t n1) {
+      switch (mr) {
+        case 1: k.template rows<1>(m0, n0, n1); break;
+        case 2: k.template rows<2>(m0, n0, n1); break;
+        case 3: k.template rows<3>(m0, n0, n1); break;
+        case 4: k.template rows<4>(m0, n0, n1); break;
+        case 5: k.template rows<5>(m0, n0, n1); break;
+        case 6: k.template rows<6>(m0, n0, n1); break;
+        case 7: k.template rows<7>(m0, n0, n1); break;
+        default: k.template rows<8>(m0, n0, n1); break;
+      }
+    });
+  }
+}
+
+struct Int8Kernel {
+  const float* x;
+  int64_t K;
+  const int8_t* q;
+  const float* scale;
+  const float* bias;
+  float* y;
+  int64_t N;
+  template <int MR>
+  void rows(int64_t m0, int64_t n0, int64_t n1) const {
+    int8_rows<MR>(x + m0 * K, K, q, scale, bias, y + m0 * N, N, n0, n1);
+  }
+};
+
+struct Int4Kernel {
+  const float* x;
+  int64_t K;
+  const uint8_t* q;
+  const uint16_t* sz;
+  const float* bias;
+  float* y;
+  int64_t N;
+  template <int MR>
+  void rows(int64_t m0, int64_t n0, int64_t n1) const {
+    int4_rows<MR>(x + m0 * K, K, q, sz, bias, y + m0 * N, N, n0, n1);
+  }
+};
+
 }  // namespace
 }  // namespace sglpy
 
@@ -96,45 +145,13 @@ using namespace sglpy;
 // x float32 [M, K], y float32 [M, N]; K a multiple of 16. Returns 0.
 extern "C" int64_t sglpy_gemv_int8(const float* x, int64_t M, int64_t K, const int8_t* q, const float* scale,
                                    const float* bias, float* y, int64_t N, int32_t nthreads) {
-  for (int64_t m0 = 0; m0 < M; m0 += 8) {  // eight rows per pass over the weights
-    const int64_t mr = std::min<int64_t>(8, M - m0);
-    const float* xm = x + m0 * K;
-    float* ym = y + m0 * N;
-    for_row_blocks(N, nthreads, [&](int64_t n0, int64_t n1) {
-      switch (mr) {
-        case 1: int8_rows<1>(xm, K, q, scale, bias, ym, N, n0, n1); break;
-        case 2: int8_rows<2>(xm, K, q, scale, bias, ym, N, n0, n1); break;
-        case 3: int8_rows<3>(xm, K, q, scale, bias, ym, N, n0, n1); break;
-        case 4: int8_rows<4>(xm, K, q, scale, bias, ym, N, n0, n1); break;
-        case 5: int8_rows<5>(xm, K, q, scale, bias, ym, N, n0, n1); break;
-        case 6: int8_rows<6>(xm, K, q, scale, bias, ym, N, n0, n1); break;
-        case 7: int8_rows<7>(xm, K, q, scale, bias, ym, N, n0, n1); break;
-        default: int8_rows<8>(xm, K, q, scale, bias, ym, N, n0, n1); break;
-      }
-    });
-  }
+  passes(Int8Kernel{x, K, q, scale, bias, y, N}, M, N, nthreads);
   return 0;
 }
 
 // x float32 [M, K], y float32 [M, N]; K a multiple of 32 (the group size), at most 32 * MAX_GROUPS. Returns 0.
 extern "C" int64_t sglpy_gemv_int4(const float* x, int64_t M, int64_t K, const uint8_t* q, const uint16_t* sz,
                                    const float* bias, float* y, int64_t N, int32_t nthreads) {
-  for (int64_t m0 = 0; m0 < M; m0 += 8) {
-    const int64_t mr = std::min<int64_t>(8, M - m0);
-    const float* xm = x + m0 * K;
-    float* ym = y + m0 * N;
-    for_row_blocks(N, nthreads, [&](int64_t n0, int64_t n1) {
-      switch (mr) {
-        case 1: int4_rows<1>(xm, K, q, sz, bias, ym, N, n0, n1); break;
-        case 2: int4_rows<2>(xm, K, q, sz, bias, ym, N, n0, n1); break;
-        case 3: int4_rows<3>(xm, K, q, sz, bias, ym, N, n0, n1); break;
-        case 4: int4_rows<4>(xm, K, q, sz, bias, ym, N, n0, n1); break;
-        case 5: int4_rows<5>(xm, K, q, sz, bias, ym, N, n0, n1); break;
-        case 6: int4_rows<6>(xm, K, q, sz, bias, ym, N, n0, n1); break;
-        case 7: int4_rows<7>(xm, K, q, sz, bias, ym, N, n0, n1); break;
-        default: int4_rows<8>(xm, K, q, sz, bias, ym, N, n0, n1); break;
-      }
-    });
-  }
+  passes(Int4Kernel{x, K, q, sz, bias, y, N}, M, N, nthreads);
   return 0;
 }
