@@ -41,8 +41,10 @@ def main():
     print("=== 1. Runtime Engine on the default model (SmolLM2-135M-Instruct) ===")
     t = time.perf_counter()
     backend = sgl.Engine()
-    mode = backend.engine.get_server_info()["quantization"]  # quantization="auto" resolved: int4 on CPU here
-    print(f"(engine started in {time.perf_counter() - t:.1f}s, quantization {mode})\n")
+    info = backend.engine.get_server_info()  # quantization="auto" resolved: int4 on CPU here
+    kernels = (info["cpu_kernels"] or "").split(":")[0] or "Triton (GPU)"  # "native" or "torch reference"
+    print(f"(engine started in {time.perf_counter() - t:.1f}s, quantization {info['quantization']}, "
+          f"{kernels} kernels)\n")
     engine_batch(backend.engine)
     print("\n=== 2. SGLang-style programs on the in-process engine ===")
     demo_programs.main(backend)
