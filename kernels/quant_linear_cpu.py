@@ -51,6 +51,9 @@ def quant_linear_cpu(lib: ctypes.CDLL, x: torch.Tensor, kind: str, qweight: torc
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.to(torch.float32).contiguous()
     m, k = x.shape
+    expected = qweight.shape[1] if kind == "int8" else qweight.shape[1] * NATIVE_GROUP
+    if k != expected:  # the kernel would read past the weights
+        raise ValueError(f"x dim 1 (in_features) must be {expected}, got {k}")
     y = torch.empty((m, out_features), dtype=torch.float32)
     fn = lib.sglpy_gemv_int4 if kind == "int4" else lib.sglpy_gemv_int8
     fn(x.data_ptr(), m, k, qweight.data_ptr(), scales.data_ptr(), None if bias is None else bias.data_ptr(),

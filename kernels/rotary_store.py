@@ -44,6 +44,7 @@ def rotate_and_store(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int
     check_tensor("qkv", qkv, 2, None)
     check_dim("qkv", qkv.shape[1], (heads + 2 * kv_heads) * head_dim, "dim 1 ((heads + 2 kv_heads) * head_dim)")
     check_dim("loc", loc.shape[0], qkv.shape[0], "length (tokens, = qkv.shape[0])")
+    check_dim("positions", plan.positions.shape[0], qkv.shape[0], "length (tokens, = qkv.shape[0])")
     lib = native_lib() if qkv.device.type == "cpu" else None
     if lib is None or qkv.shape[0] == 0 or not _native_fits(qkv, plan, k_cache, v_cache, loc):
         return rotate_and_store_reference(qkv, heads, kv_heads, head_dim, plan, k_cache, v_cache, loc)

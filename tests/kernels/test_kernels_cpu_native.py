@@ -357,3 +357,18 @@ def test_generic_code_paths_without_avx512(march, tmp_path):
                          torch.tensor([3, 1]))
     torch.testing.assert_close(mine[:, :32].view(2, 1, 32), ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(caches[0].float(), caches[2].float(), rtol=1e-2, atol=1e-2)
+
+
+@needs_native
+def test_wrappers_refuse_shapes_the_kernels_would_read_past():
+    from sglpy.kernels.quant_linear import pack_linear
+    from sglpy.kernels.quant_linear_cpu import quant_linear_cpu
+    from sglpy.kernels.rotary_store import rotate_and_store
+
+    for kind in ("int8", "int4"):
+        p = pack_linear(torch.randn(16, 64), None, kind, 32, native=True)
+        with pytest.raises(ValueError, match="x dim 1 \\(in_features\\) must be 64, got 96"):
+            quant_linear_cpu(native_lib(), torch.randn(2, 96), p.kind, p.qweight, p.scales, p.bias, 16)
+    caches = torch.zeros(8, 1, 16), torch.zeros(8, 1, 16)
+    with pytest.raises(ValueError, match="positions length"):
+        rotate_and_store(torch.randn(3, 48), 1, 1, 16, _rope_plan([0, 1], 16), *caches, torch.tensor([0, 1, 2]))
