@@ -7,6 +7,8 @@ import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_same_dtype, check_tensor
 from ._dispatch import on_device, triton_module
+from .cpu_native import native_lib
+from .extend_attention_cpu import extend_attention_cpu, supports
 from .decode_attention import gather_padded_kv, length_groups
 
 
@@ -172,14 +174,24 @@ def extend_attention(
     extend_lens: torch.Tensor,
     sm_scale: float,
 ) -> torch.Tensor:
-    """Causal attention of each request's new tokens over its prefix and themselves; returns o like q."""
+    """Causal attention of each request's new tokens over its prefix and themselves; returns o like q.
+    CUDA: Triton; CPU: the native kernel (kernels/cpu_native.py) when built, else the torch reference."""
     check_extend_attention_args(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens)
     max_extend = check_extend_len_values(q.shape[0], prefix_lens, extend_lens, req_to_token.shape[1])
     if q.shape[0] == 0:
         return torch.empty_like(q)
+    return _route(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale,
+                  max_extend)
+
+
+def _route(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale, max_extend):
+    """CUDA -> Triton; CPU -> the native kernel when built and able to read these tensors; else the reference."""
     impl = triton_module("extend_attention_triton", q)
     args = (q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale)
     if impl is None:
+        lib = native_lib() if q.device.type == "cpu" else None
+        if lib is not None and supports(q, k_cache, v_cache, req_to_token):
+            return extend_attention_cpu(lib, *args)
         return extend_attention_reference(*args)
     with on_device(q):
         return impl.extend_attention_triton(*args, max_extend=max_extend)
@@ -204,9 +216,5 @@ def extend_attention_planned(
     check_extend_attention_args(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens)
     if q.shape[0] == 0:
         return torch.empty_like(q)
-    impl = triton_module("extend_attention_triton", q)
-    args = (q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale)
-    if impl is None:
-        return extend_attention_reference(*args)
-    with on_device(q):
-        return impl.extend_attention_triton(*args, max_extend=max_extend)
+    return _route(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale,
+                  max_extend)

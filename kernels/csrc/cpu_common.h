@@ -121,4 +121,56 @@ static inline float exp_f32(float x) {
   return p * s;
 }
 
+// exp_f32 on 16 lanes (the same polynomial, explicit vector code: `omp simd` left the scalar one unvectorized in
+// the softmax loops). Rounding to the nearest integer by adding and subtracting 1.5 * 2^23 (|t| <= 127 here).
+static inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+static inline vf vmin(vf a, vf b) { return a < b ? a : b; }
+static inline vf exp_v(vf x) {
+  x = vmin(vmax(x, splat(-87.0f)), splat(88.0f));
+  const vf t = x * 1.44269504088896341f;
+  const vf n = (t + 12582912.0f) - 12582912.0f;
+  const vf f = t - n;
+  vf p = splat(1.535336188319500e-4f);
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.0f;
+  const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+  vf sc;
+  std::memcpy(&sc, &e, sizeof sc);
+  return p * sc;
+}
+static inline float hmax(vf x) {
+  float r = x[0];
+  for (int i = 1; i < W; ++i) r = std::max(r, x[i]);
+  return r;
+}
+
+// One online-softmax step of a row over a block of scores s[0, 4 W) of which the first `vis` count: updates the
+// running max m and sum l, leaves exp(s - m) in s[0, vis) and zeros after it, and returns the factor the row's
+// accumulator must be rescaled by. vis may be 0 (then c = 1) once m is finite.
+static inline float softmax_block(float* s, int64_t vis, float& m, float& l) {
+  constexpr int V = 4;
+  vf x[V], mx = splat(-INFINITY);
+  const vf lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  for (int v = 0; v < V; ++v) {
+    x[v] = load(s + v * W);
+    x[v] = lane + (float)(v * W) < (float)vis ? x[v] : splat(-INFINITY);
+    mx = vmax(mx, x[v]);
+  }
+  const float bm = std::max(m, hmax(mx));
+  const float c = exp_f32(m - bm);
+  vf sum = vf{};
+  for (int v = 0; v < V; ++v) {
+    const vf e = lane + (float)(v * W) < (float)vis ? exp_v(x[v] - bm) : vf{};
+    store(s + v * W, e);
+    sum += e;
+  }
+  l = l * c + hsum(sum);
+  m = bm;
+  return c;
+}
+
 }  // namespace sglpy

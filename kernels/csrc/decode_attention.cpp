@@ -9,7 +9,7 @@
 namespace sglpy {
 namespace {
 
-constexpr int64_t BLOCK = 64;    // keys scored before one softmax update
+constexpr int64_t BLOCK = 64;    // keys scored before one softmax update (= softmax_block's 4 vectors)
 constexpr int64_t PREFETCH = 6;  // keys ahead whose K/V rows are prefetched (scattered slots are latency-bound)
 constexpr int64_t MAX_NV = 16;   // head_dim <= 256, a multiple of 16 (kernels/decode_attention_cpu.py:supports)
 
@@ -77,17 +77,7 @@ bool attend(const Args& a, int64_t i, int64_t lo, int64_t hi, float* m, float* l
     }
     for (int64_t h = 0; h < H; ++h) {  // online softmax: rescale what came before to the new max
       float* sh = s.data() + h * BLOCK;
-      float bm = m[h];
-      for (int64_t j = 0; j < n; ++j) bm = std::max(bm, sh[j]);
-      const float c = exp_f32(m[h] - bm);
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < n; ++j) {
-        sh[j] = exp_f32(sh[j] - bm);
-        sum += sh[j];
-      }
-      l[h] = l[h] * c + sum;
-      m[h] = bm;
+      const float c = softmax_block(sh, n, m[h], l[h]);  // the first block has n >= 1: m is finite after it
       // P V: the head's accumulator stays in registers while the block's V rows stream through
       float* ah = acc + h * D;
       const int64_t voff = (h / G) * D;

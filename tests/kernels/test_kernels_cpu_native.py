@@ -337,6 +337,8 @@ def test_generic_code_paths_without_avx512(march, tmp_path):
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         _check(lib, [1, 70, 300], 9, 3, 64, dtype)
         _check(lib, [2000], 4, 2, 48, dtype)  # split into chunks; head_dim 48: the runtime-width path
+        _check_extend(lib, [0, 70], [100, 3], 9, 3, 64, dtype)
+        _check_extend(lib, [10], [90], 4, 2, 48, dtype)
     for kind in ("int8", "int4"):
         p = pack_linear(torch.randn(40, 96) * 0.05, torch.randn(40), kind, 32, native=True)
         x = torch.randn(3, 96)
@@ -372,3 +374,65 @@ def test_wrappers_refuse_shapes_the_kernels_would_read_past():
     caches = torch.zeros(8, 1, 16), torch.zeros(8, 1, 16)
     with pytest.raises(ValueError, match="positions length"):
         rotate_and_store(torch.randn(3, 48), 1, 1, 16, _rope_plan([0, 1], 16), *caches, torch.tensor([0, 1, 2]))
+
+
+# ---------------------------------------------------------------- extend (prefill) attention
+
+
+def _check_extend(lib, prefix, ext, heads, kv_heads, d, dtype, seed=0, strided=False):
+    from sglpy.kernels.extend_attention import extend_attention_reference
+    from sglpy.kernels.extend_attention_cpu import extend_attention_cpu
+
+    pb = make_paged_batch([p + e for p, e in zip(prefix, ext)], kv_heads, d, dtype, seed=seed)
+    n = sum(ext)
+    g = torch.Generator().manual_seed(seed + 7)
+    if strided:  # q as the fused qkv projection's view: rows (heads + 2 kv_heads) * d apart
+        q = torch.randn(n, (heads + 2 * kv_heads) * d, generator=g)[:, : heads * d].view(n, heads, d)
+    else:
+        q = torch.randn(n, heads, d, generator=g)
+    args = (q, pb.k_cache, pb.v_cache, pb.req_to_token, pb.req_pool_indices, torch.tensor(prefix),
+            torch.tensor(ext), d ** -0.5)
+    got = extend_attention_cpu(lib, *args)
+    torch.testing.assert_close(got, extend_attention_reference(*args), rtol=2e-5, atol=2e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (8, 2, 128), (4, 4, 32), (6, 1, 80)])
+def test_extend_attention_matches_the_reference(lib, dtype, heads, kv_heads, d):
+    # prefixes and extends across the 64-query and 64-key block edges, a zero-length extend, a lone token
+    _check_extend(lib, [0, 5, 130, 63, 0, 7], [70, 64, 1, 65, 0, 129], heads, kv_heads, d, dtype)
+
+
+@needs_native
+def test_extend_attention_reads_q_in_place_from_a_fused_projection(lib):
+    _check_extend(lib, [0, 40], [33, 100], 9, 3, 64, torch.float32, strided=True)
+
+
+@needs_native
+@settings(max_examples=30, deadline=None)
+@given(pairs=st.lists(st.tuples(st.integers(0, 200), st.integers(0, 150)), min_size=1, max_size=6),
+       kv_heads=st.sampled_from([1, 2, 3]), group=st.sampled_from([1, 2, 3, 4]), d=st.sampled_from([16, 64, 128]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 1000))
+def test_extend_attention_property(pairs, kv_heads, group, d, dtype, seed):
+    pairs = [(p, e) for p, e in pairs if p + e > 0] or [(0, 1)]
+    _check_extend(native_lib(), [p for p, _ in pairs], [e for _, e in pairs], kv_heads * group, kv_heads, d, dtype,
+                  seed=seed)
+
+
+@needs_native
+def test_extend_attention_rejects_bad_metadata(lib):
+    from sglpy.kernels.extend_attention_cpu import extend_attention_cpu
+
+    pb = make_paged_batch([10, 20], 1, 16, torch.float32)
+    q = torch.randn(12, 2, 16)
+    rows = pb.req_pool_indices
+    args = (pb.k_cache, pb.v_cache)
+    with pytest.raises(ValueError, match=r"sum\(extend_lens\) \(11\) must equal q.shape\[0\] \(12\)"):
+        extend_attention_cpu(lib, q, *args, pb.req_to_token, rows, torch.tensor([5, 14]), torch.tensor([5, 6]), 0.3)
+    with pytest.raises(ValueError, match=r"prefix_lens\[1\] \+ extend_lens\[1\] = 20 \+ 6 must lie in \[0, 23\]"):
+        extend_attention_cpu(lib, q, *args, pb.req_to_token, rows, torch.tensor([4, 20]), torch.tensor([6, 6]), 0.3)
+    r2t = pb.req_to_token.clone()
+    r2t[rows[0], 2] = 10 ** 7
+    with pytest.raises(ValueError, match=r"request 0 \(row \d+\) has a slot id outside"):
+        extend_attention_cpu(lib, q, *args, r2t, rows, torch.tensor([4, 14]), torch.tensor([6, 6]), 0.3)

@@ -1,0 +1,58 @@
+"""Native CPU extend (prefill) attention (csrc/extend_attention.cpp): causal over each request's prefix and new
+tokens, K/V read in place through req_to_token, one call per layer; extend_attention_reference is its oracle."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from .cpu_native import DTYPE_CODES
+from .decode_attention_cpu import supports as _decode_supports
+
+_PROBLEMS = ("slot", "len", "row")  # = enum Problem in csrc/extend_attention.cpp
+
+
+def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor) -> bool:
+    """The same layouts as the native decode attention (CPU, a pool dtype it reads, head_dim a multiple of 16 up to
+    256, an int32 contiguous req_to_token)."""
+    return _decode_supports(q, k_cache, v_cache, req_to_token)
+
+
+def extend_attention_cpu(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         req_to_token: torch.Tensor, rows: torch.Tensor, prefix_lens: torch.Tensor,
+                         extend_lens: torch.Tensor, sm_scale: float) -> torch.Tensor:
+    """o [n, heads, head_dim] in q.dtype for q packed request by request (n = sum(extend_lens)). Bad lengths, rows
+    or slot ids raise ValueError (checked by the kernel before or while reading; nothing is read out of bounds)."""
+    # q: [n, heads, d]; k_cache, v_cache: [slots, kv_heads, d]; rows, prefix_lens, extend_lens: [b]
+    n, heads, d = q.shape
+    in_place = q.dtype == torch.float32 and q.stride(2) == 1 and q.stride(1) == d
+    qf = q if in_place else q.to(torch.float32).contiguous()
+    rows, prefix, ext = (t.to(torch.int64).contiguous() for t in (rows, prefix_lens, extend_lens))
+    start = torch.cumsum(ext, 0) - ext
+    total = int(ext.sum()) if ext.numel() else 0
+    if total != n or (ext.numel() and int(ext.min()) < 0):
+        raise ValueError(f"sum(extend_lens) ({total}) must equal q.shape[0] ({n}), every length >= 0")
+    out = torch.empty((n, heads, d), dtype=torch.float32)
+    rc = lib.sglpy_extend_attention(
+        qf.data_ptr(), qf.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), DTYPE_CODES[k_cache.dtype],
+        k_cache.shape[0], k_cache.stride(0), req_to_token.data_ptr(), req_to_token.shape[0], req_to_token.shape[1],
+        rows.data_ptr(), prefix.data_ptr(), ext.data_ptr(), start.data_ptr(), out.data_ptr(), rows.shape[0], heads,
+        k_cache.shape[1], d, sm_scale, torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(_problem(rc, rows, prefix, ext, k_cache.shape[0], req_to_token.shape))
+    return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+
+def _problem(rc: int, rows, prefix, ext, num_slots: int, table: torch.Size) -> str:
+    if rc < 0:
+        return f"extend attention: unsupported K/V dtype (code {rc})"
+    i, kind = divmod(rc - 1, 4)
+    what = _PROBLEMS[kind]
+    if what == "len":
+        return (f"prefix_lens[{i}] + extend_lens[{i}] = {int(prefix[i])} + {int(ext[i])} must lie in "
+                f"[0, {table[1]}] (req_to_token.shape[1])")
+    if what == "row":
+        return f"req_pool_indices[{i}] = {int(rows[i])} must lie in [0, {table[0]}) (req_to_token.shape[0])"
+    return (f"request {i} (row {int(rows[i])}) has a slot id outside [0, {num_slots}) among its first "
+            f"{int(prefix[i]) + int(ext[i])} req_to_token entries")
