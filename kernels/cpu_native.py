@@ -135,6 +135,10 @@ def build_native(cxx: str | None, cache: pathlib.Path, openmp: bool | None = Non
         if r.returncode != 0:
             tmp.unlink(missing_ok=True)
             return NativeBuild(None, f"building the CPU kernels failed ({' '.join(cmd)}): {r.stderr.strip()[-1500:]}")
+        problem = self_test(tmp)
+        if problem is not None:
+            tmp.unlink(missing_ok=True)
+            return NativeBuild(None, f"the built CPU kernels failed their self-test: {problem}")
         os.replace(tmp, out)  # atomic: concurrent builders (engine processes, TP ranks) never see half a file
     try:
         lib = ctypes.CDLL(str(out))
@@ -145,6 +149,45 @@ def build_native(cxx: str | None, cache: pathlib.Path, openmp: bool | None = Non
         return NativeBuild(None, f"loading {out} failed: {e}")
     threads = "OpenMP on torch's libgomp" if openmp else "single-threaded (torch does not run on libgomp)"
     return NativeBuild(lib, f"{version.splitlines()[0] if version else cxx}; {threads}; {out}")
+
+
+# Runs in a fresh interpreter (no torch): loads the library and calls vectorized kernels on tiny inputs. A CPU that
+# cannot execute what -march=native produced (a VM whose CPUID over-reports, say) dies there with SIGILL instead of
+# in the engine; the library is then not installed and the references run.
+_SELF_TEST = """
+import ctypes, math, sys
+lib = ctypes.CDLL(sys.argv[1])
+n = 48
+gu = (ctypes.c_float * (2 * n))(*[(i - n) / 7.0 for i in range(2 * n)])
+out = (ctypes.c_float * n)()
+lib.sglpy_silu_mul(gu, ctypes.c_int64(1), ctypes.c_int64(n), out, ctypes.c_int32(1))
+for i in range(n):
+    g, u = gu[i], gu[n + i]
+    want = g / (1.0 + math.exp(-g)) * u
+    assert abs(out[i] - want) <= 1e-5 * (1.0 + abs(want)), (i, out[i], want)
+k, rows = 64, 3
+x = (ctypes.c_float * k)(*[math.sin(i) for i in range(k)])
+q = (ctypes.c_int8 * (rows * k))(*[((i * 37) % 255) - 127 for i in range(rows * k)])
+scale = (ctypes.c_float * rows)(0.5, 0.25, 2.0)
+y = (ctypes.c_float * rows)()
+lib.sglpy_gemv_int8(x, ctypes.c_int64(1), ctypes.c_int64(k), q, scale, None, y, ctypes.c_int64(rows),
+                    ctypes.c_int32(1))
+for r in range(rows):
+    want = sum(q[r * k + i] * x[i] for i in range(k)) * scale[r]
+    assert abs(y[r] - want) <= 1e-4 * (1.0 + abs(want)), (r, y[r], want)
+"""
+
+
+def self_test(path: pathlib.Path) -> str | None:
+    """None when a fresh interpreter can load the library at `path` and run kernels on it, else what went wrong."""
+    try:
+        r = subprocess.run([sys.executable, "-c", _SELF_TEST, str(path)], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"could not run it: {e}"
+    if r.returncode == 0:
+        return None
+    how = f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit code {r.returncode}"
+    return f"{how}: {r.stderr.strip()[-800:]}"
 
 
 _lock = threading.Lock()

@@ -436,3 +436,13 @@ def test_extend_attention_rejects_bad_metadata(lib):
     r2t[rows[0], 2] = 10 ** 7
     with pytest.raises(ValueError, match=r"request 0 \(row \d+\) has a slot id outside"):
         extend_attention_cpu(lib, q, *args, r2t, rows, torch.tensor([4, 14]), torch.tensor([6, 6]), 0.3)
+
+
+@needs_native
+def test_a_library_that_fails_its_self_test_is_not_installed(tmp_path, monkeypatch):
+    """A library that would crash the engine (here: a self-test that dies by a signal, as on SIGILL) is refused."""
+    assert cpu_native.self_test(native_lib()._name) is None  # the library this process runs passes it
+    monkeypatch.setattr(cpu_native, "_SELF_TEST", "import os, signal; os.kill(os.getpid(), signal.SIGILL)")
+    built = build_native(find_compiler(), tmp_path)
+    assert built.lib is None and "self-test" in built.detail and f"signal {4}" in built.detail
+    assert not list(tmp_path.glob("*.so*"))
