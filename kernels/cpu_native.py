@@ -59,6 +59,14 @@ class NativeBuild:
     detail: str
 
 
+def pool_readable(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether the native kernels read a layer's K/V pool [slots, kv_heads, head_dim] as it is: on CPU, a dtype they
+    convert, K and V alike, each slot's [kv_heads, head_dim] contiguous (slots may sit any stride apart)."""
+    return (k_cache.device.type == "cpu" and k_cache.dtype in DTYPE_CODES and v_cache.dtype == k_cache.dtype
+            and k_cache.stride() == v_cache.stride() and k_cache.stride(2) == 1
+            and k_cache.stride(1) == k_cache.shape[2])
+
+
 def cache_dir() -> pathlib.Path:
     """Where built libraries live: $SGLPY_CACHE/cpu_kernels (the model conversion cache's folder)."""
     return pathlib.Path(os.environ.get("SGLPY_CACHE", pathlib.Path.home() / ".cache" / "sglpy")) / "cpu_kernels"

@@ -7,20 +7,19 @@ import ctypes
 
 import torch
 
-from .cpu_native import DTYPE_CODES
+from .cpu_native import DTYPE_CODES, pool_readable
 
-_PROBLEMS = ("slot", "len", "row")  # = enum Problem in csrc/decode_attention.cpp
+_PROBLEMS = ("slot", "len", "row")  # = enum Problem in csrc/decode_attention.cpp and csrc/extend_attention.cpp
 
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor) -> bool:
-    """True when the native kernel can read these tensors as they are (CPU, a supported K/V dtype, each slot's
-    [kv_heads, head_dim] contiguous, head_dim a multiple of 16 up to 256, an int32 contiguous req_to_token);
-    otherwise the reference runs."""
+    """True when the native attention kernels (decode and extend) can read these tensors as they are (a pool
+    pool_readable reads, head_dim a multiple of 16 up to 256, an int32 contiguous req_to_token on CPU); otherwise
+    the reference runs."""
     d = k_cache.shape[2]
-    return (q.device.type == "cpu" and k_cache.device.type == "cpu" and req_to_token.device.type == "cpu"
-            and q.dtype in DTYPE_CODES and k_cache.dtype in DTYPE_CODES and v_cache.dtype == k_cache.dtype
-            and k_cache.stride() == v_cache.stride() and k_cache.stride(2) == 1 and k_cache.stride(1) == d
-            and d % 16 == 0 and 0 < d <= 256 and req_to_token.dtype == torch.int32 and req_to_token.is_contiguous())
+    return (q.device.type == "cpu" and q.dtype in DTYPE_CODES and pool_readable(k_cache, v_cache)
+            and d % 16 == 0 and 0 < d <= 256 and req_to_token.device.type == "cpu"
+            and req_to_token.dtype == torch.int32 and req_to_token.is_contiguous())
 
 
 def decode_attention_cpu(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -41,18 +40,21 @@ def decode_attention_cpu(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tenso
         k_cache.stride(0), req_to_token.data_ptr(), req_to_token.shape[0], req_to_token.shape[1], rows.data_ptr(),
         lens.data_ptr(), out.data_ptr(), b, heads, k_cache.shape[1], d, sm_scale, torch.get_num_threads())
     if rc != 0:
-        raise ValueError(_problem(rc, rows, lens, k_cache.shape[0], req_to_token.shape))
+        raise ValueError(rejection(rc, "decode", rows, k_cache.shape[0], req_to_token.shape, lambda i: int(lens[i]),
+                                   lambda i: f"seq_lens[{i}] = {int(lens[i])} must lie in [1, {req_to_token.shape[1]}]"))
     return out if q.dtype == torch.float32 else out.to(q.dtype)
 
 
-def _problem(rc: int, rows: torch.Tensor, lens: torch.Tensor, num_slots: int, table: torch.Size) -> str:
+def rejection(rc: int, kernel: str, rows: torch.Tensor, num_slots: int, table: torch.Size, keys, bad_len) -> str:
+    """The message for an attention kernel's nonzero return code (1 + 4 i + problem, or -1): keys(i) is how many
+    req_to_token entries request i reads, bad_len(i) names its bad lengths."""
     if rc < 0:
-        return f"decode attention: unsupported K/V dtype (code {rc})"
+        return f"{kernel} attention: unsupported K/V dtype (code {rc})"
     i, kind = divmod(rc - 1, 4)
     what = _PROBLEMS[kind]
     if what == "len":
-        return f"seq_lens[{i}] = {int(lens[i])} must lie in [1, {table[1]}] (req_to_token.shape[1])"
+        return f"{bad_len(i)} (req_to_token.shape[1])"
     if what == "row":
         return f"req_pool_indices[{i}] = {int(rows[i])} must lie in [0, {table[0]}) (req_to_token.shape[0])"
     return (f"request {i} (row {int(rows[i])}) has a slot id outside [0, {num_slots}) among its first "
-            f"{int(lens[i])} req_to_token entries")
+            f"{keys(i)} req_to_token entries")

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_same_dtype, check_tensor
 from ._dispatch import on_device, triton_module
 from .cpu_native import native_lib
-from .extend_attention_cpu import extend_attention_cpu, supports
+from .decode_attention_cpu import supports  # the native attention kernels read the same layouts
+from .extend_attention_cpu import extend_attention_cpu
 from .decode_attention import gather_padded_kv, length_groups
 
 

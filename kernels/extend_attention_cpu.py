@@ -8,15 +8,7 @@ import ctypes
 import torch
 
 from .cpu_native import DTYPE_CODES
-from .decode_attention_cpu import supports as _decode_supports
-
-_PROBLEMS = ("slot", "len", "row")  # = enum Problem in csrc/extend_attention.cpp
-
-
-def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor) -> bool:
-    """The same layouts as the native decode attention (CPU, a pool dtype it reads, head_dim a multiple of 16 up to
-    256, an int32 contiguous req_to_token)."""
-    return _decode_supports(q, k_cache, v_cache, req_to_token)
+from .decode_attention_cpu import rejection
 
 
 def extend_attention_cpu(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -40,19 +32,8 @@ def extend_attention_cpu(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tenso
         rows.data_ptr(), prefix.data_ptr(), ext.data_ptr(), start.data_ptr(), out.data_ptr(), rows.shape[0], heads,
         k_cache.shape[1], d, sm_scale, torch.get_num_threads())
     if rc != 0:
-        raise ValueError(_problem(rc, rows, prefix, ext, k_cache.shape[0], req_to_token.shape))
+        raise ValueError(rejection(
+            rc, "extend", rows, k_cache.shape[0], req_to_token.shape, lambda i: int(prefix[i]) + int(ext[i]),
+            lambda i: f"prefix_lens[{i}] + extend_lens[{i}] = {int(prefix[i])} + {int(ext[i])} must lie in "
+                      f"[0, {req_to_token.shape[1]}]"))
     return out if q.dtype == torch.float32 else out.to(q.dtype)
-
-
-def _problem(rc: int, rows, prefix, ext, num_slots: int, table: torch.Size) -> str:
-    if rc < 0:
-        return f"extend attention: unsupported K/V dtype (code {rc})"
-    i, kind = divmod(rc - 1, 4)
-    what = _PROBLEMS[kind]
-    if what == "len":
-        return (f"prefix_lens[{i}] + extend_lens[{i}] = {int(prefix[i])} + {int(ext[i])} must lie in "
-                f"[0, {table[1]}] (req_to_token.shape[1])")
-    if what == "row":
-        return f"req_pool_indices[{i}] = {int(rows[i])} must lie in [0, {table[0]}) (req_to_token.shape[0])"
-    return (f"request {i} (row {int(rows[i])}) has a slot id outside [0, {num_slots}) among its first "
-            f"{int(prefix[i]) + int(ext[i])} req_to_token entries")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_dim, check_tensor
-from .cpu_native import DTYPE_CODES, native_lib
+from .cpu_native import native_lib, pool_readable
 from .decode_glue_cpu import rotate_and_store_cpu
 from .kv_store import store_kv_unchecked
 from .rotary import RotaryPlan, apply_rotary_planned
@@ -31,9 +31,7 @@ def _native_fits(qkv: torch.Tensor, plan: RotaryPlan, k_cache: torch.Tensor, v_c
     return (qkv.device.type == "cpu" and qkv.dtype == torch.float32 and qkv.stride(1) == 1
             and plan.cos_sin_cache.dtype == torch.float32 and plan.cos_sin_cache.is_contiguous()
             and plan.positions.dtype == torch.int64 and plan.positions.is_contiguous()
-            and loc.dtype == torch.int64 and loc.is_contiguous() and k_cache.dtype in DTYPE_CODES
-            and v_cache.dtype == k_cache.dtype and k_cache.stride() == v_cache.stride()
-            and k_cache.stride(2) == 1 and k_cache.stride(1) == k_cache.shape[2])
+            and loc.dtype == torch.int64 and loc.is_contiguous() and pool_readable(k_cache, v_cache))
 
 
 def rotate_and_store(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, plan: RotaryPlan,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from sglpy.kernels.cpu_native import DTYPE_CODES
+from sglpy.kernels.cpu_native import DTYPE_CODES, pool_readable
 from sglpy.kernels.decode_layer_cpu import DecodeLayerC, DecodeLayerFailed, DecodeStepC, decode_layer_cpu, qlinear
 from sglpy.kernels.decode_plan import DecodePlan
 from sglpy.kernels.quant_linear_cpu import NATIVE_MAX_ROWS
@@ -68,8 +68,9 @@ def native_step(lib: ctypes.CDLL | None, fb: ForwardBatch, kv: KVBuffers, decode
             or t > NATIVE_MAX_ROWS:
         return None
     k, v = kv.k_buffer, kv.v_buffer
-    if (k.device.type != "cpu" or k.dtype not in DTYPE_CODES or v.dtype != k.dtype or k.stride() != v.stride()
-            or not k.is_contiguous() or rope_cache.dtype != torch.float32 or not rope_cache.is_contiguous()):
+    # the step addresses layer l's pool at base + l * stride(0): the [layers, slots, ...] buffers must be contiguous
+    if (not pool_readable(k[0], v[0]) or not k.is_contiguous() or k.stride() != v.stride()
+            or rope_cache.dtype != torch.float32 or not rope_cache.is_contiguous()):
         return None
     keep = (fb.positions.contiguous(), fb.out_cache_loc.contiguous(), decode.req_pool_indices, decode.seq_lens)
     if any(x.dtype != torch.int64 for x in keep):
