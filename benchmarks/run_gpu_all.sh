@@ -1,5 +1,5 @@
 #!/bin/sh
-# Every GPU benchmark of issue 18, results under $OUT (the device tool's output folder) or bench_results/gpu:
+# Every GPU benchmark, results under $OUT when set, else bench_results/gpu:
 #   sh benchmarks/run_gpu_all.sh [kernels] [engine] [json] [prefix]     (no argument: all four, ~10 min)
 # Needs `make gpu-bundle` carried (tokenizer + wheels; make bench-gpu sets PYTHONPATH/SGLPY_TOKENIZER_DIR).
 out=${OUT:-bench_results/gpu}; py=${PYTHON:-python3}; steps=${*:-kernels engine json prefix}; rc=0; mkdir -p "$out"
