@@ -22,6 +22,15 @@ def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int]
     return decorator
 
 
+def __getattr__(name: str):
+    # SGLang's sglang.lang.api offers Runtime and Engine too; they stay lazy (torch / HTTP on first use).
+    if name in ("Runtime", "Engine"):
+        import sglpy
+
+        return getattr(sglpy, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def set_default_backend(backend) -> None:
     """Backend used by run/run_batch when none is passed."""
     global_config.default_backend = backend

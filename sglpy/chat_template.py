@@ -171,15 +171,36 @@ _MATCHERS = [
 ]
 
 
+# SGLang's registry names: programs register their own templates and model-path matchers here.
+chat_template_registry = _REGISTRY
+matching_function_registry: list = []
+
+
+def register_chat_template(template: ChatTemplate) -> None:
+    """Make `template` available by name (get_chat_template, chat_template_name=...)."""
+    if not isinstance(template, ChatTemplate):
+        raise TypeError(f"register_chat_template needs a sglpy.chat_template.ChatTemplate, got {type(template).__name__}")
+    _REGISTRY[template.name] = template
+
+
+def register_chat_template_matching_function(func: Callable[[str], Optional[str]]) -> None:
+    """Add `func(model_path) -> template name | None`; registered functions are tried before the built-ins."""
+    matching_function_registry.append(func)
+
+
 def get_chat_template(name: str) -> ChatTemplate:
-    """A built-in template by name (chatml, llama-3-instruct, default)."""
+    """A registered template by name (built-ins: chatml, llama-3-instruct, default)."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown chat template {name!r}; known: {sorted(_REGISTRY)}")
     return _REGISTRY[name]
 
 
 def get_chat_template_by_model_path(model_path: str) -> ChatTemplate:
-    """First built-in template whose pattern matches the model path; `default` otherwise."""
+    """The first registered matching function's template, else the first built-in pattern's; `default` otherwise."""
+    for func in matching_function_registry:
+        name = func(model_path)
+        if name is not None:
+            return get_chat_template(name)
     for pattern, name in _MATCHERS:
         if pattern.search(model_path or ""):
             return _REGISTRY[name]

@@ -260,6 +260,16 @@ def _tool_value(node: SglGen, value: Any) -> Any:
     return parse_result(value)
 
 
+def __getattr__(name: str):
+    # SGLang's sglang.lang.interpreter exports the state types; here they live in program_state (which imports
+    # this module), so they are resolved on first access.
+    if name in ("ProgramState", "ProgramStateGroup"):
+        from . import program_state
+
+        return getattr(program_state, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _set_event() -> threading.Event:
     ev = threading.Event()
     ev.set()

@@ -26,6 +26,23 @@ def dtype_to_regex(dtype: Any) -> tuple[str, tuple[str, ...]]:
     return DTYPE_REGEX[key], _DTYPE_STOPS[key]
 
 
+# SGLang's sglang.lang.ir names for the dtype regexes, re-exported from the one definition (grammar's DTYPE_REGEX;
+# loaded on first access because the grammar package imports numpy). SglFunction lives in sglpy.function.
+_LAZY_NAMES = {"REGEX_INT": "int", "REGEX_FLOAT": "float", "REGEX_BOOL": "bool", "REGEX_STR": "str"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY_NAMES:
+        from sglpy.grammar import DTYPE_REGEX
+
+        return DTYPE_REGEX[_LAZY_NAMES[name]]
+    if name == "SglFunction":
+        from sglpy.function import SglFunction
+
+        return SglFunction
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 @dataclass(frozen=True)
 class GenParams:
     """One gen's resolved parameters: the runtime's SamplingParams plus the frontend's request options.

@@ -129,12 +129,15 @@ async def abort_request(request: web.Request) -> web.Response:
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    """POST /tokenize {"text": str | [str], "add_special_tokens": bool} -> {"tokens", "count", "max_model_len"}."""
+    """POST /tokenize {"text" | "prompt": str | [str], "add_special_tokens": bool} -> {"tokens", "count", "max_model_len"}."""
     state: ServerState = request.app["state"]
     body = TOKENIZE.validate(await read_json_object(request))
-    texts = body["text"] if isinstance(body["text"], list) else [body["text"]]
+    if (body.get("text") is None) == (body.get("prompt") is None):  # SGLang 0.5.23 sends `prompt`
+        raise ApiError(400, "give exactly one of text or prompt", param="text")
+    given = body["text"] if body.get("text") is not None else body["prompt"]
+    texts = given if isinstance(given, list) else [given]
     ids = await state.engine.call(TokenizeReq(texts, body.get("add_special_tokens", True)))
-    single = not isinstance(body["text"], list)
+    single = not isinstance(given, list)
     return web.json_response({"tokens": ids[0] if single else ids,
                               "count": len(ids[0]) if single else [len(x) for x in ids],
                               "max_model_len": state.info.context_len})

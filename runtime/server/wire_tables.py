@@ -279,7 +279,8 @@ CHAT_MESSAGE = Schema("message", (
 
 # ------------------------------------------------------------------ small native routes (sglpy's own tables)
 TOKENIZE = Schema("request", (
-    F("text", STR_OR_LIST, REQUIRED, IMPL, "text(s) to tokenize"),
+    F("text", STR_OR_LIST, None, IMPL, "text(s) to tokenize; give text or prompt"),
+    F("prompt", STR_OR_LIST, None, IMPL, "SGLang's name for text (its /tokenize request field)"),
     F("add_special_tokens", BOOL, True, IMPL, "add BOS etc. as the prompt encoder does"),
     F("model", STR, None, NOOP, "one model"),
 ), "POST /tokenize")
