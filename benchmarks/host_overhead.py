@@ -1,0 +1,223 @@
+"""Host overhead of the engine step: a tiny model whose forward costs about nothing, so the step is the host's work.
+
+python benchmarks/host_overhead.py [--batches 1,16,64,256] [--cases greedy,sampled] [--tokens 128]
+                                   [--prompt-len 32] [--reps 1] [--threads N] [--profile] [--json]
+                                   [--compare /path/to/other/tree] [--rounds 2]
+
+A 2-layer, hidden-64 random model (the default tokenizer's 49,152-token vocabulary), Engine(quantization=
+"none"), 32-token prompts, 128 new tokens, ignore_eos. Cases: `greedy` runs every batch in --batches;
+`sampled` runs batch 64 (or the largest batch in --batches below it) with temperature 0.8, top_p 0.9, top_k 50,
+frequency_penalty 0.5 and one stop string that never matches. Per run it prints the engine steps, wall time per
+step and per request per step (the forward is ~free, so this is host time), and the engine's own step time.
+
+--profile: cProfile of the step loop (the loop thread) per run, top 25 functions by own time.
+--compare TREE: run each case alternately in this tree and in another checkout of sglpy (e.g. a `git worktree`
+of the base commit), in fresh processes, --rounds times, and print both sides with their spread.
+Keep a run short with --batches 1,64 --tokens 64; batch 256 at the base commit takes ~1 minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PACKAGES = {"sglpy": "sglpy", "sglpy.grammar": "grammar", "sglpy.kernels": "kernels", "sglpy.runtime": "runtime"}
+SAMPLED = {"temperature": 0.8, "top_p": 0.9, "top_k": 50, "frequency_penalty": 0.5, "stop": ["<never matches>"]}
+
+
+def use_tree(root: str) -> None:
+    """Import sglpy from another checkout `root` (its source layout), ahead of the installed one."""
+    import importlib.machinery
+    import importlib.util
+
+    class TreeFinder(importlib.machinery.PathFinder):
+        @classmethod
+        def find_spec(cls, fullname, path=None, target=None):
+            if fullname in PACKAGES:
+                init = pathlib.Path(root) / PACKAGES[fullname] / "__init__.py"
+                return importlib.util.spec_from_file_location(fullname, init,
+                                                              submodule_search_locations=[str(init.parent)])
+            return None
+
+    sys.meta_path.insert(0, TreeFinder)
+
+
+def tiny_model() -> str:
+    """The benchmark's model folder (built once under the temp folder)."""
+    from sglpy.runtime.testing.tiny_model import make_tiny_model
+
+    folder = pathlib.Path(tempfile.gettempdir()) / "sglpy-host-overhead-model"
+    if not (folder / "config.json").exists():
+        make_tiny_model(folder, num_layers=2, hidden=64, heads=4, kv_heads=2, seed=0)
+    return str(folder)
+
+
+def step_target(eng):
+    """(object, attribute) of the step the loop thread calls, for profiling (its place differs across versions)."""
+    loop = getattr(eng, "loop", None)
+    if loop is not None and hasattr(loop, "step"):
+        return loop, "step"
+    return eng, "step"
+
+
+def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profile: bool) -> dict:
+    """One generate() of `batch` requests; steps and times from the engine's counters."""
+    import cProfile
+    import io
+    import pstats
+
+    sp = {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0.0}
+    if sampled:
+        sp.update(SAMPLED)
+    # distinct prompts (no prefix sharing across requests: every request prefills its own 32 tokens)
+    ids = [[(7 + 131 * i + 17 * j) % 40000 + 100 for j in range(prompt_len)] for i in range(batch)]
+    prof = cProfile.Profile() if profile else None
+    if prof is not None:
+        obj, name = step_target(eng)
+        orig = getattr(obj, name)
+
+        def profiled(*a, **k):
+            prof.enable()
+            try:
+                return orig(*a, **k)
+            finally:
+                prof.disable()
+
+        setattr(obj, name, profiled)
+    before = eng.get_server_info()
+    t0 = time.perf_counter()
+    outs = eng.generate(input_ids=ids, sampling_params=sp)
+    wall = time.perf_counter() - t0
+    after = eng.get_server_info()
+    if prof is not None:
+        setattr(obj, name, orig)
+    got = sum(len(o["output_ids"]) for o in outs)
+    if got != batch * tokens:
+        raise RuntimeError(f"expected {batch * tokens} tokens, got {got}")
+    steps = after["num_steps"] - before["num_steps"]
+    step_s = after["step_s"] - before["step_s"]
+    res = {"case": "sampled" if sampled else "greedy", "batch": batch, "steps": steps, "wall_s": wall,
+           "step_ms": 1e3 * wall / steps, "req_step_us": 1e6 * wall / steps / batch,
+           "engine_step_ms": 1e3 * step_s / steps, "tok_s": got / wall}
+    if prof is not None:
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+        res["profile"] = s.getvalue()
+    return res
+
+
+def cases(args) -> list[tuple[int, bool]]:
+    batches = [int(b) for b in args.batches.split(",")]
+    out = []
+    names = args.cases.split(",")
+    if "greedy" in names:
+        out += [(b, False) for b in batches]
+    if "sampled" in names:
+        out.append((64 if 64 in batches or max(batches) >= 64 else max(batches), True))
+    return out
+
+
+def measure(args) -> list[dict]:
+    """This process: one engine, every case (after a short warm-up)."""
+    if args.tree:
+        use_tree(args.tree)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from sglpy.runtime.engine import Engine
+
+    todo = cases(args)
+    eng = Engine(tiny_model(), quantization="none", max_running_requests=max(256, max(b for b, _ in todo)))
+    try:
+        run_case(eng, 4, True, 8, args.prompt_len, False)  # warm-up: first-call costs out of the numbers
+        results = []
+        for batch, sampled in todo:
+            for _ in range(args.reps):
+                results.append(run_case(eng, batch, sampled, args.tokens, args.prompt_len, args.profile))
+        return results
+    finally:
+        eng.shutdown()
+
+
+def fmt(r: dict) -> str:
+    return (f"{r['case']:>7} batch {r['batch']:>3}: {r['steps']:>4} steps, {r['step_ms']:8.2f} ms/step, "
+            f"{r['req_step_us']:8.1f} us/request-step (engine step {r['engine_step_ms']:.2f} ms), "
+            f"{r['tok_s']:8.0f} tok/s")
+
+
+def compare(args) -> None:
+    """Alternate this tree and args.compare in fresh processes, case by case, args.rounds times."""
+    here = str(pathlib.Path(__file__).resolve().parents[1])
+    trees = {"other": args.compare, "this": here}
+    got: dict[tuple, dict[str, list[dict]]] = {}
+    for rnd in range(args.rounds):
+        for batch, sampled in cases(args):
+            for side, root in trees.items():
+                cmd = [sys.executable, __file__, "--tree", root, "--json", "--batches", str(batch),
+                       "--cases", "sampled" if sampled else "greedy", "--tokens", str(args.tokens),
+                       "--prompt-len", str(args.prompt_len), "--reps", str(args.reps)]
+                if args.threads:
+                    cmd += ["--threads", str(args.threads)]
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                for r in json.loads(out.strip().splitlines()[-1]):
+                    got.setdefault((r["case"], r["batch"]), {}).setdefault(side, []).append(r)
+                    print(f"round {rnd} {side:>5}: {fmt(r)}", flush=True)
+    print(f"\nper request-step (us), median [min-max] over {args.rounds} round(s) x {args.reps} rep(s):")
+    for (case, batch), sides in got.items():
+        cells = []
+        for side in trees:
+            v = [r["req_step_us"] for r in sides.get(side, [])]
+            ms = [r["step_ms"] for r in sides.get(side, [])]
+            cells.append(f"{side} {statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}] us "
+                         f"({statistics.median(ms):.2f} ms/step)")
+        print(f"  {case:>7} batch {batch:>3}: " + "; ".join(cells))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="1,16,64,256")
+    ap.add_argument("--cases", default="greedy,sampled")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the results as one JSON line")
+    ap.add_argument("--tree", default=None, help="import sglpy from this checkout (used by --compare)")
+    ap.add_argument("--compare", default=None, help="another checkout to alternate with, in fresh processes")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    if args.compare:
+        compare(args)
+        return
+    results = measure(args)
+    if args.json:
+        print(json.dumps([{k: v for k, v in r.items() if k != "profile"} for r in results]))
+        return
+    print(f"cpu: {_cpu()}, torch threads: {args.threads or 'default'}")
+    for r in results:
+        print(fmt(r))
+        if "profile" in r:
+            print(r["profile"])
+
+
+def _cpu() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} x{os.cpu_count()}"
+    except OSError:
+        pass
+    return "unknown"
+
+
+if __name__ == "__main__":
+    main()
