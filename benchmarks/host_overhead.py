@@ -1,14 +1,16 @@
 """Host overhead of the engine step: a tiny model whose forward costs about nothing, so the step is the host's work.
 
 python benchmarks/host_overhead.py [--batches 1,16,64,256] [--cases greedy,sampled] [--tokens 128]
-                                   [--prompt-len 32] [--reps 1] [--threads N] [--profile] [--json]
+                                   [--prompt-len 32] [--reps 1] [--threads N] [--vocab 49152] [--profile] [--json]
                                    [--compare /path/to/other/tree] [--rounds 2]
 
 A 2-layer, hidden-64 random model (the default tokenizer's 49,152-token vocabulary), Engine(quantization=
 "none"), 32-token prompts, 128 new tokens, ignore_eos. Cases: `greedy` runs every batch in --batches;
 `sampled` runs batch 64 (or the largest batch in --batches below it) with temperature 0.8, top_p 0.9, top_k 50,
-frequency_penalty 0.5 and one stop string that never matches. Per run it prints the engine steps, wall time per
-step and per request per step (the forward is ~free, so this is host time), and the engine's own step time.
+frequency_penalty 0.5 and one stop string that never matches. Per run it prints the engine steps, the wall time
+per step, the model's forward time per step (timed around the model call: embedding, 2 layers and the lm_head,
+which at vocabulary 49,152 is not free at batch 256) and the rest, the host time, per step and per request-step.
+--vocab 1024 cuts the lm_head (prompt ids stay below it).
 
 --profile: cProfile of the step loop (the loop thread) per run, top 25 functions by own time.
 --compare TREE: run each case alternately in this tree and in another checkout of sglpy (e.g. a `git worktree`
@@ -49,14 +51,30 @@ def use_tree(root: str) -> None:
     sys.meta_path.insert(0, TreeFinder)
 
 
-def tiny_model() -> str:
-    """The benchmark's model folder (built once under the temp folder)."""
+def tiny_model(vocab: int) -> str:
+    """The benchmark's model folder (built once under the temp folder); vocab < 49152 cuts the lm_head."""
     from sglpy.runtime.testing.tiny_model import make_tiny_model
 
-    folder = pathlib.Path(tempfile.gettempdir()) / "sglpy-host-overhead-model"
+    folder = pathlib.Path(tempfile.gettempdir()) / f"sglpy-host-overhead-model-{vocab}"
     if not (folder / "config.json").exists():
-        make_tiny_model(folder, num_layers=2, hidden=64, heads=4, kv_heads=2, seed=0)
+        make_tiny_model(folder, num_layers=2, hidden=64, heads=4, kv_heads=2, seed=0, extra={"vocab_size": vocab})
     return str(folder)
+
+
+class ModelClock:
+    """Time spent inside the model's forward (embedding, layers, lm_head): the step minus it is host time."""
+
+    def __init__(self, model):
+        self.model, self.seconds, self.orig = model, 0.0, model.forward
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return self.orig(*a, **k)
+            finally:
+                self.seconds += time.perf_counter() - t
+
+        model.forward = timed
 
 
 def step_target(eng):
@@ -77,7 +95,8 @@ def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profi
     if sampled:
         sp.update(SAMPLED)
     # distinct prompts (no prefix sharing across requests: every request prefills its own 32 tokens)
-    ids = [[(7 + 131 * i + 17 * j) % 40000 + 100 for j in range(prompt_len)] for i in range(batch)]
+    vocab = eng.runner.vocab_size
+    ids = [[(7 + 131 * i + 17 * j) % (vocab - 100) + 100 for j in range(prompt_len)] for i in range(batch)]
     prof = cProfile.Profile() if profile else None
     if prof is not None:
         obj, name = step_target(eng)
@@ -91,6 +110,10 @@ def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profi
                 prof.disable()
 
         setattr(obj, name, profiled)
+    clock = getattr(eng, "_bench_clock", None)
+    if clock is None:
+        clock = eng._bench_clock = ModelClock(eng.runner.model)
+    fwd0 = clock.seconds
     before = eng.get_server_info()
     t0 = time.perf_counter()
     outs = eng.generate(input_ids=ids, sampling_params=sp)
@@ -103,9 +126,11 @@ def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profi
         raise RuntimeError(f"expected {batch * tokens} tokens, got {got}")
     steps = after["num_steps"] - before["num_steps"]
     step_s = after["step_s"] - before["step_s"]
+    fwd = clock.seconds - fwd0
+    host = wall - fwd
     res = {"case": "sampled" if sampled else "greedy", "batch": batch, "steps": steps, "wall_s": wall,
-           "step_ms": 1e3 * wall / steps, "req_step_us": 1e6 * wall / steps / batch,
-           "engine_step_ms": 1e3 * step_s / steps, "tok_s": got / wall}
+           "step_ms": 1e3 * wall / steps, "forward_ms": 1e3 * fwd / steps, "host_ms": 1e3 * host / steps,
+           "req_step_us": 1e6 * host / steps / batch, "engine_step_ms": 1e3 * step_s / steps, "tok_s": got / wall}
     if prof is not None:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
@@ -135,7 +160,7 @@ def measure(args) -> list[dict]:
     from sglpy.runtime.engine import Engine
 
     todo = cases(args)
-    eng = Engine(tiny_model(), quantization="none", max_running_requests=max(256, max(b for b, _ in todo)))
+    eng = Engine(tiny_model(args.vocab), quantization="none", max_running_requests=max(256, max(b for b, _ in todo)))
     try:
         run_case(eng, 4, True, 8, args.prompt_len, False)  # warm-up: first-call costs out of the numbers
         results = []
@@ -148,9 +173,9 @@ def measure(args) -> list[dict]:
 
 
 def fmt(r: dict) -> str:
-    return (f"{r['case']:>7} batch {r['batch']:>3}: {r['steps']:>4} steps, {r['step_ms']:8.2f} ms/step, "
-            f"{r['req_step_us']:8.1f} us/request-step (engine step {r['engine_step_ms']:.2f} ms), "
-            f"{r['tok_s']:8.0f} tok/s")
+    return (f"{r['case']:>7} batch {r['batch']:>3}: {r['steps']:>4} steps, {r['step_ms']:8.2f} ms/step "
+            f"(model forward {r['forward_ms']:6.2f} ms, host {r['host_ms']:8.2f} ms), "
+            f"host {r['req_step_us']:8.1f} us/request-step, {r['tok_s']:7.0f} tok/s")
 
 
 def compare(args) -> None:
@@ -163,21 +188,21 @@ def compare(args) -> None:
             for side, root in trees.items():
                 cmd = [sys.executable, __file__, "--tree", root, "--json", "--batches", str(batch),
                        "--cases", "sampled" if sampled else "greedy", "--tokens", str(args.tokens),
-                       "--prompt-len", str(args.prompt_len), "--reps", str(args.reps)]
+                       "--prompt-len", str(args.prompt_len), "--reps", str(args.reps), "--vocab", str(args.vocab)]
                 if args.threads:
                     cmd += ["--threads", str(args.threads)]
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                 for r in json.loads(out.strip().splitlines()[-1]):
                     got.setdefault((r["case"], r["batch"]), {}).setdefault(side, []).append(r)
                     print(f"round {rnd} {side:>5}: {fmt(r)}", flush=True)
-    print(f"\nper request-step (us), median [min-max] over {args.rounds} round(s) x {args.reps} rep(s):")
+    print(f"\nhost time per request-step (us), median [min-max] over {args.rounds} round(s) x {args.reps} rep(s):")
     for (case, batch), sides in got.items():
         cells = []
         for side in trees:
             v = [r["req_step_us"] for r in sides.get(side, [])]
-            ms = [r["step_ms"] for r in sides.get(side, [])]
+            ms = [r["host_ms"] for r in sides.get(side, [])]
             cells.append(f"{side} {statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}] us "
-                         f"({statistics.median(ms):.2f} ms/step)")
+                         f"(host {statistics.median(ms):.2f} ms/step)")
         print(f"  {case:>7} batch {batch:>3}: " + "; ".join(cells))
 
 
@@ -189,6 +214,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--vocab", type=int, default=49152, help="model vocabulary (smaller: a cheaper lm_head)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json", action="store_true", help="print the results as one JSON line")
     ap.add_argument("--tree", default=None, help="import sglpy from this checkout (used by --compare)")
