@@ -41,6 +41,8 @@ class BaseBackend:
     """What the interpreter needs from a backend. Subclasses implement generate and score_choices."""
 
     supports_concate_and_append = False
+    is_chat_model = False  # True: gens and selects go out as chat messages (generate_chat / select_chat)
+    supports_api_spec = False  # num_api_spec_tokens applies (hosted APIs; a local runtime has its prefix cache)
 
     def get_chat_template(self) -> ChatTemplate:
         """The template role blocks use (subclasses derive it from the model's tokenizer)."""
@@ -58,6 +60,20 @@ class BaseBackend:
     def score_choices(self, prefix: str, choices: list[str], need_unconditional: bool) -> list[ChoiceScore]:
         """Prompt logprobs of each choice's own tokens after `prefix`."""
         raise NotImplementedError
+
+    def generate_chat(self, messages: list[dict], params: GenParams, partial: str = "") -> GenResult:
+        """Chat models: the assistant's answer to `messages`, continuing the assistant text `partial` if given."""
+        raise NotImplementedError(f"{type(self).__name__} is not a chat-model backend")
+
+    def generate_chat_stream(self, messages: list[dict], params: GenParams, partial: str = "") -> Iterator[StreamChunk]:
+        """Chat models: stream deltas; default: one chunk holding the whole answer."""
+        res = self.generate_chat(messages, params, partial)
+        yield StreamChunk(res.text, res.meta_info)
+
+    def select_chat(self, messages: list[dict], partial: str, choices: list[str], temperature: float = 0.0,
+                    choices_method: Optional[ChoicesSamplingMethod] = None) -> ChoicesDecision:
+        """Chat models: pick one choice as the assistant's next text."""
+        raise NotImplementedError(f"{type(self).__name__} is not a chat-model backend")
 
     def select(self, prefix: str, choices: list[str], temperature: float = 0.0,
                choices_method: Optional[ChoicesSamplingMethod] = None) -> ChoicesDecision:

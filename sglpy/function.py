@@ -47,6 +47,8 @@ class SglFunction:
         params = list(inspect.signature(func).parameters.values())
         if not params or params[0].name != "s":
             raise ValueError(f"the first parameter of sgl.function {func.__name__!r} must be named 's'")
+        if num_api_spec_tokens is not None and (not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1):
+            raise ValueError(f"num_api_spec_tokens must be a positive int or None, got {num_api_spec_tokens!r}")
         self.func = func
         self.num_api_spec_tokens = num_api_spec_tokens
         self.bind_arguments = dict(bind_arguments or {})
@@ -135,7 +137,8 @@ class SglFunction:
 def run_program(program: SglFunction, backend, arguments: dict, default_sampling: GenParams,
                 stream: bool = False, sync: bool = False) -> ProgramState:
     """Execute the body against a fresh state (in a thread when streaming)."""
-    executor = StreamExecutor(backend, default_sampling, backend.get_chat_template(), stream=stream)
+    executor = StreamExecutor(backend, default_sampling, backend.get_chat_template(), stream=stream,
+                              num_api_spec_tokens=program.num_api_spec_tokens)
     state = ProgramState(executor)
 
     def body():

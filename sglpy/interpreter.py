@@ -24,6 +24,15 @@ from .ir import (
     SglVarScopeEnd,
     wrap,
 )
+from .spec_exec import (
+    SpecTerm,
+    check_speculable,
+    completion_spec_params,
+    earliest_stop,
+    match_turn,
+    spec_params,
+    speculable_completion_gen,
+)
 
 
 class ProgramError(RuntimeError):
@@ -46,8 +55,16 @@ class StreamExecutor:
     """Runs submitted IR nodes in order on its own thread; keeps text, messages and variables."""
 
     def __init__(self, backend: BaseBackend, default_sampling: GenParams,
-                 chat_template: Optional[ChatTemplate] = None, stream: bool = False):
+                 chat_template: Optional[ChatTemplate] = None, stream: bool = False,
+                 num_api_spec_tokens: Optional[int] = None):
         self.sid = uuid.uuid4().hex
+        # API speculative execution (sglpy/spec_exec.py) applies to hosted-API backends only.
+        self.num_api_spec_tokens = num_api_spec_tokens if backend.supports_api_spec else None
+        self.spec_chat = self.num_api_spec_tokens is not None and backend.is_chat_model
+        self.spec_text = ""  # completion models: text speculated by an earlier call, not yet used
+        self.spec_turn: Optional[list[SpecTerm]] = None  # chat models: the open assistant turn's recorded pieces
+        self._caller_role: Optional[str] = None
+        self._deferred: set[str] = set()  # variables of a speculative turn the caller has not closed yet
         self.backend = backend
         self.default_sampling = default_sampling
         self.chat_template = chat_template or backend.get_chat_template()
@@ -82,6 +99,13 @@ class StreamExecutor:
             name = getattr(node, "name", None)
             if isinstance(node, (SglGen, SglSelect, SglVarScopeEnd)) and name is not None:
                 self.variable_event[name] = threading.Event()
+            if isinstance(node, SglRoleBegin):
+                self._caller_role = node.role
+            elif isinstance(node, SglRoleEnd):
+                self._caller_role = None
+                self._deferred.clear()
+            elif self.spec_chat and isinstance(node, SglGen) and name is not None and self._caller_role == "assistant":
+                self._deferred.add(name)
         for node in nodes:
             self.queue.put(node)
 
@@ -100,6 +124,9 @@ class StreamExecutor:
 
     def get_var(self, name: str, timeout: Optional[float] = None) -> Any:
         """The value of `name`, waiting for it; a clear error if it failed or was never set."""
+        if name in self._deferred:  # reading it here would wait for a turn end the caller never submits
+            raise RuntimeError(f"variable {name!r} is set when its assistant turn closes (speculative execution, "
+                               "num_api_spec_tokens): read it after the sgl.assistant block")
         event = self.variable_event.get(name)
         if event is None:
             if name not in self.variables:
@@ -125,7 +152,8 @@ class StreamExecutor:
         self.sync()
         children = []
         for _ in range(size):
-            c = StreamExecutor(self.backend, self.default_sampling, self.chat_template, self.stream)
+            c = StreamExecutor(self.backend, self.default_sampling, self.chat_template, self.stream,
+                               self.num_api_spec_tokens)
             c.text_ = self.text_
             c.messages_ = list(self.messages_)
             c.variables = dict(self.variables)
@@ -175,7 +203,9 @@ class StreamExecutor:
         for ev in list(self.variable_event.values()):
             ev.set()
 
-    def _append(self, text: str, var: Optional[str] = None) -> None:
+    def _append(self, text: str, var: Optional[str] = None, speculated: bool = False) -> None:
+        if self.spec_text and not speculated:  # text the program adds must be what was speculated, else drop it
+            self.spec_text = self.spec_text[len(text):] if self.spec_text.startswith(text) else ""
         with self.cond:
             self.text_ += text
             if var is not None:
@@ -197,12 +227,22 @@ class StreamExecutor:
         self.variable_event.setdefault(name, threading.Event()).set()
 
     def _execute(self, node: SglExpr) -> None:
-        if isinstance(node, SglConstantText):
+        if self.spec_turn is not None and not isinstance(node, (SglConstantText, SglGen, SglRoleEnd)):
+            raise ValueError(f"speculative execution (num_api_spec_tokens): {type(node).__name__} inside an assistant "
+                             "turn of a chat model is not supported (only text and gens)")
+        if isinstance(node, SglConstantText) and self.spec_turn is not None:
+            self.spec_turn.append(SpecTerm(node.value))
+        elif isinstance(node, SglConstantText):
             self._append(node.value)
         elif isinstance(node, SglGen):
             self._execute_gen(node)
         elif isinstance(node, SglSelect):
-            decision = self.backend.select(self.text_, node.choices, node.temperature, node.choices_method)
+            if self.backend.is_chat_model:
+                messages, partial = self._chat_context("select")
+                decision = self.backend.select_chat(messages, partial, node.choices, node.temperature,
+                                                    node.choices_method)
+            else:
+                decision = self.backend.select(self.text_, node.choices, node.temperature, node.choices_method)
             self._reset_buffer(node.name)
             self._append(decision.decision, node.name)
             self._finish_var(node.name, decision.decision, decision.meta_info)
@@ -211,9 +251,13 @@ class StreamExecutor:
                 raise ValueError(f"Nested roles are not allowed: {node.role!r} opened inside {self.cur_role!r}")
             self._append(role_begin_text(self.chat_template, node.role, not self.messages_))
             self.cur_role, self.cur_role_begin_pos = node.role, len(self.text_)
+            if self.spec_chat and node.role == "assistant":
+                self.spec_turn = []
         elif isinstance(node, SglRoleEnd):
             if self.cur_role != node.role:
                 raise ValueError(f"role end {node.role!r} does not match the open role {self.cur_role!r}")
+            if self.spec_turn is not None:
+                self._run_spec_turn()
             content = self.text_[self.cur_role_begin_pos:]
             self._append(self.chat_template.get_prefix_and_suffix(node.role)[1])
             self.messages_.append({"role": node.role, "content": content.lstrip()})
@@ -233,22 +277,96 @@ class StreamExecutor:
         else:
             raise TypeError(f"unknown program node {type(node).__name__}")
 
+    def _chat_context(self, what: str) -> tuple[list[dict], str]:
+        """(finished messages, the open assistant turn's text so far) for a chat-model backend."""
+        if self.cur_role != "assistant":
+            raise ValueError(f"{type(self.backend).__name__} serves a chat model: a {what} must be inside an "
+                             f"assistant turn (sgl.assistant(...)), not in {self.cur_role or 'plain text'}")
+        return list(self.messages_), self.text_[self.cur_role_begin_pos:].lstrip()
+
     def _execute_gen(self, node: SglGen) -> None:
         params = self.default_sampling.resolve(node.overrides, self.chat_template.stop_str)  # dtype lowered
         self._reset_buffer(node.name)
         n = params.sampling.n
+        if self.num_api_spec_tokens is not None and self.stream:
+            raise ValueError("stream=True is not supported with speculative execution (num_api_spec_tokens)")
+        if self.spec_turn is not None:  # chat model, speculative turn: filled when the turn closes
+            check_speculable(params, "in an assistant turn")
+            self.spec_turn.append(SpecTerm(name=node.name, params=params))
+            return
+        chat = self.backend.is_chat_model
         if self.stream and n == 1:
             meta: dict = {}
-            for chunk in self.backend.generate_stream(self.text_, params):
+            if chat:
+                messages, partial = self._chat_context("gen")
+                chunks = self.backend.generate_chat_stream(messages, params, partial)
+            else:
+                chunks = self.backend.generate_stream(self.text_, params)
+            for chunk in chunks:
                 self._append(chunk.delta, node.name)
                 meta = chunk.meta_info
             value = self.stream_buffers.get(node.name, "") if node.name is not None else None
             self._finish_var(node.name, _tool_value(node, value), meta)
             return
-        res = self.backend.generate(self.text_, params)
+        if self.num_api_spec_tokens is not None and not chat and speculable_completion_gen(params):
+            if self._speculated_gen(node, params):
+                return
+        if chat:
+            messages, partial = self._chat_context("gen")
+            res = self.backend.generate_chat(messages, params, partial)
+        else:
+            res = self.backend.generate(self.text_, params)
+        self.spec_text = ""
         self._append(res.text, node.name)
         value = list(res.texts) if n > 1 else res.text
         self._finish_var(node.name, _tool_value(node, value), res.meta_info)
+
+    def _speculated_gen(self, node: SglGen, params: GenParams) -> bool:
+        """Completion models: take the gen's value from speculated text (one call ahead); False on a miss."""
+        meta: dict = {"api_spec": "reused"}
+        if not self.spec_text:
+            res = self.backend.generate(self.text_, completion_spec_params(params, self.num_api_spec_tokens))
+            self.spec_text, meta = res.text, {**res.meta_info, "api_spec": "called"}
+        pos = earliest_stop(self.spec_text, params.sampling.stop)
+        if pos == -1:  # the stop never came: this gen makes its own call
+            self.spec_text = ""
+            return False
+        value, self.spec_text = self.spec_text[:pos], self.spec_text[pos:]
+        self._append(value, node.name, speculated=True)
+        self._finish_var(node.name, value, meta)
+        return True
+
+    def _run_spec_turn(self) -> None:
+        """Chat models: answer the recorded assistant turn with one call, or one call per gen on a miss."""
+        terms, self.spec_turn = self.spec_turn, None
+        gens = [t for t in terms if t.is_gen]
+        if not gens:
+            for t in terms:
+                self._append(t.text)
+            return
+        messages = list(self.messages_)
+        res = self.backend.generate_chat(messages, spec_params([t.params for t in gens], self.num_api_spec_tokens))
+        values = match_turn(terms, res.text)
+        if values is not None:
+            it = iter(values)
+            for t in terms:
+                if t.is_gen:
+                    t.text = next(it)
+                    self._reset_buffer(t.name)
+                    self._append(t.text, t.name)
+                    self._finish_var(t.name, t.text, {**res.meta_info, "api_spec": "hit"})
+                else:
+                    self._append(t.text)
+            return
+        for t in terms:  # a miss: one call per gen, each continuing the turn's text so far
+            if not t.is_gen:
+                self._append(t.text)
+                continue
+            partial = self.text_[self.cur_role_begin_pos:].lstrip()
+            one = self.backend.generate_chat(messages, t.params, partial)
+            self._reset_buffer(t.name)
+            self._append(one.text, t.name)
+            self._finish_var(t.name, one.text, {**one.meta_info, "api_spec": "miss"})
 
 
 def _tool_value(node: SglGen, value: Any) -> Any:

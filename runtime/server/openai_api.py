@@ -106,7 +106,8 @@ async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, 
             if "input_ids" in q:
                 check_token_ids(q["input_ids"], vocab, "prompt")
         want, top = f.get("logprobs") is not None, int(f.get("logprobs") or 0)
-    logprob = LogprobOptions(return_logprob=want, top_logprobs_num=top, logprob_start_len=-1,
+    echo_lp = not chat and bool(f.get("echo")) and want  # echo + logprobs: the prompt's logprobs too (as vLLM)
+    logprob = LogprobOptions(return_logprob=want, top_logprobs_num=top, logprob_start_len=0 if echo_lp else -1,
                              return_text_in_logprobs=True)
     job_id = ("chatcmpl-" if chat else "cmpl-") + (f.get("rid") or new_rid())
     n = f.get("n", 1)
@@ -153,6 +154,9 @@ def _choice(job: _Job, idx: int, out: dict) -> dict:
     text = out.get("text", "")
     if job.echo_texts is not None:
         text = job.echo_texts[job.prompt_of[idx]] + text
+    if job.want_logprobs and job.echo_texts is not None:  # prompt entries first (the first one has no logprob)
+        meta = {"output_token_logprobs": (meta.get("input_token_logprobs") or []) + (meta.get("output_token_logprobs") or []),
+                "output_top_logprobs": (meta.get("input_top_logprobs") or []) + (meta.get("output_top_logprobs") or [])}
     lp = completion_logprobs(meta, want_top=job.top_logprobs > 0) if job.want_logprobs else None
     return {"index": idx, "text": text, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}
 

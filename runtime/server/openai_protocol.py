@@ -36,8 +36,8 @@ def check_request(body: dict, chat: bool) -> tuple[dict, dict]:
     if not chat:
         if f.get("best_of") not in (None, n):
             raise ApiError(400, "best_of other than n is not supported", param="best_of")
-        if f.get("echo") and f.get("logprobs") is not None:
-            raise ApiError(400, "echo together with logprobs is not supported", param="echo")
+        if f.get("echo") and f.get("logprobs") is not None and f.get("stream"):
+            raise ApiError(400, "echo together with logprobs is not supported when streaming", param="echo")
     if chat:
         try:  # tool definitions and the choice are checked here; the rendering needs the model's template
             parse_tool_choice(f.get("tool_choice"), parse_tools(f["tools"]) if f.get("tools") else None)

@@ -218,7 +218,8 @@ PROMPT = one_of(STR, list_of(STR, non_empty=True), list_of(INT, non_empty=True),
 COMPLETIONS = Schema("request", tuple(_openai_common(chat=False) + [
     F("prompt", PROMPT, REQUIRED, IMPL, "a string, strings, token ids or lists of token ids"),
     F("best_of", int_range(1), None, IMPL, "must equal n (no server-side best-of)"),
-    F("echo", BOOL, False, IMPL, "prepend the prompt (not with logprobs)"),
+    F("echo", BOOL, False, IMPL, "prepend the prompt; with logprobs, the prompt's logprobs come first (not when "
+      "streaming)"),
     F("logprobs", int_range(0, MAX_OPENAI_TOP_LOGPROBS), None, IMPL, "number of top alternatives (legacy shape)"),
     F("max_tokens", int_range(1), 16, IMPL, "> 0 (SGLang's rule)"),
     F("suffix", STR, None, DEFAULT_ONLY, "insertion (suffix) is not supported"),

@@ -28,6 +28,7 @@ MODULE_MAP = {
     "sglang.lang.tracer": "sglpy.tracer",
     "sglang.lang.backend.base_backend": "sglpy.backend_base",
     "sglang.lang.backend.runtime_endpoint": "sglpy.backend_http",
+    "sglang.lang.backend.openai": "sglpy.backend_openai",
 }
 
 SGLANG_NAMES = {
@@ -59,6 +60,8 @@ SGLANG_NAMES = {
     "sglang.lang.tracer": "StopTracing TracerProgramState TracingScope extract_prefix_by_tracing trace_program",
     "sglang.lang.backend.base_backend": "BaseBackend",
     "sglang.lang.backend.runtime_endpoint": "Runtime RuntimeEndpoint compute_normalized_prompt_logprobs",
+    "sglang.lang.backend.openai": "INSTRUCT_MODEL_NAMES OpenAI TokenUsage create_logit_bias_int logger "
+                                  "openai_completion openai_completion_stream",
 }
 
 _IR_INTERNAL = "interpreter-internal IR node; sglpy's interpreter has no such node (programs never build it)"
@@ -69,7 +72,6 @@ EXCLUDED = {
     ("sglang", "VertexAI"): "needs Google's vertexai SDK and cloud credentials; not offered",
     ("sglang", "ServerArgs"): "SGLang's server option class; sglpy's server takes `sglpy serve` flags (ServerConfig)",
     ("sglang", "LiteLLM"): "litellm backend not offered yet",
-    ("sglang", "OpenAI"): "OpenAI backend not offered yet",
     ("sglang", "Anthropic"): "Anthropic backend not offered yet",
     ("sglang", "separate_reasoning"): "no reasoning parser: sglpy serves no reasoning models",
     ("sglang.lang.api", "separate_reasoning"): "no reasoning parser: sglpy serves no reasoning models",
@@ -88,6 +90,9 @@ EXCLUDED = {
     ("sglang.lang.tracer", "TracingScope"): "tracer internal; sglpy traces with SglFunction.trace()",
     ("sglang.lang.backend.runtime_endpoint", "compute_normalized_prompt_logprobs"): "backend internal; the mean "
     "over the scored window is sglpy.backend_base.mean_logprob",
+    ("sglang.lang.backend.openai", "logger"): "module logger; sglpy raises instead of logging and retrying",
+    ("sglang.lang.backend.openai", "openai_completion"): "backend internal (the request helper of SGLang's backend)",
+    ("sglang.lang.backend.openai", "openai_completion_stream"): "backend internal (SGLang's streaming helper)",
 }
 EXCLUDED.update({("sglang.lang.chat_template", n): _MATCHER for n in SGLANG_NAMES["sglang.lang.chat_template"].split()
                  if n.startswith("match_")})
