@@ -15,12 +15,10 @@ from sglpy.kernels.decode_plan import DecodePlan, decode_attention_planned, plan
 from sglpy.kernels.rmsnorm import rmsnorm_unchecked
 from sglpy.kernels.rotary import RotaryPlan, plan_rotary
 from sglpy.kernels.rotary_store import rotate_and_store
+from .families import LLAMA_ARCHITECTURES, SUPPORTED_ARCHITECTURES, architecture  # noqa: F401 - re-exported
 from .forward_batch import ForwardBatch
 from .native_decode import build_layer_structs, native_step, run_native_layers
 from ..memory.kv_manager import KVBuffers
-
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-
 
 def rope_settings(config) -> tuple[float, dict | None]:
     """(rope_theta, scaling dict or None) from a transformers 4.x or 5.x config."""
@@ -149,15 +147,13 @@ class LlamaForCausalLM(nn.Module):
     """The model. forward() returns logits only for fb.logits_indices.
 
     `shard` (a model/parallel.py ShardShape) sizes one tensor-parallel rank's layers; None = the whole model.
+    Other families (runtime/model/decoder.py) subclass it through build_decoder and forward.
     """
 
     def __init__(self, config, shard=None):
         super().__init__()
-        arch = (getattr(config, "architectures", None) or ["LlamaForCausalLM"])[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"unsupported architecture {arch!r}; supported: {SUPPORTED_ARCHITECTURES}")
         self.config = config
-        self.model = LlamaModel(config, shard)
+        self.model = self.build_decoder(config, shard)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size if shard is None else shard.vocab,
@@ -167,6 +163,13 @@ class LlamaForCausalLM(nn.Module):
         self.rope_cache: torch.Tensor | None = None
         self.logits_head: nn.Module | None = None  # replaces the (tied) lm_head matmul when set (quantization)
         self.native_layers = None  # per-layer structs of the fused CPU decode layer (prepare_native_decode)
+
+    def build_decoder(self, config, shard) -> nn.Module:
+        """The decoder stack (embedding, layers, final norm) for `config`."""
+        arch = architecture(config)
+        if arch not in LLAMA_ARCHITECTURES:
+            raise ValueError(f"{arch} is not a Llama-family architecture (build it with decoder.build_model)")
+        return LlamaModel(config, shard)
 
     def fuse_projections(self) -> None:
         """Fuse q/k/v and gate/up weights once the HF-named weights are loaded."""

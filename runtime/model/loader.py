@@ -111,23 +111,25 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device, group: TPGro
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    from .llama import LlamaForCausalLM
+    from .decoder import build_model
+    from .families import check_feature, remap_checkpoint
 
     config = AutoConfig.from_pretrained(path)
     shard = None
     if group is not None:
+        check_feature(config, "tp", f"tensor parallelism (tp_size={group.size})")
         from .parallel import shard_shape
 
         shard = shard_shape(config, group.size, group.rank)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, shard)
+        model = build_model(config, shard)
     state: dict[str, torch.Tensor] = {}
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ValueError(f"no *.safetensors in {path}")
     for f in files:
         state.update(load_file(f))
-    state = {k: v for k, v in state.items() if "rotary_emb" not in k}
+    state = remap_checkpoint(config, {k: v for k, v in state.items() if "rotary_emb" not in k})
     if model.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     if group is not None:

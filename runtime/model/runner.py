@@ -14,7 +14,8 @@ from ..device_io import to_device
 from ..memory.kv_manager import KVBuffers
 from ..memory.kv_pool import KVPool, kv_cache_torch_dtype
 from .cuda_graph import DecodeGraphRunner, DecodeInputs, capture_buckets, resolve_future_ids
-from .forward_batch import ForwardBatch
+from .forward_batch import ForwardBatch, build_host_batch
+from .families import check_feature, fit_quantization
 from .loader import load_model
 from .parallel import TPGroup, TPGroupError
 from .quantization import quantize_model, resolve_quantization
@@ -55,7 +56,8 @@ class ModelRunner:
             self.device = self.group.device
         self.model = load_model(model_path, self.dtype, self.device, self.group)
         # what runs: none, int8 or int4 (auto looks at the loaded weights)
-        self.quantization = resolve_quantization(cfg.quantization, self.device, self.model, self.group is not None)
+        mode = fit_quantization(self.model.config, cfg.quantization)  # a family that cannot quantize: none
+        self.quantization = resolve_quantization(mode, self.device, self.model, self.group is not None)
         quantize_model(self.model, self.quantization)
         self.model.prepare_native_decode()
         # built (once per machine) or loaded here, not in the first request's forward; None off CPU (Triton runs)
@@ -78,7 +80,9 @@ class ModelRunner:
         from .tp_step import RowMirror
         from .tp_worker import LocalRanks, free_loopback_addr, rank_device, threads_per_rank
 
-        shard_shape(AutoConfig.from_pretrained(model_path), cfg.tp_size, 0)  # a bad split fails before any spawn
+        config = AutoConfig.from_pretrained(model_path)
+        check_feature(config, "tp", f"tensor parallelism (tp_size={cfg.tp_size})")  # before any spawn
+        shard_shape(config, cfg.tp_size, 0)  # a bad split fails before any spawn
         if cfg.node_rank != 0:
             raise ValueError(f"the engine runs on node 0; node_rank {cfg.node_rank} only starts ranks (serve_node)")
         addr = cfg.dist_init_addr or free_loopback_addr()
@@ -127,6 +131,13 @@ class ModelRunner:
         cuda = self.device.type == "cuda"
         if cfg.disable_cuda_graph or (cfg.disable_cuda_graph is None and not cuda):
             return
+        if cfg.disable_cuda_graph is False:  # asked for explicitly: a family that cannot is refused
+            check_feature(self.hf_config, "cuda_graph", "CUDA graphs (disable_cuda_graph=False)")
+        try:
+            check_feature(self.hf_config, "cuda_graph", "CUDA graphs")
+        except ValueError as e:
+            logger.warning("%s; decode runs eagerly", e)
+            return
         if self.group is not None:
             logger.warning("CUDA graphs off under tensor parallelism (the step is broadcast to the other ranks)")
             return
@@ -150,35 +161,9 @@ class ModelRunner:
         if self.graphs is not None and num_decode == len(entries) and self.graphs.can_run(num_decode) \
                 and not any(e.req.wants_input_logprobs() for e in entries):
             return self._decode_graph(entries, future_tokens)
-        ids, pos, loc, rows = [], [], [], []
-        input_rows, input_first, sample_row = [], [], []
-        m = 0
-        offset = 0
-        for e in entries:
-            r = e.req
-            all_ids = r.all_ids
-            end = e.prefix_len + e.extend_len
-            ids.extend(all_ids[e.prefix_len:end])
-            pos.extend(range(e.prefix_len, end))
-            loc.extend(r.slots[e.prefix_len:end])
-            # prompt logprobs: logits at positions start-1 .. P-2 score prompt tokens start .. P-1 (position 0 has
-            # no logit before it: its entry is null)
-            lo = hi = 0
-            if r.wants_input_logprobs():
-                lo = max(max(r.logprob_start_len, 1) - 1, e.prefix_len)
-                hi = min(len(r.input_ids) - 1, end)
-            n_in = max(hi - lo, 0)
-            rows.extend(range(offset + lo - e.prefix_len, offset + lo - e.prefix_len + n_in))
-            input_rows.append(range(m, m + n_in))
-            input_first.append(lo + 1)
-            m += n_in
-            if e.sample:
-                rows.append(offset + e.extend_len - 1)
-                sample_row.append(m)
-                m += 1
-            else:
-                sample_row.append(None)
-            offset += e.extend_len
+        hb = build_host_batch(entries)
+        ids, pos, loc, rows = hb.input_ids, hb.positions, hb.out_cache_loc, hb.logits_rows
+        input_rows, input_first, sample_row = hb.input_rows, hb.input_first_pos, hb.sample_row
         if self.group is not None:
             return ForwardOutput(self._forward_tp(entries, num_decode, kv, ids, pos, loc, rows),
                                  input_rows, input_first, sample_row)
@@ -189,10 +174,9 @@ class ModelRunner:
             input_ids = resolve_future_ids(input_ids, future_tokens)
         fb = ForwardBatch(
             input_ids=input_ids, positions=as_long(pos), out_cache_loc=as_long(loc), num_decode=num_decode,
-            req_pool_indices=as_long([e.req.row for e in entries]),
-            prefix_lens=as_long([e.prefix_len for e in entries]),
-            extend_lens=as_long([e.extend_len for e in entries]),
-            seq_lens=as_long([e.prefix_len + e.extend_len for e in entries]),
+            req_pool_indices=as_long(hb.req_rows), prefix_lens=as_long(hb.prefix_lens),
+            extend_lens=as_long(hb.extend_lens),
+            seq_lens=as_long([a + b for a, b in zip(hb.prefix_lens, hb.extend_lens)]),
             req_to_token=kv.req_to_token, logits_indices=as_long(rows),
             max_extend_len=max((e.extend_len for e in entries[num_decode:]), default=1),
         )

@@ -1,4 +1,5 @@
-"""Test helpers: tiny random-weight HF model folders built from a config in code; presets with real models' shapes (llama-1b), tokenizer export for a GPU machine."""
+"""Test helpers: tiny random-weight HF model folders built from a config in code (Llama family and the other
+families' scaled-down real configs); presets with real models' shapes (llama-1b), tokenizer export for a GPU machine."""
 
 from __future__ import annotations
 
@@ -103,6 +104,83 @@ def make_tiny_model(path: str | os.PathLike, arch: str = "llama", seed: int = 0,
                 p.normal_(0.0, std)
     tmp = path.with_name(path.name + ".tmp")
     model.save_pretrained(tmp, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (tok_src / name).exists():
+            shutil.copy(tok_src / name, tmp / name)
+    tmp.rename(path)
+    return str(path)
+
+
+# Scaled-down real configs of the other families (widths and depths cut, every architectural switch kept):
+# Qwen3-0.6B, Gemma-2-2B, Gemma-3-1B (global layers with linear rope scaling as in Gemma-3-4B), Phi-3-mini-128k
+# (LongRoPE), Phi-4-mini (partial rotary), Mixtral-8x7B, Qwen3-30B-A3B. Windows are small so that tests cross them.
+_LONGROPE_SHORT = [1.0, 1.05, 1.1, 1.2, 1.4, 1.7, 2.0, 2.4]
+_LONGROPE_LONG = [1.1, 1.3, 1.8, 2.6, 4.0, 6.5, 9.0, 12.0]
+FAMILY_CONFIGS = {
+    "qwen3": ("Qwen3", dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=32, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                            tie_word_embeddings=True, max_position_embeddings=4096)),
+    "gemma2": ("Gemma2", dict(hidden_size=64, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=48, sliding_window=8,
+                              attn_logit_softcapping=50.0, final_logit_softcapping=30.0, rms_norm_eps=1e-6,
+                              max_position_embeddings=4096)),
+    "gemma3": ("Gemma3Text", dict(hidden_size=64, intermediate_size=192, num_hidden_layers=3, num_attention_heads=4,
+                                  num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=32, sliding_window=8,
+                                  layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                  rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                                   "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                                      "rope_theta": 1000000.0}},
+                                  rms_norm_eps=1e-6, max_position_embeddings=4096)),
+    "phi3": ("Phi3", dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=4, max_position_embeddings=2048, original_max_position_embeddings=64,
+                          rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "factor": 32.0,
+                                           "short_factor": _LONGROPE_SHORT, "long_factor": _LONGROPE_LONG},
+                          sliding_window=2048, tie_word_embeddings=False)),
+    "phi4-mini": ("Phi3", dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, max_position_embeddings=4096,
+                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                "partial_rotary_factor": 0.75},
+                               tie_word_embeddings=True)),
+    "mixtral": ("Mixtral", dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                                rope_theta=1000000.0, tie_word_embeddings=False, max_position_embeddings=4096)),
+    "qwen3-moe": ("Qwen3Moe", dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                   num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, rms_norm_eps=1e-6,
+                                   tie_word_embeddings=False, max_position_embeddings=4096)),
+}
+
+
+def make_family_model(path: str | os.PathLike, family: str, seed: int = 0, max_shard_size: str | None = None,
+                      extra: dict | None = None) -> str:
+    """A tiny random-weight HF folder of one FAMILY_CONFIGS family with the default model's tokenizer;
+    max_shard_size (e.g. '200KB') writes sharded safetensors with an index."""
+    import torch
+    import transformers
+
+    if family not in FAMILY_CONFIGS:
+        raise ValueError(f"family must be one of {sorted(FAMILY_CONFIGS)}, got {family!r}")
+    path = pathlib.Path(path)
+    if (path / "config.json").exists():
+        return str(path)
+    prefix, fields = FAMILY_CONFIGS[family]
+    cfg_cls = getattr(transformers, prefix + "Config")
+    model_cls = getattr(transformers, prefix.removesuffix("Text") + "ForCausalLM")
+    config = cfg_cls(**{**dict(vocab_size=49152, bos_token_id=1, eos_token_id=2, pad_token_id=2), **fields,
+                        **(extra or {})})
+    torch.manual_seed(seed)
+    model = model_cls(config).to(torch.float32)
+    hidden = config.hidden_size
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, min(0.08, hidden ** -0.5))
+            elif "norm" in name:  # non-trivial norm weights, so (1 + w) vs w is tested
+                p.normal_(0.0 if prefix.startswith("Gemma") else 1.0, 0.1)
+    tmp = path.with_name(path.name + ".tmp")
+    model.save_pretrained(tmp, safe_serialization=True, **({"max_shard_size": max_shard_size} if max_shard_size
+                                                          else {}))
+    tok_src = tokenizer_source()
     for name in TOKENIZER_FILES:
         if (tok_src / name).exists():
             shutil.copy(tok_src / name, tmp / name)

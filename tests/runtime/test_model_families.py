@@ -1,0 +1,132 @@
+"""The non-Llama families (Qwen3, Gemma 2/3, Phi-3/4, Mixtral, Qwen3-MoE) vs HF transformers on tiny random
+models built from scaled-down real configs; each family through the engine (JSON schema, prefix cache, chunked
+prefill, quantization); the engine features a family refuses; MoE runs only the chosen experts."""
+
+import json
+
+import jsonschema
+import pytest
+import torch
+
+from sglpy.runtime.engine import Engine
+from sglpy.runtime.model.families import FAMILIES
+from sglpy.runtime.model.moe import Routing, moe_reference, route
+from sglpy.runtime.testing.tiny_model import FAMILY_CONFIGS, make_family_model
+
+from test_engine_model import _hf, hf_logits, make_runner, our_logits
+
+FAMILY_NAMES = sorted(FAMILY_CONFIGS)
+PROMPTS = [[1, 5, 9, 200, 3000], [7], list(range(100, 137)), [42, 43]]  # the 37-token one crosses the windows
+
+
+@pytest.fixture(scope="module")
+def family_paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {f: make_family_model(root / f, f) for f in FAMILY_NAMES}
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_logits_match_hf_ragged_batch(family_paths, family):
+    path = family_paths[family]
+    runner = make_runner(path, max_total_tokens=512, max_running_requests=8)
+    ours = our_logits(runner, PROMPTS)
+    theirs = hf_logits(_hf(path), PROMPTS)
+    for a, b in zip(ours, theirs):
+        assert a.shape == b.shape
+        assert (a - b).abs().max().item() <= 1e-4
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_greedy_matches_hf_generate(family_paths, family):
+    """16 greedy tokens of three prompts batched together (decode steps cross the sliding windows)."""
+    path = family_paths[family]
+    eng = Engine(path, quantization="none", max_total_tokens=1024, debug_invariants=True)
+    try:
+        prompts = [[1, 17, 300, 4000], list(range(500, 530)), [9, 99, 999]]
+        outs = eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 16, "temperature": 0,
+                                                                 "ignore_eos": True})
+    finally:
+        eng.shutdown()
+    hf = _hf(path)
+    for ids, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              max_new_tokens=16, min_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
+        assert out["output_ids"] == ref
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_engine_json_schema_prefix_cache_chunked_prefill(family_paths, family):
+    """Default quantization (int8 for the dense families, none for MoE), chunks of 16 tokens, the radix cache."""
+    path = family_paths[family]
+    eng = Engine(path, max_total_tokens=2048, chunked_prefill_size=16, debug_invariants=True)
+    try:
+        shared = list(range(1000, 1040))  # 40 tokens: three chunks
+        sp = {"max_new_tokens": 60, "temperature": 0, "json_schema": json.dumps(PERSON)}
+        first = eng.generate(input_ids=shared + [5], sampling_params=sp)
+        second = eng.generate(input_ids=shared + [5], sampling_params=sp)
+        third = eng.generate(input_ids=shared + [6, 7], sampling_params=sp)
+        for out in (first, second, third):
+            assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+            jsonschema.validate(json.loads(out["text"]), PERSON)
+        assert second["meta_info"]["cached_tokens"] >= 40 and third["meta_info"]["cached_tokens"] >= 40
+        assert second["output_ids"] == first["output_ids"]
+        assert eng.get_server_info()["kv_used"] == 0
+    finally:
+        eng.shutdown()
+
+
+def test_refusals_name_the_combination(family_paths):
+    with pytest.raises(ValueError, match=r"quantization='int8' is not supported with MixtralForCausalLM"):
+        make_runner(family_paths["mixtral"], quantization="int8", max_total_tokens=64)
+    with pytest.raises(ValueError, match=r"tensor parallelism \(tp_size=2\) is not supported with Qwen3ForCausalLM"):
+        make_runner(family_paths["qwen3"], tp_size=2, max_total_tokens=64)
+    with pytest.raises(ValueError, match=r"CUDA graphs \(disable_cuda_graph=False\) is not supported with "
+                                         r"Gemma2ForCausalLM"):
+        Engine(family_paths["gemma2"], quantization="none", disable_cuda_graph=False, max_total_tokens=256)
+    assert make_runner(family_paths["qwen3-moe"], quantization="auto", max_total_tokens=64).quantization == "none"
+    assert set(FAMILIES) >= {"Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
+                             "MixtralForCausalLM", "Qwen3MoeForCausalLM"}
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    from transformers import AutoConfig
+
+    from sglpy.runtime.model.decoder import build_model
+
+    cfg = AutoConfig.for_model("gpt2")
+    cfg.architectures = ["GPT2LMHeadModel"]
+    with pytest.raises(ValueError, match="unsupported architecture 'GPT2LMHeadModel'"):
+        build_model(cfg)
+
+
+def test_moe_reads_only_the_chosen_experts():
+    """Unchosen experts' weights are NaN: the output stays finite and equals the dense sum over chosen experts."""
+    torch.manual_seed(0)
+    e, h, i, t, k = 8, 16, 12, 5, 2
+    w_gu, w_d = torch.randn(e, 2 * i, h), torch.randn(e, h, i)
+    x, logits = torch.randn(t, h), torch.randn(t, e)
+    r = route(logits, k, renormalize=True)
+    assert torch.allclose(r.weights.sum(-1), torch.ones(t))
+    chosen = set(r.ids.flatten().tolist())
+    poisoned_gu, poisoned_d = w_gu.clone(), w_d.clone()
+    for j in set(range(e)) - chosen:
+        poisoned_gu[j], poisoned_d[j] = float("nan"), float("nan")
+    out = moe_reference(x, poisoned_gu, poisoned_d, r)
+    dense = torch.zeros_like(x)
+    for tok in range(t):
+        for slot in range(k):
+            j, w = r.ids[tok, slot].item(), r.weights[tok, slot]
+            g, u = (x[tok] @ w_gu[j].t()).chunk(2)
+            dense[tok] += w * ((torch.nn.functional.silu(g) * u) @ w_d[j].t())
+    assert torch.isfinite(out).all() and torch.allclose(out, dense, atol=1e-5)
+    # Qwen3-MoE with norm_topk_prob=False keeps the softmax weights of the whole expert set
+    raw = route(logits, k, renormalize=False)
+    assert torch.allclose(raw.weights, torch.softmax(logits, -1).topk(k).values)
+    assert moe_reference(x[:0], w_gu, w_d, Routing(r.ids[:0], r.weights[:0])).shape == (0, h)
