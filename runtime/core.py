@@ -53,7 +53,7 @@ class TokenLogprob:
     top: tuple[tuple[float, int], ...] = ()
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: a field-wise __eq__ made every `req in list` O(fields)
 class Req:
     """One generation request. KV holds all_ids[:kv_len]; the next forward extends kv_len forward."""
 

@@ -28,8 +28,15 @@ def copy_to(dst: torch.Tensor, values, dtype: torch.dtype) -> None:
         dst.copy_(src)
 
 
-def rows(t: torch.Tensor, index: list[int]) -> torch.Tensor:
-    """t[index] for a host list of row indices (a copy), without a host wait on CUDA."""
+def rows(t: torch.Tensor, index: list[int], copy: bool = True) -> torch.Tensor:
+    """t[index] for a host list of row indices, without a host wait on CUDA.
+
+    A copy, unless copy=False and the rows are one ascending run (a decode batch samples rows 0..n-1): then a
+    view of t. A run is sliced, not gathered (no index tensor, no per-row work)."""
+    n = len(index)
+    if n and index[-1] - index[0] == n - 1 and index == list(range(index[0], index[0] + n)):
+        view = t.narrow(0, index[0], n)
+        return view.clone() if copy else view
     if not t.is_cuda:
-        return t[index]
+        return t.index_select(0, torch.as_tensor(index, dtype=torch.int64))
     return t.index_select(0, to_device(index, torch.int64, t.device))

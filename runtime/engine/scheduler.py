@@ -15,6 +15,52 @@ NEW_TOKEN_RATIO = 0.25  # share of running requests' remaining output budget kep
 RESERVE_CAP = 256  # per-request cap on that reserve
 
 
+class RunningSet:
+    """The running requests in arrival order: O(1) membership, append and removal (a dict keyed by identity).
+
+    Requests are admitted mostly in arrival order; one admitted out of order (a preempted request, an lpm pick)
+    marks the order stale, and the next `ordered()` sorts once instead of every step."""
+
+    def __init__(self):
+        self._reqs: dict[Req, None] = {}
+        self._sorted = True
+
+    def append(self, req: Req) -> None:
+        """Add a request (it is scheduled in arrival order with the others)."""
+        if self._sorted and self._reqs and req.arrival < next(reversed(self._reqs)).arrival:
+            self._sorted = False
+        self._reqs[req] = None
+
+    def remove(self, req: Req) -> None:
+        """Drop a request (KeyError when it is not running)."""
+        del self._reqs[req]
+
+    def ordered(self) -> list[Req]:
+        """The running requests, oldest first (a snapshot: the set may change while it is walked)."""
+        if not self._sorted:
+            self._reqs = dict.fromkeys(sorted(self._reqs, key=lambda r: r.arrival))
+            self._sorted = True
+        return list(self._reqs)
+
+    def newest(self) -> Req:
+        """The most recently arrived running request (the preemption victim)."""
+        if self._sorted:
+            return next(reversed(self._reqs))
+        return max(self._reqs, key=lambda r: r.arrival)
+
+    def __contains__(self, req: Req) -> bool:
+        return req in self._reqs
+
+    def __iter__(self):
+        return iter(self._reqs)
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def __bool__(self) -> bool:
+        return bool(self._reqs)
+
+
 class Scheduler:
     """Owns the waiting queue and the running set; asks the KV manager for every slot a request needs."""
 
@@ -23,7 +69,7 @@ class Scheduler:
         self.kv = kv
         self.max_context = max_context
         self.waiting: list[Req] = []
-        self.running: list[Req] = []
+        self.running = RunningSet()
         self.total_retractions = 0
 
     # -------------------------------------------------------------- queue ops
@@ -41,7 +87,7 @@ class Scheduler:
         if req in self.running:
             self.running.remove(req)
             self.kv.release(req)
-        elif req in self.waiting:
+        elif req.status is ReqStatus.WAITING and req in self.waiting:
             self.waiting.remove(req)
             self.kv.release(req)
         req.status = ReqStatus.FINISHED
@@ -82,14 +128,19 @@ class Scheduler:
         return ScheduledBatch(entries, len(decode), aborted)
 
     def _schedule_decode(self, aborted: list[Req]) -> list[BatchEntry]:
+        decode = [r for r in self.running.ordered() if r.pending == 1]
+        if not decode:
+            return []
+        if self.kv.grow_each(decode):  # the steady state: every request's next slot in one call
+            return [BatchEntry(r, len(r.slots) - 1, 1, sample=True) for r in decode]
         entries = []
-        # oldest first; the victim is always the newest running request, which is scheduled last, so a
-        # preempted request never holds a slot allocated this step (its KV would be unwritten)
-        for req in sorted((r for r in self.running if r.pending == 1), key=lambda r: r.arrival):
+        # short of free slots: one by one, oldest first; the victim is always the newest running request, which
+        # is scheduled last, so a preempted request never holds a slot allocated this step (its KV would be unwritten)
+        for req in decode:
             if req not in self.running:  # preempted below to make room
                 continue
             while not self.kv.grow(req, 1):
-                victim = max(self.running, key=lambda r: r.arrival)
+                victim = self.running.newest()
                 if victim is req and len(self.running) == 1:
                     req.finish_reason = FinishReason("abort", message="KV pool too small for this request")
                     self.remove(req)
@@ -106,7 +157,7 @@ class Scheduler:
         budget = self.cfg.max_prefill_tokens
         entries = []
         # running requests mid-prefill (chunked) or after a jump-forward come first
-        for req in sorted((r for r in self.running if r.pending > 1), key=lambda r: r.arrival):
+        for req in [r for r in self.running.ordered() if r.pending > 1]:
             if budget <= 0:
                 break
             n = min(req.pending, self.cfg.chunked_prefill_size, budget)
@@ -119,6 +170,7 @@ class Scheduler:
         reserve = sum(min(max(r.sampling.max_new_tokens - len(r.output_ids), 0), RESERVE_CAP)
                       for r in self.running) * NEW_TOKEN_RATIO
         ordered = order_waiting(self.cfg.schedule_policy, self.waiting, self.kv.cache)
+        left: set[int] = set()  # ids of the requests that leave the queue (one rebuild, not a remove each)
         # requests sharing an uncached prefix with one ahead of them wait a round and then hit the cache
         for req in split_in_batch_sharing(ordered, self.kv.cache).first:
             if budget <= 0 or not self.kv.has_free_row():
@@ -126,7 +178,7 @@ class Scheduler:
             if req.seq_len >= self.kv.num_slots:
                 req.finish_reason = FinishReason("abort", message=f"request needs {req.seq_len + 1} KV slots, "
                                                                   f"pool has {self.kv.num_slots}")
-                self.waiting.remove(req)
+                left.add(id(req))
                 req.status = ReqStatus.FINISHED
                 aborted.append(req)
                 continue
@@ -139,12 +191,14 @@ class Scheduler:
             if not self.kv.assign_row(req) or not self.kv.grow(req, n):
                 self.kv.release(req)
                 break
-            self.waiting.remove(req)
+            left.add(id(req))
             self.running.append(req)
             req.status = ReqStatus.RUNNING
             entries.append(self._entry(req, n))
             budget -= n
             reserve += min(req.sampling.max_new_tokens, RESERVE_CAP) * NEW_TOKEN_RATIO
+        if left:
+            self.waiting = [r for r in self.waiting if id(r) not in left]
         return entries
 
     @staticmethod

@@ -119,6 +119,20 @@ class KVManager:
         req.slots.extend(res.slots)
         return True
 
+    def grow_each(self, reqs: list[Req]) -> bool:
+        """One new slot for each request (a decode step), taken and written to their rows in one call.
+
+        The same slots as grow(req, 1) request by request when the pool has them free; False and nothing taken
+        when it does not (the caller then grows them one at a time, evicting or preempting as it goes)."""
+        if self._pool.available() < len(reqs):
+            return False
+        slots = self._pool._alloc_each([(r.slots[-1] if r.slots else None, len(r.slots) <= r.locked_len)
+                                        for r in reqs])
+        self._rows._write_each([r.row for r in reqs], [len(r.slots) for r in reqs], slots)
+        for r, s in zip(reqs, slots):
+            r.slots.append(s)
+        return True
+
     def release(self, req: Req) -> None:
         """A request leaves (finished, aborted or preempted): its computed KV goes to the cache, its row is freed."""
         if req.slots:

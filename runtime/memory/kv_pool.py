@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..config import KV_CACHE_DTYPES
-from ..device_io import copy_to
+from ..device_io import copy_to, to_device
 
 _KV_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -71,9 +71,10 @@ class KVPool:
             if after is not None and self._is_free[after + 1:after + 1 + n] == b"\x01" * n:
                 return SlotAlloc(True, self._take_run(after + 1, n))
             if fresh:
-                start = self._placement(n)
-                if start is not None:
-                    return SlotAlloc(True, self._take_run(start, n))
+                placed = self._place(n)
+                if placed is not None:
+                    return SlotAlloc(True, placed)
+        self._runs = None
         out, fs, is_free = [], self._free_slots, self._is_free
         while len(out) < n:  # the stack may hold stale entries of slots taken as part of a run: skip them
             s = fs.pop()
@@ -83,24 +84,74 @@ class KVPool:
         self._num_free -= n
         return SlotAlloc(True, out)
 
+    def _alloc_each(self, wants: list[tuple[int | None, bool]]) -> list[int]:
+        """One slot per (after, fresh) pair, as _alloc(1, after, fresh) would give them one by one; the caller
+        checked that len(wants) slots are free (a decode step's growth in one call)."""
+        if len(wants) > self._num_free:
+            raise RuntimeError(f"{len(wants)} slots asked, {self._num_free} free")
+        out, fs, is_free, end = [], self._free_slots, self._is_free, self.num_slots - 1
+        for after, fresh in wants:
+            s = None
+            if self.contiguous:
+                if after is not None and after < end and is_free[after + 1]:
+                    s = after + 1
+                elif fresh:
+                    placed = self._place(1)
+                    if placed is not None:
+                        out.append(placed[0])
+                        continue
+            if s is None:
+                s = fs.pop()
+                while not is_free[s]:  # stale entries of slots taken as part of a run
+                    s = fs.pop()
+            is_free[s] = 0
+            self._num_free -= 1
+            self._runs = None
+            out.append(s)
+        return out
+
     def _take_run(self, start: int, n: int) -> list[int]:
         self._is_free[start:start + n] = bytes(n)
         self._num_free -= n
+        self._runs = None
         return list(range(start, start + n))
 
-    def _placement(self, n: int) -> int | None:
-        """Start of n slots in the largest free run, or None: in its middle, which leaves room to grow both to
-        the request whose run may end just before it and to this one; at its start when it opens the pool."""
-        # run edges, vectorized: a fragmented 65k-slot pool has ~30k runs (6 ms as a Python loop, ~0.3 ms here)
-        edges = np.flatnonzero(np.diff(np.frombuffer(b"\x00" + bytes(self._is_free) + b"\x00", dtype=np.uint8)))
-        if not len(edges):
+    def _free_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The free runs [starts[i], ends[i]) in slot order; kept across placements, rebuilt after other changes."""
+        if self._runs is None:
+            # run edges, vectorized: a fragmented 65k-slot pool has ~30k runs (6 ms as a Python loop, ~0.3 ms here)
+            edges = np.flatnonzero(np.diff(np.frombuffer(b"\x00" + bytes(self._is_free) + b"\x00", dtype=np.uint8)))
+            self._runs = (edges[0::2], edges[1::2])
+        return self._runs
+
+    def _placement(self, n: int) -> tuple[int, int] | None:
+        """(start, run index) of n slots in the largest free run, or None: in its middle, which leaves room to grow
+        both to the request whose run may end just before it and to this one; at its start when it opens the pool."""
+        starts, ends = self._free_runs()
+        if not len(starts):
             return None
-        starts, ends = edges[0::2], edges[1::2]  # free runs are [starts[i], ends[i])
         k = int(np.argmax(ends - starts))
         start, length = int(starts[k]), int(ends[k] - starts[k])
         if length < n:
             return None
-        return 0 if start == 0 else start + (length - n) // 2
+        return (0 if start == 0 else start + (length - n) // 2), k
+
+    def _place(self, n: int) -> list[int] | None:
+        """Take n slots where _placement puts them, keeping the run list current (an admission round places
+        many requests: the pool is scanned once, not once per request)."""
+        at = self._placement(n)
+        if at is None:
+            return None
+        start, k = at
+        starts, ends = self._runs
+        s, e = int(starts[k]), int(ends[k])
+        new_s = [x for x, y in ((s, start), (start + n, e)) if y > x]
+        new_e = [y for x, y in ((s, start), (start + n, e)) if y > x]
+        runs = (np.concatenate((starts[:k], np.array(new_s, dtype=starts.dtype), starts[k + 1:])),
+                np.concatenate((ends[:k], np.array(new_e, dtype=ends.dtype), ends[k + 1:])))
+        slots = self._take_run(start, n)
+        self._runs = runs
+        return slots
 
     def _free(self, slots: list[int]) -> None:
         """Return slots to the free list; freeing a free slot is a bug and raises."""
@@ -109,6 +160,7 @@ class KVPool:
                 raise RuntimeError(f"double free of KV slot {s}")
             self._is_free[s] = 1
         self._num_free += len(slots)
+        self._runs = None
         self._free_slots.extend(slots)
         if len(self._free_slots) > 2 * self.num_slots:  # drop the stale entries runs left behind
             self._free_slots = [s for s in range(self.num_slots - 1, -1, -1) if self._is_free[s]]
@@ -121,6 +173,7 @@ class KVPool:
         self._free_slots: list[int] = list(range(self.num_slots - 1, -1, -1))  # pop() hands out low slots first
         self._is_free = bytearray(b"\x01") * self.num_slots
         self._num_free = self.num_slots
+        self._runs: tuple[np.ndarray, np.ndarray] | None = None  # _free_runs(), until the next change
 
 
 class ReqToTokenPool:
@@ -150,3 +203,11 @@ class ReqToTokenPool:
         """Record slots for positions start..start+len(slots)-1 of a request's row."""
         if slots:  # pinned + non_blocking on CUDA: scheduling must not wait for the forward in flight
             copy_to(self.req_to_token[row, start:start + len(slots)], slots, torch.int32)
+
+    def _write_each(self, rows: list[int], positions: list[int], slots: list[int]) -> None:
+        """req_to_token[rows[i], positions[i]] = slots[i] for every i, in one indexed write (a decode step)."""
+        if slots:
+            dev = self.req_to_token.device
+            t = self.req_to_token
+            t.index_put_((to_device(rows, torch.int64, dev), to_device(positions, torch.int64, dev)),
+                         to_device(slots, torch.int32, dev))

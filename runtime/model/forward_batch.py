@@ -1,4 +1,4 @@
-"""Tensors derived from a list of Reqs for one forward: decode requests first, then extend requests."""
+"""One forward's inputs: the host lists built from its BatchEntry's in one pass, and the tensors the model reads."""
 
 from __future__ import annotations
 
@@ -27,3 +27,84 @@ class ForwardBatch:
     def num_tokens(self) -> int:
         """Packed token count."""
         return int(self.input_ids.shape[0])
+
+
+_NO_ROWS = range(0)
+
+
+@dataclass
+class HostBatch:
+    """A forward's inputs as host lists, built in one pass over the entries (the runner turns them into tensors)."""
+
+    input_ids: list[int]  # [tokens] packed request by request
+    positions: list[int]  # [tokens]
+    out_cache_loc: list[int]  # [tokens] KV slot of each token
+    logits_rows: list[int]  # [m] packed token positions whose logits are computed
+    req_rows: list[int]  # [b] request rows in req_to_token
+    prefix_lens: list[int]  # [b]
+    extend_lens: list[int]  # [b]
+    input_rows: list[range]  # [b] logits rows scoring prompt positions (empty range when not requested)
+    input_first_pos: list[int]  # [b] absolute prompt position scored by the first input row
+    sample_row: list[int | None]  # [b] logits row to sample from, or None
+
+
+def _ids(req, a: int, b: int) -> list[int]:
+    """all_ids[a:b] without building all_ids (prompt + outputs)."""
+    n = len(req.input_ids)
+    if b <= n:
+        return req.input_ids[a:b]
+    if a >= n:
+        return req.output_ids[a - n:b - n]
+    return req.input_ids[a:] + req.output_ids[:b - n]
+
+
+def build_host_batch(entries) -> HostBatch:
+    """The host lists of one forward over BatchEntry's (decode entries first).
+
+    A one-token entry without prompt logprobs (every decode entry) costs a few appends; only prefill chunks and
+    prompt-logprob entries take the general path."""
+    ids, pos, loc, rows = [], [], [], []
+    input_rows, input_first, sample_row = [], [], []
+    m = offset = 0
+    for e in entries:
+        r = e.req
+        p = e.prefix_len
+        if e.extend_len == 1 and not (r.return_logprob and r.wants_input_logprobs()):
+            n = len(r.input_ids)
+            ids.append(r.input_ids[p] if p < n else r.output_ids[p - n])
+            pos.append(p)
+            loc.append(r.slots[p])
+            input_rows.append(_NO_ROWS)
+            input_first.append(1)
+            if e.sample:
+                rows.append(offset)
+                sample_row.append(m)
+                m += 1
+            else:
+                sample_row.append(None)
+            offset += 1
+            continue
+        end = p + e.extend_len
+        ids.extend(_ids(r, p, end))
+        pos.extend(range(p, end))
+        loc.extend(r.slots[p:end])
+        # prompt logprobs: logits at positions start-1 .. P-2 score prompt tokens start .. P-1 (position 0 has
+        # no logit before it: its entry is null)
+        lo = hi = 0
+        if r.wants_input_logprobs():
+            lo = max(max(r.logprob_start_len, 1) - 1, p)
+            hi = min(len(r.input_ids) - 1, end)
+        n_in = max(hi - lo, 0)
+        rows.extend(range(offset + lo - p, offset + lo - p + n_in))
+        input_rows.append(range(m, m + n_in))
+        input_first.append(lo + 1)
+        m += n_in
+        if e.sample:
+            rows.append(offset + e.extend_len - 1)
+            sample_row.append(m)
+            m += 1
+        else:
+            sample_row.append(None)
+        offset += e.extend_len
+    return HostBatch(ids, pos, loc, rows, [e.req.row for e in entries], [e.prefix_len for e in entries],
+                     [e.extend_len for e in entries], input_rows, input_first, sample_row)

@@ -17,7 +17,7 @@ import time
 
 from aiohttp import web
 
-from . import native_api, openai_api, sglang_routes
+from . import anthropic_api, console_routes, native_api, openai_api, sglang_routes
 from ..messages import (DetokenizeReq, EngineError, FlushCacheReq, GenerateReqInput, GetServerInfoReq,
                         TokenizeReq)
 from ..sampling_params import SamplingParams
@@ -186,6 +186,7 @@ def build_app(state: ServerState) -> web.Application:
     r.add_post("/v1/completions", openai_api.completions)
     r.add_post("/v1/chat/completions", openai_api.chat_completions)
     sglang_routes.add_routes(r)
+    r.add_post("/v1/messages", anthropic_api.messages)  # Anthropic Messages API
     return app
 
 

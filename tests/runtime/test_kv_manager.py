@@ -14,7 +14,7 @@ from sglpy.runtime.memory.kv_pool import KVPool, ReqToTokenPool
 from sglpy.runtime.memory.radix_cache import RadixCache
 
 RUNTIME = pathlib.Path(__file__).resolve().parents[2] / "runtime"
-POOL_MUTATORS = {"_alloc", "_free", "_reset", "_alloc_row", "_free_row", "_write"}
+POOL_MUTATORS = {"_alloc", "_alloc_each", "_free", "_reset", "_alloc_row", "_free_row", "_write", "_write_each"}
 CACHE_MUTATORS = {"match_prefix", "insert", "cache_unfinished", "lock", "unlock", "evict", "reset"}
 
 
@@ -171,5 +171,39 @@ def test_pool_hands_out_every_slot_once_under_any_mix_of_runs_and_frees():
             taken = [x for s in held for x in s]
             assert len(taken) == len(set(taken)) and all(0 <= x < 48 for x in taken)
             assert pool.available() == 48 - len(taken) == sum(pool._is_free)
+            cached, pool._runs = pool._runs, None  # runs kept across placements == runs scanned afresh
+            if cached is not None:
+                assert [list(a) for a in cached] == [list(a) for a in pool._free_runs()]
+                pool._runs = cached
 
     run()
+
+
+def test_grow_each_takes_the_slots_grow_would_take_one_by_one():
+    """A decode step's growth in one call: the same slots and req_to_token as grow(req, 1) per request."""
+    import random
+
+    rng = random.Random(0)
+    one, each = _manager(slots=96, rows=6), _manager(slots=96, rows=6)
+    reqs = {m: [_req(str(i), range(1, 2 + i)) for i in range(6)] for m in (one, each)}
+    for m in (one, each):
+        for r in reqs[m]:
+            assert m.assign_row(r) and m.grow(r, len(r.input_ids))
+        m.release(reqs[m][2])  # a gap in the pool, and a request whose run is cached (fresh placement)
+        m.cache_unfinished(reqs[m][3])
+    for step in range(10):
+        live = [i for i in range(6) if i != 2]
+        rng.shuffle(live)
+        for i in live:
+            assert one.grow(reqs[one][i], 1)
+        assert each.grow_each([reqs[each][i] for i in live])
+        for i in live:
+            assert reqs[one][i].slots == reqs[each][i].slots, (step, i)
+    assert torch.equal(one.buffers.req_to_token, each.buffers.req_to_token)
+    assert one.stats() == each.stats()
+    short = _manager(slots=8, rows=2)
+    a, b = _req("a", [1, 2, 3]), _req("b", [4, 5, 6, 7])
+    for r in (a, b):
+        assert short.assign_row(r) and short.grow(r, len(r.input_ids))
+    assert short.grow_each([a]) and not short.grow_each([a, b])  # one free slot left: nothing taken
+    assert short.stats().free == 0 and (a.kv_len, b.kv_len) == (4, 4)
