@@ -1,5 +1,6 @@
-"""The held-in program suite (sglpy/testing_programs.py) on sgl.OpenAI(base_url=<our server>/v1), with the real
-`openai` client, against `sglpy serve` on a tiny random-weight model (constraints enforced by the real engine).
+"""Hosted-API backends against `sglpy serve` on a tiny random-weight model (constraints enforced by the real engine),
+with the real clients. The held-in program suite (sglpy/testing_programs.py) on sgl.OpenAI(base_url=<our server>/v1):
+and sgl.Anthropic(base_url=<our server>) over POST /v1/messages (the role / stop / stream / json_schema programs).
 
 Completion mode (/v1/completions) runs every program. Chat mode (/v1/chat/completions) runs the programs whose
 gens sit inside assistant turns; the others are skipped for the reason in CHAT_SKIP (a chat model answers
@@ -119,3 +120,57 @@ def test_regex_and_dtype_go_through_extra_body(chat_backend):
     import re
 
     assert re.fullmatch(programs.IP_REGEX, state["ip"]) and re.fullmatch(r"[-+]?\d+", state["n"])
+
+
+# ---------------------------------------------------------------- sgl.Anthropic against POST /v1/messages
+
+ANTHROPIC_PROGRAMS = ("mt_bench", "json_schema", "stream")  # roles + system, json_schema via a tool, streaming
+
+
+@pytest.fixture(scope="module")
+def anthropic_backend(srv):
+    pytest.importorskip("anthropic")
+    return sgl.Anthropic("tiny", base_url=srv.url, max_retries=0)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ANTHROPIC_PROGRAMS)
+def test_program_on_anthropic(anthropic_backend, name):
+    _run(anthropic_backend, name)
+
+
+def test_anthropic_stop_sequences_system_and_prefill(anthropic_backend, srv):
+    @sgl.function
+    def prog(s):
+        s += sgl.system("Answer briefly.")
+        s += sgl.user("Count.")
+        with s.assistant():
+            s += "One," + sgl.gen("rest", max_tokens=24, stop=[",", " "])
+
+    state = prog.run(backend=anthropic_backend, temperature=0)
+    meta = state.get_meta_info("rest")
+    assert "," not in state["rest"] and " " not in state["rest"]
+    assert meta["finish_reason"]["type"] in ("stop_sequence", "max_tokens", "end_turn")
+    if meta["finish_reason"]["type"] == "stop_sequence":
+        assert meta["finish_reason"]["matched"] in (",", " ")
+    # the prefill is continued: the same text as the OpenAI route continuing the same assistant message
+    oa = sgl.OpenAI("tiny", base_url=srv.url + "/v1", max_retries=0)
+    assert prog.run(backend=oa, temperature=0)["rest"] == state["rest"]
+
+
+def test_anthropic_select_and_unsupported(anthropic_backend):
+    @sgl.function
+    def pick(s):
+        s += sgl.user("Pick a color.")
+        s += sgl.assistant(sgl.select("c", ["red", "green"]))
+
+    state = pick.run(backend=anthropic_backend)
+    assert state["c"] in ("red", "green") and state.get_meta_info("c")["select_method"] == "tool_enum"
+
+    @sgl.function
+    def regex(s):
+        s += sgl.user("x")
+        s += sgl.assistant(sgl.gen("a", regex="[a-z]+", max_tokens=4))
+
+    with pytest.raises(sgl.ProgramError, match=r"gen\(regex=...\) / dtype is not supported by sgl.Anthropic"):
+        regex.run(backend=anthropic_backend)["a"]

@@ -29,6 +29,7 @@ MODULE_MAP = {
     "sglang.lang.backend.base_backend": "sglpy.backend_base",
     "sglang.lang.backend.runtime_endpoint": "sglpy.backend_http",
     "sglang.lang.backend.openai": "sglpy.backend_openai",
+    "sglang.lang.backend.anthropic": "sglpy.backend_anthropic",
 }
 
 SGLANG_NAMES = {
@@ -62,6 +63,7 @@ SGLANG_NAMES = {
     "sglang.lang.backend.runtime_endpoint": "Runtime RuntimeEndpoint compute_normalized_prompt_logprobs",
     "sglang.lang.backend.openai": "INSTRUCT_MODEL_NAMES OpenAI TokenUsage create_logit_bias_int logger "
                                   "openai_completion openai_completion_stream",
+    "sglang.lang.backend.anthropic": "Anthropic",
 }
 
 _IR_INTERNAL = "interpreter-internal IR node; sglpy's interpreter has no such node (programs never build it)"
@@ -72,7 +74,6 @@ EXCLUDED = {
     ("sglang", "VertexAI"): "needs Google's vertexai SDK and cloud credentials; not offered",
     ("sglang", "ServerArgs"): "SGLang's server option class; sglpy's server takes `sglpy serve` flags (ServerConfig)",
     ("sglang", "LiteLLM"): "litellm backend not offered yet",
-    ("sglang", "Anthropic"): "Anthropic backend not offered yet",
     ("sglang", "separate_reasoning"): "no reasoning parser: sglpy serves no reasoning models",
     ("sglang.lang.api", "separate_reasoning"): "no reasoning parser: sglpy serves no reasoning models",
     ("sglang.lang.ir", "SglSamplingParams"): "sglpy's gen parameters are GenParams around the one SamplingParams",
