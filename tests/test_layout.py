@@ -59,7 +59,7 @@ def test_every_module_says_what_it_owns():
 def test_shared_types_fake_engine_and_server_import_without_torch():
     code = ("import sys, sglpy.runtime.sampling_params, sglpy.runtime.messages, sglpy.runtime.core, "
             "sglpy.runtime.engine, sglpy.runtime.engine.request_builder, sglpy.runtime.engine.stops, "
-            "sglpy.runtime.server, sglpy.runtime.testing.fake_engine, sglpy.runtime.grammar_worker, "
+            "sglpy.runtime.server, sglpy.runtime.testing.fake_engine, sglpy.runtime.engine.grammar_worker, "
             "sglpy.runtime.testing.audit; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -1,7 +1,7 @@
 """GrammarService: constraint compiles in worker processes, bounded by a CPU-time budget, cached, cancellable.
 
 `compile(kind, value)` returns a Future of the Guide at once: a cache hit is already done; otherwise the
-job runs in a worker process (runtime/grammar_worker.py), so a compile never holds the engine's GIL and
+job runs in a worker process (runtime/engine/grammar_worker.py), so a compile never holds the engine's GIL and
 never stalls the step loop. Identical constraints in flight share one job. Each job may use
 `timeout_s` seconds of the worker's CPU time (read from /proc, so a loaded box does not fail legitimate
 compiles; elsewhere wall time) and at most `WALL_FACTOR * timeout_s + 10` seconds of wall time; past
@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from sglpy.grammar import GrammarCompiler, GrammarError, Guide, TokenizerInfo
-from ..grammar_worker import (CancelJob, CompileDone, CompileJob, WorkerInit, WorkerReady, compile_with_budget,
+from .grammar_worker import (CancelJob, CompileDone, CompileJob, WorkerInit, WorkerReady, compile_with_budget,
                               unpack_guide)
 
 logger = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class _Worker:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         # lower the priority before any import, so even the worker's startup yields the CPU to the engine
         boot = (f"import os, runpy, sys; os.nice({init.nice}); sys.argv[1:] = [{r_cmd}, {w_out}]; "
-                "runpy.run_module('sglpy.runtime.grammar_worker', run_name='__main__', alter_sys=True)")
+                "runpy.run_module('sglpy.runtime.engine.grammar_worker', run_name='__main__', alter_sys=True)")
         self.proc = subprocess.Popen([sys.executable, "-c", boot], pass_fds=(r_cmd, w_out), stdin=subprocess.DEVNULL,
                                      env=env)
         os.close(r_cmd)

@@ -37,7 +37,7 @@ def AuditedEngine(model=None, **kwargs):
             elif event == "subprocess.Popen":
                 exe = os.path.realpath(os.fsdecode(args[0])) if args[0] is not None else ""
                 cmd = [os.fsdecode(a) for a in (args[1] or [])]
-                if exe not in workers or "sglpy.runtime.grammar_worker" not in " ".join(cmd):  # a worker restart
+                if exe not in workers or "sglpy.runtime.engine.grammar_worker" not in " ".join(cmd):  # a worker restart
                     self.audit_log.append(f"{event} {cmd}")
             elif event in EVENTS:
                 self.audit_log.append(f"{event} {args[:2]!r}")

@@ -200,9 +200,9 @@ def test_shared_definitions_stay_one_module():
 
 
 def test_stack_guide_travels_like_compile_workers_send_it():
-    """pack_guide/unpack_guide (runtime/grammar_worker.py): the TokenizerInfo stays behind as a reference, the
+    """pack_guide/unpack_guide (runtime/engine/grammar_worker.py): the TokenizerInfo stays behind as a reference, the
     network and its partial index travel, and the receiving side indexes the lazy states itself."""
-    from sglpy.runtime.grammar_worker import pack_guide, unpack_guide
+    from sglpy.runtime.engine.grammar_worker import pack_guide, unpack_guide
 
     mod = compile_schema(SHARED).module
     prog = Program(mod)

@@ -11,7 +11,7 @@ import pytest
 from sglpy.grammar import GrammarCompiler, GrammarError
 from sglpy.grammar.testing import small_vocab_info
 from sglpy.runtime.engine.grammar_service import GrammarService
-from sglpy.runtime.grammar_worker import pack_guide, unpack_guide
+from sglpy.runtime.engine.grammar_worker import pack_guide, unpack_guide
 
 INFO = small_vocab_info()
 SLOW = "(a{0,100}){0,100}(b{0,100}){0,100}"  # minutes of DFA construction without a budget
@@ -134,7 +134,7 @@ def test_the_worker_sandbox_refuses_files_sockets_and_processes(tmp_path):
     secret.write_text("x")
     code = f"""
 import socket, subprocess
-from sglpy.runtime.grammar_worker import _Sandbox
+from sglpy.runtime.engine.grammar_worker import _Sandbox
 box = _Sandbox(); box.arm()
 import json.tool  # a lazy import still reads code
 for attempt in (lambda: open({str(secret)!r}), lambda: socket.create_connection(("127.0.0.1", 9)),

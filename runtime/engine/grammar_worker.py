@@ -226,8 +226,8 @@ def worker_main(read_fd: int, write_fd: int) -> None:
 
 
 if __name__ == "__main__":
-    # run the module under its package name, so the messages it pickles name sglpy.runtime.grammar_worker
-    from sglpy.runtime.grammar_worker import worker_main as _main
+    # run the module under its package name, so the messages it pickles name sglpy.runtime.engine.grammar_worker
+    from sglpy.runtime.engine.grammar_worker import worker_main as _main
 
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))  # deep schemas: refused by name, not by crash
     threading.stack_size(256 * 1024 * 1024)
