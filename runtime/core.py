@@ -92,6 +92,7 @@ class Req:
     detok: Any = None  # IncrementalDetokenizer
     text: str = ""  # output text so far (stop strings trimmed at finish)
     num_jumped_tokens: int = 0  # tokens appended by jump-forward (no model step)
+    trace: Any = None  # engine/request_trace.RequestTrace when the request asked for a trace; None: nothing recorded
     grammar: Any = None  # per-request guide state holder (constrained decoding)
     generator: Any = None  # torch.Generator of a seeded request (created on first sample)
     logit_bias_rows: Any = None  # (token ids, biases) tensors of sampling.logit_bias (built on first sample)

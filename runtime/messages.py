@@ -25,6 +25,7 @@ class GenerateReqInput:
     logprob: LogprobOptions = field(default_factory=LogprobOptions)
     extra_key: str | None = None  # prefix-cache namespace (SGLang's cache salt)
     stream: bool = False  # an output after every step, not only the final one
+    trace: bool = False  # record a per-token trace, delivered as meta_info["trace"] (engine/request_trace.py)
 
     def __post_init__(self):
         if (self.text is None) == (self.input_ids is None):
@@ -52,6 +53,7 @@ class GenerateReq:
     stream: bool
     # the constraint's compile: a concurrent.futures.Future of its grammar Guide (None without a constraint)
     guide: Any = field(default=None, repr=False, compare=False)
+    trace: bool = False  # GenerateReqInput.trace
 
 
 @dataclass(frozen=True)

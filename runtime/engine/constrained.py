@@ -80,7 +80,11 @@ class ConstrainedDecoding:
         t = time.perf_counter()
         bm = np.stack([reqs[i].grammar.guide.allowed(reqs[i].grammar.state) for i in rows])  # [k, words]
         out = torch.from_numpy(bm.astype(np.int32, copy=False)), torch.tensor(rows, dtype=torch.int64)
-        self.stats["mask_s"] += time.perf_counter() - t
+        dt = time.perf_counter() - t
+        self.stats["mask_s"] += dt
+        for i in rows:  # traced requests get an equal share of the batch's mask time
+            if reqs[i].trace is not None:
+                reqs[i].trace.grammar_s += dt / len(rows)
         return out
 
     def advance(self, req: Req, token: int) -> FinishReason | None:
@@ -93,7 +97,10 @@ class ConstrainedDecoding:
         t = time.perf_counter()
         g.state = g.guide.advance(g.state, token)
         done = g.guide.is_final(g.state) and not g.guide.can_continue(g.state)
-        self.stats["advance_s"] += time.perf_counter() - t
+        dt = time.perf_counter() - t
+        self.stats["advance_s"] += dt
+        if req.trace is not None:
+            req.trace.grammar_s += dt
         return FinishReason("stop", matched=None) if done else None
 
     def attach(self, req: Req, guide: Guide) -> None:
@@ -116,6 +123,8 @@ class ConstrainedDecoding:
             if req.return_logprob:
                 req.output_logprobs.extend(TokenLogprob(None, t) for t in res.new_token_ids)
             req.num_jumped_tokens += len(res.new_token_ids)
+            if req.trace is not None:
+                req.trace.jumped(0, len(res.new_token_ids))
             g.state = res.new_state
             self._retext(req)
 
@@ -137,7 +146,10 @@ class ConstrainedDecoding:
                 continue
             try:
                 self.iso.probe("jump-forward", req)
+                t = time.perf_counter()
                 reason = self._jump_one(req, g, kv)
+                if req.trace is not None:
+                    req.trace.grammar_s += time.perf_counter() - t
             except Exception as e:  # noqa: BLE001 - isolated: this request alone ends
                 self.iso.fail(req, "jump-forward", e)
                 finished.append(req)
@@ -170,6 +182,8 @@ class ConstrainedDecoding:
         if req.return_logprob:
             req.output_logprobs.extend(TokenLogprob(None, t) for t in res.new_token_ids)
         req.num_jumped_tokens += len(res.new_token_ids)
+        if req.trace is not None:
+            req.trace.jumped(keep, len(res.new_token_ids))
         self.stats["jumps"] += 1
         self.stats["jumped_tokens"] += len(res.new_token_ids)
         g.state = res.new_state

@@ -31,6 +31,7 @@ from .detokenizer import IncrementalDetokenizer
 from .isolation import Isolation
 from .overlap import OverlapStepper
 from .processor import OutputProcessor
+from .request_trace import RequestTrace
 from .offline_api import OfflineAPI
 from .request_builder import RequestLimits, build_request
 from .sampler import Sampler
@@ -167,7 +168,8 @@ class Engine(OfflineAPI, StepLoop):
         """
         guide = req.guide.result() if req.guide is not None else None
         r = Req(rid=req.rid, input_ids=req.input_ids, sampling=req.sampling, extra_key=req.extra_key, sink=sink,
-                stream=req.stream, **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})
+                stream=req.stream, trace=RequestTrace() if req.trace else None,
+                **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})
         s = req.sampling
         r.detok = IncrementalDetokenizer(self.tokenizer, req.input_ids, s.skip_special_tokens,
                                          s.spaces_between_special_tokens)

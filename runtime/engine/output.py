@@ -44,6 +44,8 @@ def build_output(req: Req, tokenizer) -> ReqOutput:
                         for r in recs]
             meta["input_top_logprobs"] = tops(inp)
             meta["output_top_logprobs"] = tops(req.output_logprobs)
+    if req.trace is not None:  # asked for (engine/request_trace.py); the server strips it from API responses
+        meta["trace"] = req.trace.to_json(req, tokenizer, req.finished)
     return ReqOutput(req.rid, visible_text(req), list(req.output_ids), meta, req.finished)
 
 

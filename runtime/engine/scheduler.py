@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from ..config import EngineConfig
 from ..memory.kv_manager import KVManager
@@ -205,6 +206,8 @@ class Scheduler:
     def _entry(req: Req, n: int) -> BatchEntry:
         prefix = req.kv_len - n
         reaches_end = prefix + n == req.seq_len
+        if req.trace is not None:
+            req.trace.chunks.append([time.time(), prefix, n])
         return BatchEntry(req, prefix, n, sample=reaches_end and req.sampling.max_new_tokens > 0)
 
     # -------------------------------------------------------------- accounting

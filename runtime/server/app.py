@@ -163,7 +163,8 @@ async def metrics(request: web.Request) -> web.Response:
 def build_app(state: ServerState) -> web.Application:
     """The aiohttp application with every route and the error/auth middlewares."""
     app = web.Application(client_max_size=state.config.max_request_bytes,
-                          middlewares=[error_middleware, auth_middleware(state.config.api_key)])
+                          middlewares=[error_middleware, auth_middleware(
+                              state.config.api_key, ("/health",) + console_routes.OPEN_PATHS)])
     app["state"] = state
     app["config"] = state.config
     r = app.router
@@ -185,8 +186,9 @@ def build_app(state: ServerState) -> web.Application:
     r.add_get("/v1/models/{model:.+}", openai_api.model)  # ids may be paths
     r.add_post("/v1/completions", openai_api.completions)
     r.add_post("/v1/chat/completions", openai_api.chat_completions)
-    sglang_routes.add_routes(r)
     r.add_post("/v1/messages", anthropic_api.messages)  # Anthropic Messages API
+    sglang_routes.add_routes(r)
+    console_routes.add_routes(app)  # GET / (web console), its API, GET /trace
     return app
 
 

@@ -87,6 +87,9 @@ SERVER_FLAG_HELP = {
     "router_policy": "sglang-router's --policy when --dp-size > 1",
     "tool_call_parser": "tool-call format (SGLang's flag): generic, hermes (qwen25), llama3 or mistral; default: "
     "detected from the chat template (generic when it does not render tools)",
+    "enable_trace": "keep a per-token trace (origins, logprobs, timeline) of the newest --trace-capacity requests "
+    "in memory for GET /trace/{rid} and the web console; traces hold prompts and outputs (docs/console.md)",
+    "trace_capacity": "requests kept by --enable-trace (oldest dropped first)",
 }
 
 
@@ -113,6 +116,8 @@ class ServerConfig:
     dp_size: int = 1  # > 1: runtime/server/replicas.py launches workers + sglang-router instead of serving
     router_policy: str = "cache_aware"
     tool_call_parser: str | None = None  # None: detected from the chat template (runtime/tools/registry.py)
+    enable_trace: bool = False  # runtime/server/trace.py: every request's trace in a bounded ring
+    trace_capacity: int = 100
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self):
@@ -148,6 +153,11 @@ class ServerConfig:
             raise ValueError(f"router_policy must be one of {ROUTER_POLICIES}, got {self.router_policy!r}")
         if self.tool_call_parser is not None and self.tool_call_parser not in PARSER_NAMES:
             raise ValueError(f"tool_call_parser must be one of {', '.join(PARSER_NAMES)}, got {self.tool_call_parser!r}")
+        if not isinstance(self.enable_trace, bool):
+            raise ValueError(f"enable_trace must be a bool, got {self.enable_trace!r}")
+        if not isinstance(self.trace_capacity, int) or isinstance(self.trace_capacity, bool) \
+                or not 1 <= self.trace_capacity <= 100_000:
+            raise ValueError(f"trace_capacity must be an int in [1, 100000], got {self.trace_capacity!r}")
         if not isinstance(self.engine, EngineConfig):
             raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
 

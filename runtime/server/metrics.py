@@ -14,6 +14,7 @@ class ServerMetrics:
 
     def __init__(self, model_name: str):
         self.registry = CollectorRegistry()
+        self.model_name = model_name  # the label value of every metric
         lab = ["model_name"]
         r = self.registry
 

@@ -16,6 +16,7 @@ from .engine_client import EngineClient
 from .http_common import ApiError
 from .metrics import PoolStats, ServerMetrics
 from .config import ServerConfig
+from .trace import Tracing
 
 request_log = logging.getLogger("sglpy.server.requests")
 
@@ -39,6 +40,7 @@ class ServerState:
         self.metrics = ServerMetrics(config.served_model_name or config.engine.model or "default")
         self._unrecorded = ServerMetrics("unrecorded")  # never exported
         self._tool_setup: tuple[str | None, ToolSetup] | None = None
+        self.tracing = Tracing(config.enable_trace, config.trace_capacity)  # trace.py: --enable-trace's ring
 
     @property
     def model_name(self) -> str:
@@ -100,7 +102,7 @@ class ServerState:
         outcome = "ok"
         m = self.metrics if record_metrics else self._unrecorded  # log_metrics: false
         try:
-            async with contextlib.aclosing(self.engine.generate(inp)) as gen:
+            async with contextlib.aclosing(self.tracing.generate(self.engine, inp, route)) as gen:
                 async for chunk in gen:
                     now = time.perf_counter()
                     n = int(chunk.get("meta_info", {}).get("completion_tokens") or 0)

@@ -21,6 +21,7 @@ import time
 from sglpy.runtime.config import CPU_MAX_TOTAL_TOKENS, EngineConfig
 from sglpy.runtime.core import FinishReason, OutputSink, Req, TokenLogprob
 from sglpy.runtime.engine.output import build_output
+from sglpy.runtime.engine.request_trace import RequestTrace
 from sglpy.runtime.engine.request_builder import RequestLimits, build_request
 from sglpy.runtime.engine.stops import append_text, check_token_stop
 from sglpy.runtime.engine.tokenizer_ops import TokenizerOps
@@ -102,7 +103,8 @@ class FakeEngine:
 
     def submit(self, req: GenerateReq, sink: OutputSink) -> None:
         r = Req(rid=req.rid, input_ids=req.input_ids, sampling=req.sampling, extra_key=req.extra_key, sink=sink,
-                stream=req.stream, **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})
+                stream=req.stream, trace=RequestTrace() if req.trace else None,
+                **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})
         if r.logprob_start_len >= 0:  # every prompt token from the start on is "scored" -1.0 (position 0: null)
             r.input_logprobs = [TokenLogprob(-1.0, t) for t in r.input_ids[max(r.logprob_start_len, 1):]]
         with self._lock:
