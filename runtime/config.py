@@ -50,8 +50,19 @@ class EngineConfig:
     cuda_graph_max_bs: int = 160  # largest captured decode batch (capped by max_running_requests)
     # overlap scheduling (engine/overlap.py): None = on for CUDA, off on CPU; False forces it on (CPU tests)
     disable_overlap_schedule: bool | None = None
+    # thinking section of reasoning models (runtime/reasoning.py): qwen3 or deepseek-r1 (SGLang's --reasoning-parser);
+    # constraints then apply after `</think>`, and chat responses carry reasoning_content
+    reasoning_parser: str | None = None
+    max_thinking_tokens: int | None = None  # past this many thinking tokens a constrained request gets `</think>`
 
     def __post_init__(self):
+        if self.reasoning_parser is not None:
+            from .reasoning import reasoning_format
+
+            reasoning_format(self.reasoning_parser)  # ValueError names the parsers
+        if self.max_thinking_tokens is not None and (not isinstance(self.max_thinking_tokens, int)
+                                                     or self.max_thinking_tokens < 0):
+            raise ValueError(f"max_thinking_tokens must be an int >= 0, got {self.max_thinking_tokens!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

@@ -25,6 +25,7 @@ from sglpy.grammar import Guide, TokenizerInfo
 from .detokenizer import IncrementalDetokenizer
 from .grammar_service import GrammarService
 from .isolation import Isolation
+from .reasoning_guide import ThinkingGuide
 from .stops import append_text
 from ..core import FinishReason, Req, TokenLogprob
 from ..memory.kv_manager import KVManager
@@ -54,6 +55,7 @@ class ConstrainedDecoding:
         # background so the first constrained request does not pay for them
         threading.Thread(target=self._warmup, name="sglpy-grammar-warmup", daemon=True).start()
         self.jump_forward_enabled = jump_forward
+        self.think = None  # engine/reasoning_guide.ThinkTokens when the engine has a reasoning parser
         self.iso = isolation or Isolation()
         self.words = (vocab_size + 31) // 32
         # seconds spent on grammar work inside the step loop (benchmarks report it as a share of step time)
@@ -105,6 +107,8 @@ class ConstrainedDecoding:
 
     def attach(self, req: Req, guide: Guide) -> None:
         """Give a new request its guide state; a forced opening becomes output tokens before the first forward."""
+        if self.think is not None and self.think.starts_thinking(self.tokenizer.decode(req.input_ids[-16:])):
+            guide = ThinkingGuide(guide, self.think)  # a reasoning model: the constraint starts after </think>
         req.grammar = GuideState(guide, guide.initial_state)
         self._initial_jump(req)
 

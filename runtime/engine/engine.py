@@ -29,6 +29,7 @@ from ..model.loader import resolve_model_path
 from ..model.runner import ModelRunner
 from .detokenizer import IncrementalDetokenizer
 from .isolation import Isolation
+from .reasoning_guide import reasoning_tokens
 from .overlap import OverlapStepper
 from .processor import OutputProcessor
 from .request_trace import RequestTrace
@@ -106,6 +107,7 @@ class Engine(OfflineAPI, StepLoop):
                                                jump_forward=not cfg.disable_jump_forward, isolation=self.isolation,
                                                workers=cfg.grammar_workers, timeout_s=cfg.grammar_compile_timeout,
                                                max_states=cfg.grammar_max_states)
+        self.constrained.think = reasoning_tokens(cfg, self.tokenizer)  # constraints start after </think>
         self.processor = OutputProcessor(Sampler(cfg.seed, r.device), self.eos_ids, self.max_context, self.constrained,
                                          self.isolation)
         cuda = r.device.type == "cuda"

@@ -58,6 +58,10 @@ ENGINE_FLAG_HELP = {
     "by max_running_requests); larger batches run eagerly",
     "disable_overlap_schedule": "do not prepare step n+1 on the CPU while the GPU runs step n (default: overlap on "
     "CUDA, off on CPU; --no-disable-overlap-schedule forces it on, e.g. on CPU for tests)",
+    "reasoning_parser": "thinking section of reasoning models: qwen3 or deepseek-r1; chat responses then carry "
+    "reasoning_content, and constraints (json_schema, regex, ebnf, tools) start after </think>",
+    "max_thinking_tokens": "with --reasoning-parser: a constrained request thinks at most this many tokens, then "
+    "</think> is forced",
 }
 
 FLAG_ALIASES = {"tp_size": ("--tp",)}  # SGLang's docs write --tp N

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from ..reasoning import ReasoningFormat, ReasoningStream, reasoning_format, split_reasoning, thinking_open
 from ..messages import ChatPromptReq, DetokenizeReq, EngineError, GenerateReqInput
 from ..sampling_params import LogprobOptions
 from ..tools import (Tool, ToolCallStream, ToolChoice, ToolError, ToolFormat, parse_tool_calls, parse_tool_choice,
@@ -34,6 +35,24 @@ class _Job:
     top_logprobs: int
     echo_texts: list[str] | None = None
     tools: _ToolJob | None = None  # set when tool calls are parsed out of the output
+    reasoning: _ReasoningJob | None = None  # set when the thinking goes to reasoning_content
+
+
+@dataclass(frozen=True)
+class _ReasoningJob:
+    """A chat request's thinking split (--reasoning-parser, separate_reasoning): the format, and whether the
+    prompt left thinking open (None: the output decides)."""
+
+    format: ReasoningFormat
+    prompt_open: bool | None
+
+
+def _reasoning_of(state: ServerState, f: dict, prompt_text: str | None) -> _ReasoningJob | None:
+    name = state.config.engine.reasoning_parser
+    if name is None or f.get("separate_reasoning") is False:
+        return None
+    fmt = reasoning_format(name)
+    return _ReasoningJob(fmt, thinking_open(fmt, prompt_text))
 
 
 @dataclass(frozen=True)
@@ -80,7 +99,7 @@ async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, 
     sp = build_sampling(sampling_fields(f, chat), vocab, "request")
     if sp.n != 1:
         sp = dataclasses.replace(sp, n=1)  # n samples are n engine requests
-    tool_job = None
+    tool_job = reasoning = None
     if chat:
         messages, extra, sp, tool_job = _tools_of(f, state, chat_messages(f["messages"]), sp)
         if f.get("input_ids") is not None:  # SGLang: pre-tokenized prompt, the template is not applied
@@ -91,6 +110,7 @@ async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, 
             prompt = await state.engine.call(ChatPromptReq(messages, True, bool(f.get("continue_final_message")),
                                                            kwargs or None))
             prompts = [{"text": prompt}]
+        reasoning = _reasoning_of(state, f, prompts[0].get("text"))
         want, top = bool(f.get("logprobs")), int(f.get("top_logprobs") or 0)
     else:
         p = f["prompt"]
@@ -118,7 +138,7 @@ async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, 
             rid = job_id if len(prompts) * n == 1 else f"{job_id}-{i}-{j}"
             items.append(request_input(rid, p, sp, logprob, key))
             prompt_of.append(i)
-    job = _Job(job_id, chat, items, prompt_of, want, top, tools=tool_job)
+    job = _Job(job_id, chat, items, prompt_of, want, top, tools=tool_job, reasoning=reasoning)
     if not chat and f.get("echo"):
         job.echo_texts = [p["text"] if "text" in p else await state.engine.call(DetokenizeReq(p["input_ids"]))
                           for p in prompts]
@@ -142,10 +162,13 @@ def _choice(job: _Job, idx: int, out: dict) -> dict:
     reason, matched = finish_reason(meta)
     if job.chat:
         message = {"role": "assistant", "content": out.get("text", "")}
+        if job.reasoning is not None:  # the thinking first; tool calls are parsed from the answer only
+            split = split_reasoning(job.reasoning.format, message["content"], job.reasoning.prompt_open)
+            message["content"], message["reasoning_content"] = split.content, split.reasoning
         if job.tools is not None:
             parsed = parse_tool_calls(message["content"], job.tools.format)
             if parsed.calls:
-                message = {"role": "assistant", "content": parsed.content.strip() or None,
+                message = {**message, "content": parsed.content.strip() or None,
                            "tool_calls": [c.to_openai() for c in parsed.calls]}
                 reason = "tool_calls" if reason == "stop" else reason
         return {"index": idx, "message": message,
@@ -190,10 +213,15 @@ async def _stream(request, state: ServerState, job: _Job, route: str, include_us
     parsers = [ToolCallStream(job.tools.format) for _ in job.items] if job.tools is not None else None
     held_ws = [""] * len(job.items)  # whitespace-only content of a tool job waits for real text
     called = [False] * len(job.items)
+    thinking = [ReasoningStream(job.reasoning.format, job.reasoning.prompt_open) for _ in job.items] \
+        if job.reasoning is not None else None
 
-    def event(idx: int, text: str, reason=None, matched=None, logprobs=None, first=False, calls=None) -> dict:
+    def event(idx: int, text: str, reason=None, matched=None, logprobs=None, first=False, calls=None,
+              reasoning: str = "") -> dict:
         if job.chat:
             delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            if reasoning:
+                delta["reasoning_content"] = reasoning
             if calls:
                 delta["tool_calls"] = calls
             choice = {"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
@@ -238,12 +266,14 @@ async def _stream(request, state: ServerState, job: _Job, route: str, include_us
                                               want_top=job.top_logprobs > 0))
                     sent_lp[idx] = n_lp
                 reason, matched = finish_reason(meta)
-                calls = None
+                calls, thought = None, ""
+                if thinking is not None:
+                    thought, delta = thinking[idx].feed(delta, final=reason is not None)
                 if parsers is not None:
                     events = parsers[idx].feed(delta) + (parsers[idx].finish() if reason is not None else [])
                     delta, calls = tool_delta(idx, events)
-                if delta or lp or calls:
-                    await send_sse(resp, event(idx, delta, logprobs=lp, calls=calls))
+                if delta or lp or calls or thought:
+                    await send_sse(resp, event(idx, delta, logprobs=lp, calls=calls, reasoning=thought))
                 if reason is not None:
                     if parsers is not None and called[idx] and reason == "stop":
                         reason = "tool_calls"

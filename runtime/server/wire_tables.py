@@ -125,7 +125,8 @@ GENERATE = Schema("request", tuple([
     F("background", BOOL, False, DEFAULT_ONLY, "background responses are not implemented (sglang-router sends "
       "false)"),
     F("require_reasoning", BOOL, False, DEFAULT_ONLY, "no reasoning parser"),
-    F("max_thinking_tokens", INT, None, DEFAULT_ONLY, "no reasoning parser"),
+    F("max_thinking_tokens", INT, None, DEFAULT_ONLY, "per request not yet: the engine-wide --max-thinking-tokens "
+      "bounds constrained requests' thinking"),
     F("priority", INT, None, NOOP, "SGLang's default server (no --enable-priority-scheduling) ignores it too"),
     F("extra_key", STR_OR_LIST, None, IMPL, "prefix-cache namespace: only requests with the same key share "
       "cached prefixes"),
@@ -248,8 +249,8 @@ CHAT = Schema("request", tuple(_openai_common(chat=True) + [
     F("thinking", ANY, None, DEFAULT_ONLY, "no reasoning parser"),
     F("task", STR, None, DEFAULT_ONLY, "DeepSeek-V4 only"),
     F("continue_final_message", BOOL, False, IMPL, "continue the last (assistant) message instead of a new turn"),
-    F("separate_reasoning", BOOL, True, NOOP, "needs a reasoning parser; SGLang without one ignores it too "
-      "(sglang-router sends true)"),
+    F("separate_reasoning", BOOL, True, IMPL, "with --reasoning-parser the thinking goes to reasoning_content "
+      "(streamed too); false leaves it in content; without a parser ignored, as SGLang does"),
     F("stream_reasoning", BOOL, True, NOOP, "needs a reasoning parser (sglang-router sends true)"),
     F("chat_template_kwargs", DICT, None, IMPL, "scalar template variables (e.g. enable_thinking)"),
     F("max_dynamic_patch", INT, None, DEFAULT_ONLY, _MM),

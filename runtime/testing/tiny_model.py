@@ -186,3 +186,32 @@ def make_family_model(path: str | os.PathLike, family: str, seed: int = 0, max_s
             shutil.copy(tok_src / name, tmp / name)
     tmp.rename(path)
     return str(path)
+
+
+# A ChatML template that opens the thinking section (as DeepSeek-R1 and Qwen3-thinking templates do), closed
+# empty when enable_thinking is false (as Qwen3's template does).
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}")
+
+
+def make_reasoning_model(path: str | os.PathLike, seed: int = 0) -> str:
+    """A tiny random Qwen3 folder whose tokenizer has `<think>` / `</think>` as single (non-special) tokens and
+    whose chat template opens the thinking section."""
+    from transformers import AutoTokenizer
+
+    path = pathlib.Path(path)
+    if (path / "config.json").exists():
+        return str(path)
+    tmp = pathlib.Path(make_family_model(path.with_name(path.name + ".base"), "qwen3", seed=seed,
+                                         extra=dict(vocab_size=49160)))
+    tok = AutoTokenizer.from_pretrained(tmp)
+    tok.add_tokens(["<think>", "</think>"])
+    tok.chat_template = THINKING_TEMPLATE
+    for name in TOKENIZER_FILES:
+        (tmp / name).unlink(missing_ok=True)
+    tok.save_pretrained(tmp)
+    tmp.rename(path)
+    return str(path)

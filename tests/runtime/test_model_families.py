@@ -33,7 +33,7 @@ def test_logits_match_hf_ragged_batch(family_paths, family):
     theirs = hf_logits(_hf(path), PROMPTS)
     for a, b in zip(ours, theirs):
         assert a.shape == b.shape
-        assert (a - b).abs().max().item() <= 1e-4
+        assert (a - b).abs().max().item() <= 2e-5  # float32 rounding only (a soft-cap left out: 1.6e-4)
         assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 

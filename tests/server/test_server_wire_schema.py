@@ -209,4 +209,4 @@ def test_support_kinds_are_all_used_and_noops_say_why():
         for f in s.fields:
             if f.support is Support.NOOP:
                 assert len(f.doc) > 8, f.name
-    assert CHAT.field("separate_reasoning").support is Support.NOOP
+    assert CHAT.field("separate_reasoning").support is Support.IMPL  # with --reasoning-parser
