@@ -9,6 +9,8 @@ USAGE = """usage: sglpy <command> [options]
 commands:
   serve     serve a model over HTTP (SGLang-native /generate + OpenAI-compatible /v1/*);
             `sglpy serve --help` lists every flag
+  trace     the newest request traces of a server started with --enable-trace
+            (`sglpy trace --url URL [--rid RID] [--html PATH]`)
 """
 
 
@@ -23,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
         from sglpy.runtime.server import main as serve_main  # aiohttp only; the engine process imports torch
 
         return serve_main(rest)
+    if command == "trace":
+        from sglpy.trace_cli import main as trace_main
+
+        return trace_main(rest)
     print(f"sglpy: unknown command {command!r}\n\n{USAGE}", file=sys.stderr, end="")
     return 2
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import uuid
 import warnings
 from typing import Any, Optional
 
 from .backend_base import BaseBackend
 from .chat_template import ChatTemplate
+from .program_trace import ForkEvent
 from .ir import (
     GenParams,
     SglCommitLazy,
@@ -82,6 +84,7 @@ class StreamExecutor:
         self.error_: Optional[BaseException] = None
         self.is_finished = False
         self.children: list["StreamExecutor"] = []
+        self.events: list = []  # what the worker ran, forks and joins: state.trace() (program_trace.py)
         self._ended = False
         self.cond = threading.Condition()
         self.queue: "queue.Queue" = queue.Queue()
@@ -165,6 +168,7 @@ class StreamExecutor:
             c.fork_start_text_pos = len(self.text_)
             children.append(c)
         self.children.extend(children)
+        self.events.append(ForkEvent(time.perf_counter(), tuple(children)))
         return children
 
     def fail(self, exc: BaseException) -> None:
@@ -188,7 +192,9 @@ class StreamExecutor:
                     self._release_waiters()
                     return
                 if self.error_ is None:
+                    t0, pos, role = time.perf_counter(), len(self.text_), self.cur_role
                     self._execute(node)
+                    self.events.append((node, t0, time.perf_counter(), pos, len(self.text_), role))
             except BaseException as e:  # noqa: BLE001 - reported to the reader, never lost
                 warnings.warn(f"sglpy program error: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=1)
                 self.fail(e)

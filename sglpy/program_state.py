@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from typing import Any, AsyncIterator, Iterator, Optional
 
 from .interpreter import ProgramError, StreamExecutor
+from .program_trace import JoinEvent, ProgramTrace, build_trace
 from .ir import (
     SglCommitLazy,
     SglConstantText,
@@ -120,6 +122,12 @@ class ProgramState:
         """The exception the program raised (body or worker), or None, after a sync."""
         self.sync()
         return self.stream_executor.error_
+
+    def trace(self) -> ProgramTrace:
+        """What the program ran, after a sync: gens (tokens by origin), selects (choice scores), roles, forks and
+        joins with their branches, and timing; `.to_html(path)` writes a page (sglpy/program_trace.py)."""
+        self.sync()
+        return build_trace(self.stream_executor)
 
     def get_meta_info(self, name: str, timeout: Optional[float] = None) -> Any:
         """The runtime's meta_info for gen `name` (the ChoicesDecision meta for a select)."""
@@ -239,6 +247,7 @@ class ProgramStateGroup:
         for name in names:
             parent_ex.set_var(name, [s.stream_executor.variables.get(name) for s in self.states])
             parent_ex.meta_info[name] = [s.stream_executor.meta_info.get(name) for s in self.states]
+        parent_ex.events.append(JoinEvent(time.perf_counter(), mode, tuple(s.stream_executor for s in self.states)))
         if mode == "concate_and_append":
             new_text = "".join(s.stream_executor.text_[s.stream_executor.fork_start_text_pos:] for s in self.states)
             parent_ex.submit(SglConstantText(new_text))

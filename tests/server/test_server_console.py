@@ -180,3 +180,22 @@ def test_console_generate_rejects_bad_input(tiny):
     assert tiny.post("/console/api/generate", {"prompt": "x", "bogus": 1}).status_code == 400
     r = tiny.post("/console/api/generate", {"prompt": "x", "sampling_params": {"regex": "(ab"}})
     assert r.status_code == 400 and "regex" in r.json()["error"]["message"]
+
+
+def test_sglpy_trace_cli(fake, tmp_path, capsys):
+    from sglpy.cli import main
+
+    out = gen(fake, "cli <b>prompt</b>", 3)
+    rid = out["meta_info"]["id"]
+    assert main(["trace", "--url", fake.url, "--api-key", KEY, "--limit", "2"]) == 0
+    table = capsys.readouterr().out
+    assert rid[:32] in table and "cli <b>prompt</b>" in table
+    assert main(["trace", "--url", fake.url, "--api-key", KEY, "--rid", rid]) == 0
+    text = capsys.readouterr().out
+    assert "timeline:" in text and "3 sampled" in text
+    page = tmp_path / "t.html"
+    assert main(["trace", "--url", fake.url, "--api-key", KEY, "--limit", "1", "--html", str(page)]) == 0
+    doc = page.read_text()
+    assert ">&lt;</span>" in doc and "<b>" not in doc and "<script" not in doc  # one span per (byte) token
+    assert main(["trace", "--url", fake.url, "--api-key", "wrong"]) == 1
+    assert "401" in capsys.readouterr().err
