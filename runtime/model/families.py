@@ -25,19 +25,20 @@ class Family:
 
 _NO_TP = "tensor parallelism shards only the Llama family's layers (runtime/model/parallel.py)"
 _NO_NATIVE = "the native CPU decode layer has no {}"
-_NO_GRAPHS = "sliding-window and soft-capped attention run a torch path that syncs with the host"
+_NO_GRAPHS = "its per-op path reads lengths on the host each step (rope rows, windows, expert groups)"
 _MOE_QUANT = "quantization packs dense projections only; the experts stay float (no int8/int4 MoE kernel yet)"
 
 FAMILIES = {
-    "Qwen3ForCausalLM": Family("qwen3", qk_norm=True, unsupported={"tp": _NO_TP}),
+    "Qwen3ForCausalLM": Family("qwen3", qk_norm=True, unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
     "Gemma2ForCausalLM": Family("gemma2", gemma_norms=True, embed_scale=True, act="gelu_tanh",
                                 unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
     "Gemma3ForCausalLM": Family("gemma3", qk_norm=True, gemma_norms=True, embed_scale=True, act="gelu_tanh",
                                 unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
-    "Phi3ForCausalLM": Family("phi3", window_all_layers=True, unsupported={"tp": _NO_TP}),
-    "MixtralForCausalLM": Family("mixtral", moe=True, unsupported={"tp": _NO_TP, "quantization": _MOE_QUANT}),
+    "Phi3ForCausalLM": Family("phi3", window_all_layers=True, unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
+    "MixtralForCausalLM": Family("mixtral", moe=True, unsupported={"tp": _NO_TP, "quantization": _MOE_QUANT,
+                                                                   "cuda_graph": _NO_GRAPHS}),
     "Qwen3MoeForCausalLM": Family("qwen3_moe", qk_norm=True, moe=True,
-                                  unsupported={"tp": _NO_TP, "quantization": _MOE_QUANT}),
+                                  unsupported={"tp": _NO_TP, "quantization": _MOE_QUANT, "cuda_graph": _NO_GRAPHS}),
 }
 SUPPORTED_ARCHITECTURES = LLAMA_ARCHITECTURES + tuple(FAMILIES)
 

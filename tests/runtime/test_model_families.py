@@ -3,6 +3,7 @@ models built from scaled-down real configs; each family through the engine (JSON
 prefill, quantization); the engine features a family refuses; MoE runs only the chosen experts."""
 
 import json
+import pathlib
 
 import jsonschema
 import pytest
@@ -80,6 +81,16 @@ def test_engine_json_schema_prefix_cache_chunked_prefill(family_paths, family):
         assert eng.get_server_info()["kv_used"] == 0
     finally:
         eng.shutdown()
+
+
+def test_sharded_folder_loads_like_one_file(family_paths, tmp_path):
+    """save_pretrained's sharded safetensors (+ index) give the same logits as the one-file folder."""
+    sharded = make_family_model(tmp_path / "sharded", "qwen3-moe", max_shard_size="2MB")
+    assert len(list(pathlib.Path(sharded).glob("*.safetensors"))) > 1
+    assert (pathlib.Path(sharded) / "model.safetensors.index.json").exists()
+    a = our_logits(make_runner(sharded, max_total_tokens=128), PROMPTS[:2])
+    b = our_logits(make_runner(family_paths["qwen3-moe"], max_total_tokens=128), PROMPTS[:2])
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def test_refusals_name_the_combination(family_paths):
