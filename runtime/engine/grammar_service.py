@@ -115,7 +115,8 @@ class GrammarService:
         self._queue: collections.deque[_Job] = collections.deque()
         self._ids = itertools.count()
         self.stats = {"compiles": 0, "cache_hits": 0, "errors": 0, "timeouts": 0, "cancelled": 0, "crashes": 0,
-                      "worker_starts": 0, "refused_opens": 0, "compile_s": 0.0}
+                      "worker_starts": 0, "refused_opens": 0, "compile_s": 0.0,
+                      "pending": 0, "cached": 0}  # pending: compiles queued or running; cached: guides in the LRU
         self._closed = False
         self._threads = None
         if workers == 0:
@@ -149,6 +150,7 @@ class GrammarService:
             if job is None:
                 job = self._jobs[key] = _Job(next(self._ids), kind, value)
                 self._queue.append(job)
+                self.stats["pending"] = len(self._jobs)
             job.waiters.add(fut)
         fut.add_done_callback(lambda f: self._waiter_done(job, f))
         self._wake()
@@ -177,6 +179,7 @@ class GrammarService:
             job.over = True
             self.stats["cancelled"] += 1
             self._jobs.pop((job.kind, job.value), None)
+            self.stats["pending"] = len(self._jobs)
             if job in self._queue:
                 self._queue.remove(job)
         self._wake()  # a running job is stopped by the dispatcher
@@ -324,6 +327,7 @@ class GrammarService:
                 return
             job.over = True
             self._jobs.pop((job.kind, job.value), None)
+            self.stats["pending"] = len(self._jobs)
             waiters = list(job.waiters)
             if guide is not None:
                 self.stats["compiles"] += 1
@@ -345,6 +349,7 @@ class GrammarService:
         while self._cache and (len(self._cache) > self.cache_size or self._cache_bytes > CACHE_BYTES):
             _, (_, n) = self._cache.popitem(last=False)
             self._cache_bytes -= n
+        self.stats["cached"] = len(self._cache)
 
     def _fail_all(self, message: str) -> None:
         with self._lock:

@@ -91,8 +91,8 @@ async def stats(request: web.Request) -> web.Response:
                "free": pool.free_tokens},
         "cache_hit_rate": round(pool.cache_hit_rate, 4),
         **_counters(state), "steps": int(info.get("num_steps") or 0),
-        "grammar": {k: grammar.get(k) for k in ("compiles", "cache_hits", "errors", "timeouts", "compile_s",
-                                                "jumps", "jumped_tokens")},
+        "grammar": {k: grammar.get(k) for k in ("pending", "cached", "compiles", "cache_hits", "errors", "timeouts",
+                                                "compile_s", "jumps", "jumped_tokens")},
         "trace_enabled": state.tracing.enabled,
         "model": state.model_name if state.engine.info is not None else None,
     }

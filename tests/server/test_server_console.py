@@ -173,6 +173,8 @@ def test_compile_check_reports_the_compiler_message(tiny):
     assert tiny.post("/console/api/compile", {"kind": "nope", "value": "x"}).status_code == 400
     routes = [t["route"] for t in tiny.get("/trace").json()["traces"]]
     assert "/console/api/compile" not in routes  # checks are not traced
+    grammar = tiny.get("/console/api/stats").json()["grammar"]
+    assert grammar["cached"] >= 2 and grammar["pending"] == 0 and grammar["errors"] >= 2
 
 
 def test_console_generate_rejects_bad_input(tiny):

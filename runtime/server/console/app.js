@@ -288,6 +288,8 @@ async function refreshDashboard() {
     card("KV pool used", kv.used + " / " + kv.total + " (" + pct(kv.used) + ")", "kv"),
     card("radix cache", kv.cached + " tokens (" + pct(kv.cached) + ")", "cache"),
     card("cache hit rate", (100 * s.cache_hit_rate).toFixed(1) + "%", "hit"),
+    card("compile queue", g.pending || 0, "compile-queue"),
+    card("compile cache", (g.cached || 0) + " grammars", "compile-cache"),
     card("compiles / cache hits", (g.compiles || 0) + " / " + (g.cache_hits || 0), "compiles"),
     card("compile errors / time", (g.errors || 0) + " / " + ((g.compile_s || 0).toFixed(2)) + " s", "compile-err"),
     card("jump-forward tokens", g.jumped_tokens || 0, "jumped"),
