@@ -95,7 +95,7 @@ class Req:
     trace: Any = None  # engine/request_trace.RequestTrace when the request asked for a trace; None: nothing recorded
     grammar: Any = None  # per-request guide state holder (constrained decoding)
     generator: Any = None  # torch.Generator of a seeded request (created on first sample)
-    logit_bias_rows: Any = None  # (token ids, biases) tensors of sampling.logit_bias (built on first sample)
+    sampler_state: Any = None  # engine/penalties.RowState: the sampler's per-request arrays (built on first sample)
 
     @property
     def all_ids(self) -> list[int]:

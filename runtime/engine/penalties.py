@@ -1,0 +1,154 @@
+"""Repetition / frequency / presence penalties, logit bias and min_new_tokens masking on the whole batch at once.
+
+Per row, in this order (SGLang's rules; the numbers are those of applying them one request at a time):
+- repetition_penalty r != 1: every distinct token of the prompt and the output: x / r if x > 0 else x * r;
+- frequency f / presence p: every distinct output token seen c times: x - (f * c + p);
+- logit_bias: x + bias for each listed id in the vocabulary;
+- below min_new_tokens (and without a grammar, which wins): EOS (unless ignore_eos) and the stop token ids
+  are masked to -inf.
+Each rule is one gather and one scatter over flat (row, token) index lists for the whole batch: no
+per-request tensor op, no vocabulary-sized op. A request's output ids are kept in a host buffer (RowState)
+that grows by the tokens appended since the last step; token counts come from one index_add into a
+flat scratch that is zeroed again at the same positions, so the scratch never needs a full clear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..core import Req
+
+
+@dataclass
+class RowState:
+    """One request's sampler state across steps (Req.sampler_state)."""
+
+    prompt: np.ndarray | None = None  # distinct prompt ids (repetition penalty)
+    bias_ids: np.ndarray | None = None  # logit_bias ids inside the vocabulary, and their biases (float32)
+    bias_vals: np.ndarray | None = None
+    out: np.ndarray = field(default_factory=lambda: np.empty(16, dtype=np.int64))  # output ids (capacity grows)
+    n: int = 0  # valid entries of out
+    jumped: int = 0  # the request's num_jumped_tokens when out was synced (a jump may rewrite outputs)
+
+    def sync(self, req: Req) -> np.ndarray:
+        """The request's output ids as an array, updated incrementally from req.output_ids."""
+        ids, n = req.output_ids, self.n
+        if (len(ids) < n or req.num_jumped_tokens != self.jumped
+                or (n and ids[n - 1] != self.out[n - 1])):  # rewritten (jump-forward rollback): start again
+            n = self.n = 0
+            self.jumped = req.num_jumped_tokens
+        new = len(ids) - n
+        if new:
+            if len(ids) > len(self.out):
+                grown = np.empty(max(2 * len(self.out), len(ids)), dtype=np.int64)
+                grown[:n] = self.out[:n]
+                self.out = grown
+            if new == 1:
+                self.out[n] = ids[-1]
+            else:
+                self.out[n:len(ids)] = ids[n:]
+            self.n = len(ids)
+        return self.out[:self.n]
+
+
+def row_state(req: Req, vocab: int) -> RowState:
+    """The request's RowState, built on its first sample."""
+    st = req.sampler_state
+    if st is None:
+        s = req.sampling
+        st = req.sampler_state = RowState()
+        if s.repetition_penalty != 1.0:
+            st.prompt = np.unique(np.asarray(req.input_ids, dtype=np.int64))
+        if s.logit_bias:
+            items = [(t, b) for t, b in s.logit_bias.items() if 0 <= t < vocab]
+            st.bias_ids = np.asarray([t for t, _ in items], dtype=np.int64)
+            st.bias_vals = np.asarray([b for _, b in items], dtype=np.float32)
+    return st
+
+
+def _flat(rows: list[int], parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(row index, value) arrays for parts[j] belonging to rows[j]."""
+    lens = [len(p) for p in parts]
+    return np.repeat(np.asarray(rows, dtype=np.int64), lens), np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+
+class Penalties:
+    """Applies the rules above to a batch of logits; holds the flat count scratch between steps."""
+
+    def __init__(self):
+        self.scratch: torch.Tensor | None = None  # [>= rows * vocab] int32, all zero between calls
+
+    def _counts(self, flat: torch.Tensor, size: int) -> torch.Tensor:
+        """How often each entry of flat (row * vocab + token) occurs in flat, per entry."""
+        if self.scratch is None or self.scratch.numel() < size or self.scratch.device != flat.device:
+            self.scratch = torch.zeros(size, dtype=torch.int32, device=flat.device)
+        self.scratch.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+        counts = self.scratch[flat]
+        self.scratch[flat] = 0
+        return counts
+
+    def apply(self, logits: torch.Tensor, reqs: list[Req], eos_ids: set[int]) -> None:
+        """Apply every row's penalties, logit bias and min_new_tokens mask to logits [b, vocab] in place."""
+        vocab = logits.shape[1]
+        rep_rows, rep_parts, rep_vals = [], [], []
+        freq_rows, freq_parts, freq_f, freq_p = [], [], [], []
+        bias_rows, bias_ids, bias_vals = [], [], []
+        mask_rows, mask_ids = [], []
+        for i, r in enumerate(reqs):
+            s = r.sampling
+            rep, freq = s.repetition_penalty != 1.0, bool(s.frequency_penalty or s.presence_penalty)
+            if rep or freq or s.logit_bias:
+                st = row_state(r, vocab)
+                out = st.sync(r) if rep or freq else None
+                if rep:
+                    rep_rows.append(i)
+                    rep_parts.append(np.concatenate([st.prompt, out]) if len(out) else st.prompt)
+                    rep_vals.append(s.repetition_penalty)
+                if freq and len(out):
+                    freq_rows.append(i)
+                    freq_parts.append(out)
+                    freq_f.append(s.frequency_penalty)
+                    freq_p.append(s.presence_penalty)
+                if st.bias_ids is not None and len(st.bias_ids):
+                    bias_rows.append(i)
+                    bias_ids.append(st.bias_ids)
+                    bias_vals.append(st.bias_vals)
+            if len(r.output_ids) < s.min_new_tokens and r.grammar is None:  # the constraint wins
+                ids = [t for t in (eos_ids | set(s.stop_token_ids)) if 0 <= t < vocab] if not s.ignore_eos else []
+                ids = ids or [t for t in s.stop_token_ids if 0 <= t < vocab]
+                if ids:
+                    mask_rows.append(i)
+                    mask_ids.append(np.asarray(ids, dtype=np.int64))
+        dev = logits.device
+        if rep_rows:
+            rows, toks = _flat(rep_rows, rep_parts)
+            factor = np.repeat(np.asarray(rep_vals, dtype=np.float32), [len(p) for p in rep_parts])
+            rows, toks, factor = _to(rows, dev), _to(toks, dev), _to(factor, dev)
+            v = logits[rows, toks]
+            logits[rows, toks] = torch.where(v > 0, v / factor, v * factor)  # repeats write equal values
+        if freq_rows:
+            rows, toks = _flat(freq_rows, freq_parts)
+            lens = [len(p) for p in freq_parts]
+            f = _to(np.repeat(np.asarray(freq_f, dtype=np.float32), lens), dev)
+            p = _to(np.repeat(np.asarray(freq_p, dtype=np.float32), lens), dev)
+            rows, toks = _to(rows, dev), _to(toks, dev)
+            counts = self._counts(rows * vocab + toks, len(reqs) * vocab).to(logits.dtype)
+            logits[rows, toks] = logits[rows, toks] - (f * counts + p * (counts > 0).to(logits.dtype))
+        if bias_rows:
+            rows, ids = _flat(bias_rows, bias_ids)
+            rows, ids, vals = _to(rows, dev), _to(ids, dev), _to(np.concatenate(bias_vals), dev)
+            logits[rows, ids] = logits[rows, ids] + vals.to(logits.dtype)
+        if mask_rows:
+            rows, ids = _flat(mask_rows, mask_ids)
+            logits[_to(rows, dev), _to(ids, dev)] = float("-inf")
+
+
+def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on `device` (pinned, non-blocking on CUDA)."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)

@@ -1,0 +1,113 @@
+"""Top-k / top-p / min-p sampling without a full-vocabulary sort: candidates first, the sort only where they fall short.
+
+The semantics are those of a descending sort of the whole row (SGLang's): divide by the temperature; keep the
+top_k most likely tokens (-1: all); over what is kept, keep the smallest prefix whose mass reaches top_p (the
+most likely token always stays); drop tokens whose probability is below min_p times the most likely one's;
+draw from what is left by inverse CDF with the request's uniform, in descending order.
+
+Only the K most likely tokens of a row can be kept when the row's top_k is K, so the work runs on those K
+candidates. A row with top_k -1 (top_p or min_p alone) takes CANDIDATES of them and is exact on them when
+the cut already falls inside: their mass exceeds top_p of the whole row's mass (a sum over the row, no sort),
+or the last candidate is below min_p. Rows where it does not are sampled by `sorted_sample`, the full sort.
+
+The candidates come from `top_candidates`, a grouped top-k: the maximum of each group of c tokens, the K
+groups with the best maxima, then a top-k within them. It is exact: the K best maxima are K distinct elements
+at least as large as the K-th best element, so every one of the K best elements lies in one of those groups.
+`greedy` finds the argmax the same way (one vectorised max over the row instead of torch's argmax pass).
+"""
+
+from __future__ import annotations
+
+import torch
+
+CANDIDATES = 256  # candidates of a top_p / min_p row without top_k
+
+
+def _group_size(vocab: int, k: int) -> int:
+    """Tokens per group for the grouped top-k (about sqrt(vocab / k), a power of two dividing vocab); 0: none."""
+    c = 1
+    while (2 * c) ** 2 * k <= vocab and vocab % (2 * c) == 0:
+        c *= 2
+    return c if c >= 4 else 0
+
+
+def top_candidates(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest values of each row of x [n, vocab], descending, and their column ids ([n, k] each)."""
+    n, vocab = x.shape
+    c = _group_size(vocab, k)
+    if not c:
+        return x.topk(k, dim=-1)
+    stride = vocab // c  # group g holds columns g, g + stride, g + 2 * stride, ...: a vectorised max over c rows
+    group_max = x.view(n, c, stride).amax(dim=1)  # [n, stride]
+    groups = group_max.topk(k, dim=-1).indices  # [n, k]
+    cols = (groups[:, :, None] + torch.arange(c, device=x.device) * stride).view(n, k * c)
+    vals, j = x.gather(1, cols).topk(k, dim=-1)  # [n, k]
+    return vals, cols.gather(1, j)
+
+
+def greedy(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(dim=-1) for x [n, vocab] (the first maximum), with one vectorised pass on CPU."""
+    n, vocab = x.shape
+    c = _group_size(vocab, 1)
+    if x.is_cuda or not c or n == 0:
+        return x.argmax(dim=-1)
+    stride = vocab // c
+    group_max = x.view(n, c, stride).amax(dim=1)  # [n, stride]
+    g = group_max.argmax(dim=-1)  # [n] the first group holding the maximum
+    cols = g[:, None] + torch.arange(c, device=x.device) * stride  # [n, c] ascending columns
+    out = cols.gather(1, x.gather(1, cols).argmax(dim=-1, keepdim=True))[:, 0]
+    # the first maximum of the row is in group g unless another group holds the same value (a tie, or NaN)
+    tied = (group_max == group_max.gather(1, g[:, None])).sum(dim=-1) != 1
+    if bool(tied.any()):
+        rows = tied.nonzero()[:, 0]
+        out[rows] = x[rows].argmax(dim=-1)
+    return out
+
+
+def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Column sampled from each row of unnormalised weights [n, m] with uniforms u [n]."""
+    cdf = weights.cumsum(dim=-1)
+    target = (u * cdf[:, -1]).unsqueeze(1)
+    idx = torch.searchsorted(cdf, target, right=True)[:, 0]
+    return idx.clamp_(max=weights.shape[1] - 1)
+
+
+def sorted_sample(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                  u: torch.Tensor) -> torch.Tensor:
+    """The full-sort sampler (the fallback, and the semantics): logits [n, vocab] already divided by the
+    temperature; top_k [n] int64 (vocab for all), top_p, min_p, u [n] float32 -> [n] token ids."""
+    sorted_l, idx = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(sorted_l.shape[1], device=logits.device)[None, :]
+    sorted_l = sorted_l.masked_fill(rank >= top_k[:, None], float("-inf"))
+    probs = torch.softmax(sorted_l, dim=-1)
+    probs = probs.masked_fill((probs.cumsum(-1) - probs) > top_p[:, None], 0.0)
+    probs = probs.masked_fill(probs < (min_p[:, None] * probs[:, :1]), 0.0)
+    return idx.gather(1, inverse_cdf(probs, u)[:, None])[:, 0]
+
+
+def candidate_sample(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                     min_p: torch.Tensor, u: torch.Tensor, k: int, whole_row: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample rows of logits [n, vocab] (not yet divided by temp [n]) from their k best candidates.
+
+    top_k [n] int64 is each row's own top_k (<= k) or k; with whole_row (rows without top_k) top_p is measured
+    against the whole row's mass. Returns (token ids [n], exact [n] bool): rows not exact need sorted_sample.
+    """
+    vals, cols = top_candidates(logits, k)  # [n, k]: dividing by a positive temperature keeps the order
+    scaled = vals / temp[:, None]
+    rank = torch.arange(k, device=logits.device)[None, :]
+    scaled = scaled.masked_fill(rank >= top_k[:, None], float("-inf"))
+    w = torch.exp(scaled - scaled[:, :1])  # [n, k] probabilities relative to the best candidate (1.0)
+    cum = w.cumsum(dim=-1)
+    if whole_row:
+        mass = torch.exp(logits / temp[:, None] - scaled[:, :1]).sum(dim=-1)  # [n]: the whole row's, relative
+    else:
+        mass = cum[:, -1]
+    # top_p 1 keeps everything (no mass comparison that rounding could tip)
+    limit = torch.where(top_p < 1.0, top_p * mass, torch.full_like(mass, float("inf")))
+    if whole_row:
+        exact = (cum[:, -1] > limit) | (w[:, -1] < min_p)
+    else:
+        exact = torch.ones(vals.shape[0], dtype=torch.bool, device=logits.device)
+    w = w.masked_fill((cum - w) > limit[:, None], 0.0)
+    w = w.masked_fill(w < min_p[:, None], 0.0)
+    return cols.gather(1, inverse_cdf(w, u)[:, None])[:, 0], exact
