@@ -30,20 +30,21 @@ from ..model.runner import ModelRunner
 from .detokenizer import IncrementalDetokenizer
 from .isolation import Isolation
 from .reasoning_guide import reasoning_tokens
-from .overlap import OverlapStepper
 from .processor import OutputProcessor
 from .request_trace import RequestTrace
 from .offline_api import OfflineAPI
 from .request_builder import RequestLimits, build_request
 from .sampler import Sampler
 from .scheduler import Scheduler
-from .step_loop import CallMsg, Progress, StepLoop, SubmitMsg
+from .admission import Admission, SubmitMsg
+from .step import Stepper
+from .step_loop import CallMsg, EngineLoop
 from .tokenizer_ops import TokenizerOps
 
 logger = logging.getLogger(__name__)
 
 
-class Engine(OfflineAPI, StepLoop):
+class Engine(OfflineAPI):
     """Continuous-batching engine. Implements EngineProtocol; generate() results use SGLang's /generate shape."""
 
     def __init__(self, model: str | None = None, **kwargs: Any):
@@ -57,10 +58,10 @@ class Engine(OfflineAPI, StepLoop):
         self.text = TokenizerOps(self.tokenizer)
         self.stats = {"num_requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
                       "num_steps": 0, "num_aborted": 0, "step_s": 0.0}
-        self._reqs: dict[str, Req] = {}
-        self._compiling: dict[str, Future] = {}  # rid -> its constraint compile, until it is done
-        self._progress = Progress()
         self._inbox: queue.Queue = queue.Queue()
+        # requests wait for their constraint compile here, and enter the scheduler on the loop thread
+        self.admission = Admission(self._new_req, lambda r: self.loop.admit(r), self._inbox.put)
+        self.loop: EngineLoop | None = None  # built on the loop thread with the model
         self._stopped = False
         self.failure: str | None = None  # why the engine stopped serving (a tensor-parallel rank failed)
         # The model is loaded on the loop thread, not here: torch's OpenMP (libgomp) gives every thread that runs a
@@ -85,7 +86,10 @@ class Engine(OfflineAPI, StepLoop):
             started.set_exception(e)
             return
         started.set_result(None)
-        self._loop()
+        failure = self.loop.run()
+        if failure is not None:
+            self.failure = failure
+        self._stopped = True
 
     def _build_around(self, cfg: EngineConfig, r: ModelRunner) -> None:
         """KV memory, scheduler, constrained decoding and the output processor around a loaded runner."""
@@ -114,7 +118,16 @@ class Engine(OfflineAPI, StepLoop):
         overlap = cfg.disable_overlap_schedule is False or (cfg.disable_overlap_schedule is None and cuda)
         if cfg.tp_size > 1:
             overlap = False  # future-token placeholders would travel to the other ranks unresolved
-        self.overlap = OverlapStepper(self) if overlap else None  # engine/overlap.py
+        stepper = Stepper(scheduler=self.scheduler, runner=r, kv=self.kv, processor=self.processor,
+                          constrained=self.constrained, isolation=self.isolation, tokenizer=self.tokenizer,
+                          stats=self.stats, reqs={}, overlap=overlap, max_running_requests=cfg.max_running_requests,
+                          debug_invariants=cfg.debug_invariants)
+        self.loop = EngineLoop(stepper, self.admission, self._inbox, self._answer)
+
+    @property
+    def overlap(self) -> Stepper | None:
+        """The stepper when it runs the overlapped order (engine/step.py), else None."""
+        return self.loop.stepper if self.loop is not None and self.loop.stepper.overlap else None
 
     def _pool_size(self, per_token: int) -> tuple[MemoryPlan | None, int]:
         """KV pool size: max_total_tokens when given; on CUDA from free memory (printed); else the CPU default."""
@@ -157,18 +170,21 @@ class Engine(OfflineAPI, StepLoop):
     def build_request(self, inp: GenerateReqInput) -> GenerateReq:
         """Tokenize and validate one prompt; its constraint compile starts in a worker (req.guide: a Future)."""
         req = build_request(inp, self.text, self.limits, self.constrained.compile)
-        if req.guide is not None and not req.guide.done():
-            self._compiling[req.rid] = req.guide  # abort(rid) cancels it
-            req.guide.add_done_callback(lambda f, rid=req.rid: self._compiling.pop(rid, None))
+        self.admission.track(req)  # abort(rid) cancels the compile
         return req
 
     def submit(self, req: GenerateReq, sink: OutputSink) -> None:
         """Queue a built request; `sink` gets its outputs (every step if req.stream, else only the final one).
 
-        A constrained request is admitted only with its guide: this waits for the compile in the caller's
-        thread (callers that must not block wait on `req.guide` first) and raises its GrammarError.
+        Never waits: a constrained request enters the scheduler once its guide is ready (engine/admission.py,
+        on the loop thread); a compile that failed or was cancelled ends it with a final abort output.
         """
-        guide = req.guide.result() if req.guide is not None else None
+        if self._stopped or not self._thread.is_alive():
+            raise RuntimeError(f"the engine is not running{': ' + self.failure if self.failure else ''}")
+        self._inbox.put(SubmitMsg(req, sink))
+
+    def _new_req(self, req: GenerateReq, sink: OutputSink, guide) -> Req:
+        """The engine's Req of a built request whose guide is ready (loop thread, at admission)."""
         r = Req(rid=req.rid, input_ids=req.input_ids, sampling=req.sampling, extra_key=req.extra_key, sink=sink,
                 stream=req.stream, trace=RequestTrace() if req.trace else None,
                 **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})
@@ -176,16 +192,12 @@ class Engine(OfflineAPI, StepLoop):
         r.detok = IncrementalDetokenizer(self.tokenizer, req.input_ids, s.skip_special_tokens,
                                          s.spaces_between_special_tokens)
         if guide is not None:
-            self.constrained.attach(r, guide)  # a forced opening is appended here, off the loop thread
-        if self._stopped or not self._thread.is_alive():
-            raise RuntimeError(f"the engine is not running{': ' + self.failure if self.failure else ''}")
-        self._inbox.put(SubmitMsg(r))
+            self.constrained.attach(r, guide)  # a forced opening is appended here
+        return r
 
     def abort(self, rid: str) -> None:
         """Abort a compiling, waiting or running request (its compile stops, its KV is freed); unknown rids: no-op."""
-        fut = self._compiling.pop(rid, None)
-        if fut is not None:
-            fut.cancel()
+        self.admission.cancel(rid)
         self._inbox.put(AbortReq(rid))
 
     def flush_cache(self) -> bool:
@@ -221,15 +233,16 @@ class Engine(OfflineAPI, StepLoop):
 
     def progress(self) -> EngineProgress:
         """Liveness: steps done, whether work is waiting, seconds since the loop last made progress (any thread)."""
-        p = self._progress
-        busy = not p.idle and (self._has_work() or not self._inbox.empty())
+        if self.loop is None:
+            return EngineProgress(0, False, 0.0)
+        p = self.loop.progress
+        busy = not p.idle and (self.loop.has_work() or not self._inbox.empty())
         return EngineProgress(p.steps, busy, time.monotonic() - p.last)
 
     def shutdown(self) -> None:
         """Abort everything and stop the loop thread and the compile workers."""
         if not self._stopped:
-            for fut in list(self._compiling.values()):
-                fut.cancel()
+            self.admission.cancel_all()
             self._inbox.put(ShutdownReq())
             self._thread.join(timeout=30)
         self.runner.close()  # tensor-parallel ranks: STOP, then leave the group (after the loop's last forward)
@@ -247,3 +260,44 @@ class Engine(OfflineAPI, StepLoop):
         reply: Future = Future()
         self._inbox.put(CallMsg(request, reply))
         return reply.result()
+
+    def _has_work(self) -> bool:
+        """Anything compiling, waiting, running or in flight (loop thread, or tests once idle)."""
+        return self.loop is not None and self.loop.has_work()
+
+    def _answer(self, request: FlushCacheReq | GetServerInfoReq):
+        """A call's answer, on the loop thread."""
+        return self._flush() if isinstance(request, FlushCacheReq) else self._info()
+
+    def _flush(self) -> bool:
+        if self._has_work():
+            return False
+        self.kv.flush()
+        return True
+
+    def _info(self) -> dict:
+        kv = self.kv.stats()
+        info = {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}
+        info.update({
+            "quantization": self.runner.quantization,  # the mode that runs ('auto' resolved)
+            "cpu_kernels": self.runner.cpu_kernels,  # 'native: ...' or 'torch reference: <why>'; None off CPU
+            "model_path": self.model_path,
+            "max_total_num_tokens": kv.total,
+            "max_context_len": self.max_context,
+            "kv_free": kv.free,
+            "kv_evictable": kv.evictable,
+            "kv_protected": kv.protected,
+            "kv_used": kv.used,
+            "num_running_reqs": len(self.scheduler.running),
+            "num_waiting_reqs": len(self.scheduler.waiting),
+            "total_retractions": self.scheduler.total_retractions,
+            "kv_pool_plan": self.memory_plan.describe() if self.memory_plan is not None else None,
+            "cuda_graph_batch_sizes": list(self.runner.graphs.buckets) if self.runner.graphs is not None else [],
+            "overlap_schedule": self.overlap is not None,
+            "time": time.time(),
+        })
+        info.update(self.stats)
+        info["grammar"] = {**self.constrained.stats, **self.constrained.service.stats}
+        info["isolated_failures"] = dict(self.isolation.failures)
+        info["tp_rank_pids"] = self.runner.rank_pids()  # this node's ranks 1..; operators (and tests) watch them
+        return info
