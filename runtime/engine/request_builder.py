@@ -1,4 +1,5 @@
-"""Request building: offline generate() arguments -> GenerateReqInput per prompt -> GenerateReq, validated and tokenized once."""
+"""Request building: the batch / n-samples expansion every API shares (expand_inputs), offline generate() arguments ->
+GenerateReqInput per prompt and sample -> GenerateReq, validated and tokenized once."""
 
 from __future__ import annotations
 
@@ -21,6 +22,38 @@ class RequestLimits:
     kv_slots: int
 
 
+@dataclass(frozen=True)
+class Expanded:
+    """One engine request of an expanded batch: its input, its prompt's index, and its index among the n samples."""
+
+    inp: GenerateReqInput
+    prompt: int
+    sample: int
+
+
+def expand_inputs(prompts: list[dict], sampling: list[SamplingParams], logprob: list[LogprobOptions],
+                  extra_key: list[str | None], rid_of: Callable[[int, int, int], str],
+                  n: list[int] | None = None, stream: bool = False,
+                  make: Callable[..., GenerateReqInput] | None = None) -> list[Expanded]:
+    """Batch and n-samples expansion, shared by the offline, native and OpenAI APIs: prompt i asks for n[i]
+    samples (default: its sampling's n), each one engine request with n=1, named rid_of(i, j, n[i]).
+
+    make(rid, prompt, sampling, logprob, extra_key) builds each input (the server turns a bad prompt into an
+    HTTP 400 there); by default GenerateReqInput(..., stream=stream)."""
+    if make is None:
+        def make(rid, prompt, sp, lp, key):
+            return GenerateReqInput(rid=rid, sampling=sp, logprob=lp, extra_key=key, stream=stream, **prompt)
+    out = []
+    for i, p in enumerate(prompts):
+        sp = sampling[i]
+        k = sp.n if n is None else n[i]
+        if sp.n != 1:
+            sp = dataclasses.replace(sp, n=1)  # n samples are n engine requests
+        for j in range(k):
+            out.append(Expanded(make(rid_of(i, j, k), p, sp, logprob[i], extra_key[i]), i, j))
+    return out
+
+
 def _per_item(value, n: int, name: str, is_batch: bool) -> list:
     if is_batch and isinstance(value, list):
         if len(value) != n:
@@ -32,7 +65,8 @@ def _per_item(value, n: int, name: str, is_batch: bool) -> list:
 def generate_inputs(prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                     logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=False, rid=None,
                     extra_key=None, stream=False) -> tuple[list[GenerateReqInput], bool]:
-    """Engine.generate()'s arguments (SGLang's offline API) as one GenerateReqInput per prompt, and whether it is a batch."""
+    """Engine.generate()'s arguments (SGLang's offline API) as one GenerateReqInput per prompt and sample, and whether
+    the answer is a list (a batch of prompts, or n > 1 samples: rids `rid-j`, as the native API names them)."""
     if (prompt is None) == (input_ids is None):
         raise ValueError("give exactly one of prompt (text) or input_ids")
     if prompt is not None:
@@ -56,15 +90,19 @@ def generate_inputs(prompt=None, sampling_params=None, input_ids=None, return_lo
     tops = _per_item(top_logprobs_num, n, "top_logprobs_num", is_batch)
     rids = _per_item(rid, n, "rid", is_batch) if rid is not None else [None] * n
     keys = _per_item(extra_key, n, "extra_key", is_batch)
-    inputs = []
-    for i, p in enumerate(prompts):
-        logprob = LogprobOptions(return_logprob=bool(lps[i]), return_text_in_logprobs=bool(return_text_in_logprobs),
-                                 logprob_start_len=-1 if starts[i] is None else starts[i],
-                                 top_logprobs_num=0 if tops[i] is None else tops[i])
-        inputs.append(GenerateReqInput(rid=str(rids[i]) if rids[i] is not None else uuid.uuid4().hex,
-                                       sampling=SamplingParams.from_dict(sps[i]), logprob=logprob,
-                                       extra_key=keys[i], stream=stream, **p))
-    return inputs, is_batch
+    logprobs = [LogprobOptions(return_logprob=bool(lps[i]), return_text_in_logprobs=bool(return_text_in_logprobs),
+                               logprob_start_len=-1 if starts[i] is None else starts[i],
+                               top_logprobs_num=0 if tops[i] is None else tops[i]) for i in range(n)]
+    samplings = [SamplingParams.from_dict(sp) for sp in sps]
+
+    def rid_of(i: int, j: int, k: int) -> str:
+        rid = str(rids[i]) if rids[i] is not None else uuid.uuid4().hex
+        return f"{rid}-{j}" if k > 1 else rid
+
+    inputs = [e.inp for e in expand_inputs(prompts, samplings, logprobs, keys, rid_of, stream=stream)]
+    if stream and len(inputs) > 1:
+        raise ValueError("stream=True takes a single prompt and n=1")
+    return inputs, is_batch or len(inputs) > n
 
 
 def build_request(inp: GenerateReqInput, ops: TokenizerOps, limits: RequestLimits,

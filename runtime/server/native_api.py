@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from dataclasses import dataclass
 
 from aiohttp import web
 
+from ..engine.request_builder import expand_inputs
 from ..messages import EngineError, GenerateReqInput
 from ..sampling_params import LogprobOptions, SamplingParams
 from .http_common import ApiError, error_body, read_json_object, request_id_header, send_sse, start_sse
@@ -137,20 +137,17 @@ def parse_generate(body: dict, vocab_size: int) -> GenerateJob:
     tops = _per_item(f.get("top_logprobs_num"), k, "top_logprobs_num", 0)
     keys = _per_item(f.get("extra_key"), k, "extra_key", None)
     salts = _per_item(f.get("cache_salt"), k, "cache_salt", None)
-    items = []
-    for i, p in enumerate(prompts):
+    samplings, logprobs = [], []
+    for i in range(k):
         where = f"sampling_params[{i}]" if isinstance(f.get("sampling_params"), list) else "sampling_params"
-        sp = validate_sampling_params(sps[i], vocab_size, where)
-        n = sp.n
-        if n > 1:
-            sp = dataclasses.replace(sp, n=1)  # n samples are n engine requests
-        logprob = logprob_options(rlp[i], starts[i], tops[i], f.get("return_text_in_logprobs"), vocab_size)
-        for j in range(n):
-            rid = rids[i] or new_rid()
-            if n > 1:
-                rid = f"{rid}-{j}"
-            items.append(request_input(rid, p, sp, logprob, cache_namespace(keys[i], salts[i])))
-        batch = batch or n > 1
+        samplings.append(validate_sampling_params(sps[i], vocab_size, where))
+        logprobs.append(logprob_options(rlp[i], starts[i], tops[i], f.get("return_text_in_logprobs"), vocab_size))
+    # n samples are n engine requests, named rid-j (one shared expansion: engine/request_builder.py)
+    items = [e.inp for e in expand_inputs(prompts, samplings, logprobs,
+                                          [cache_namespace(keys[i], salts[i]) for i in range(k)],
+                                          lambda i, j, n: (rids[i] or new_rid()) + (f"-{j}" if n > 1 else ""),
+                                          make=request_input)]
+    batch = batch or any(sp.n > 1 for sp in samplings)
     if len({inp.rid for inp in items}) != len(items):
         raise ApiError(400, "request ids in one batch must be distinct", param="rid")
     return GenerateJob(items, batch, bool(f.get("stream")), f.get("log_metrics", True), bool(f.get("no_logs")))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from ..reasoning import ReasoningFormat, ReasoningStream, reasoning_format, split_reasoning, thinking_open
+from ..engine.request_builder import expand_inputs
 from ..messages import ChatPromptReq, DetokenizeReq, EngineError, GenerateReqInput
 from ..sampling_params import LogprobOptions
 from ..tools import (Tool, ToolCallStream, ToolChoice, ToolError, ToolFormat, parse_tool_calls, parse_tool_choice,
@@ -132,12 +133,10 @@ async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, 
     job_id = ("chatcmpl-" if chat else "cmpl-") + (f.get("rid") or new_rid())
     n = f.get("n", 1)
     key = cache_namespace(f.get("extra_key"), f.get("cache_salt"))
-    items, prompt_of = [], []
-    for i, p in enumerate(prompts):
-        for j in range(n):
-            rid = job_id if len(prompts) * n == 1 else f"{job_id}-{i}-{j}"
-            items.append(request_input(rid, p, sp, logprob, key))
-            prompt_of.append(i)
+    k = len(prompts)
+    exp = expand_inputs(prompts, [sp] * k, [logprob] * k, [key] * k,
+                        lambda i, j, m: job_id if k * m == 1 else f"{job_id}-{i}-{j}", n=[n] * k, make=request_input)
+    items, prompt_of = [e.inp for e in exp], [e.prompt for e in exp]
     job = _Job(job_id, chat, items, prompt_of, want, top, tools=tool_job, reasoning=reasoning)
     if not chat and f.get("echo"):
         job.echo_texts = [p["text"] if "text" in p else await state.engine.call(DetokenizeReq(p["input_ids"]))

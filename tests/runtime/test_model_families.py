@@ -93,6 +93,22 @@ def test_sharded_folder_loads_like_one_file(family_paths, tmp_path):
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+def test_qwen3_gguf_converts_and_matches_hf(tmp_path):
+    """A float32 GGUF written with the gguf package under llama.cpp's qwen3 names converts (as resolve_model_path
+    does for a .gguf) to a folder that loads equal to HF. head_dim 128: transformers' qwen3 GGUF reader does not
+    read attention.key_length (Qwen3's own head_dim is 128)."""
+    from sglpy.runtime.model.loader import convert_gguf
+    from sglpy.runtime.testing.tiny_gguf import write_qwen3_gguf
+
+    hf = make_family_model(tmp_path / "hf", "qwen3", extra=dict(head_dim=128, vocab_size=512))
+    gguf_file = pathlib.Path(write_qwen3_gguf(hf, tmp_path / "gguf" / "tiny-qwen3.gguf"))
+    folder = str(convert_gguf(gguf_file, tmp_path / "converted"))
+    prompts = [[1, 5, 9, 200, 300], list(range(100, 137))]
+    ours = our_logits(make_runner(folder, max_total_tokens=128), prompts)
+    for a, b in zip(ours, hf_logits(_hf(hf), prompts)):
+        assert (a - b).abs().max().item() <= 2e-5
+
+
 def test_refusals_name_the_combination(family_paths):
     with pytest.raises(ValueError, match=r"quantization='int8' is not supported with MixtralForCausalLM"):
         make_runner(family_paths["mixtral"], quantization="int8", max_total_tokens=64)
