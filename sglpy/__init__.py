@@ -43,6 +43,7 @@ _LAZY = {
     "FakeBackend": ("sglpy.backend_fake", "FakeBackend"),
     "OpenAI": ("sglpy.backend_openai", "OpenAI"),
     "Anthropic": ("sglpy.backend_anthropic", "Anthropic"),
+    "LiteLLM": ("sglpy.backend_litellm", "LiteLLM"),
 }
 
 
@@ -58,7 +59,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "Engine", "Runtime", "RuntimeEndpoint", "FakeBackend", "OpenAI", "Anthropic", "ProgramError", "ProgramState", "ProgramStateGroup",
+    "Engine", "Runtime", "RuntimeEndpoint", "FakeBackend", "OpenAI", "Anthropic", "LiteLLM", "ProgramError", "ProgramState", "ProgramStateGroup",
     "assistant", "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int", "gen_string",
     "get_server_info", "global_config", "greedy_token_selection", "image", "select", "set_default_backend",
     "system", "system_begin", "system_end", "token_length_normalized", "unconditional_likelihood_normalized",

@@ -112,6 +112,7 @@ class OpenAI(BaseBackend):
     """
 
     supports_api_spec = True
+    backend_name = "sgl.OpenAI"  # how errors name the backend
 
     def __init__(self, model_name: str = "default", is_chat_model: Optional[bool] = None,
                  chat_template: Any = None, is_azure: bool = False, *, base_url: Optional[str] = None,
@@ -189,7 +190,7 @@ class OpenAI(BaseBackend):
 
     def _unsupported(self, feature: str, hint: str = "") -> UnsupportedFeature:
         kind = "chat" if self.is_chat_model else "completion"
-        return UnsupportedFeature(f"{feature} is not supported by sgl.OpenAI ({self.model_name!r}, {kind} model at "
+        return UnsupportedFeature(f"{feature} is not supported by {self.backend_name} ({self.model_name!r}, {kind} model at "
                                   f"{self.base_url})" + (f": {hint}" if hint else ""))
 
     # ------------------------------------------------------------ request mapping
@@ -263,7 +264,7 @@ class OpenAI(BaseBackend):
         if regex is not None and not self.sglang_extensions and self._is_int_regex(regex):
             for t in texts:
                 if not re.fullmatch(regex, t):
-                    raise RuntimeError(f"gen(dtype=int) on sgl.OpenAI ({self.model_name!r}): the integer logit bias "
+                    raise RuntimeError(f"gen(dtype=int) on {self.backend_name} ({self.model_name!r}): the integer logit bias "
                                        f"did not yield an integer ({t!r})")
 
     # ------------------------------------------------------------ calls
@@ -279,10 +280,10 @@ class OpenAI(BaseBackend):
         try:
             return fn(**kw)
         except self._openai.APIStatusError as e:
-            raise RuntimeError(f"sgl.OpenAI ({self.model_name!r}) {route} failed with HTTP {e.status_code}: "
+            raise RuntimeError(f"{self.backend_name} ({self.model_name!r}) {route} failed with HTTP {e.status_code}: "
                                f"{e.message}") from None
         except self._openai.APIConnectionError as e:
-            raise ConnectionError(f"sgl.OpenAI cannot reach {self.base_url} ({route}): {e}") from None
+            raise ConnectionError(f"{self.backend_name} cannot reach {self.base_url} ({route}): {e}") from None
 
     @staticmethod
     def _meta(ret, choice) -> dict:
@@ -412,7 +413,7 @@ class OpenAI(BaseBackend):
             res = self.generate_chat(messages, GenParams(SamplingParams(
                 temperature=0, max_new_tokens=budget, regex=choices_regex(choices))), partial)
             if res.text not in choices:
-                raise RuntimeError(f"select on sgl.OpenAI: the constrained answer {res.text!r} is not a choice")
+                raise RuntimeError(f"select on {self.backend_name}: the constrained answer {res.text!r} is not a choice")
             return ChoicesDecision(res.text, {"select_method": "constrained_regex", **res.meta_info})
         if self.select_by == "auto" and not partial:
             schema = {"type": "object", "properties": {"choice": {"type": "string", "enum": list(choices)}},
@@ -424,12 +425,12 @@ class OpenAI(BaseBackend):
             except (ValueError, KeyError, TypeError):
                 value = None
             if value not in choices:
-                raise RuntimeError(f"select on sgl.OpenAI: the enum response_format answer {res.text!r} names no choice")
+                raise RuntimeError(f"select on {self.backend_name}: the enum response_format answer {res.text!r} names no choice")
             return ChoicesDecision(value, {"select_method": "json_schema_enum", **res.meta_info})
         res = self.generate_chat(messages, GenParams(SamplingParams(temperature=0, max_new_tokens=budget)), partial)
         value = match_choice(res.text, choices)
         if value is None:
-            raise RuntimeError(f"select on sgl.OpenAI (generation plus matching): the answer {res.text!r} matches "
+            raise RuntimeError(f"select on {self.backend_name} (generation plus matching): the answer {res.text!r} matches "
                                f"none of {choices!r}")
         return ChoicesDecision(value, {"select_method": "generate_and_match", "generated": res.text, **res.meta_info})
 

@@ -174,3 +174,28 @@ def test_anthropic_select_and_unsupported(anthropic_backend):
 
     with pytest.raises(sgl.ProgramError, match=r"gen\(regex=...\) / dtype is not supported by sgl.Anthropic"):
         regex.run(backend=anthropic_backend)["a"]
+
+
+# ---------------------------------------------------------------- sgl.LiteLLM (the real package, when installed)
+
+
+@pytest.mark.slow  # importing litellm takes seconds; the shim is covered fast in test_frontend_openai_spec.py
+@pytest.mark.parametrize("name", ("mt_bench", "json_schema", "stream"))
+def test_program_on_litellm(srv, name):
+    pytest.importorskip("litellm", reason="litellm is an optional extra (pip install -e '.[litellm]')")
+    _run(sgl.LiteLLM("openai/tiny", base_url=srv.url + "/v1", api_key="unused", max_retries=0), name)
+
+
+def test_hosted_backends_example(srv):
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
+    try:
+        import hosted_backends
+    finally:
+        sys.path.pop(0)
+    out = hosted_backends.main(srv.url)
+    assert out["openai-chat"][1] in hosted_backends.COLORS and out["openai-chat"][2] == "constrained_regex"
+    assert out["anthropic"][1] in hosted_backends.COLORS and out["anthropic"][2] == "tool_enum"
+    assert len(out["profile"][0]) == 3 and out["pick"][0] in (" yes", " no")

@@ -267,3 +267,35 @@ def test_chat_gen_outside_an_assistant_turn_is_an_error(stub):
 
     with pytest.raises(sgl.ProgramError, match="inside an assistant turn"):
         plain.run(backend=backend(stub))["a"]
+
+
+# ---------------------------------------------------------------- sgl.LiteLLM (the shim, with a stand-in module)
+
+
+class _LiteLLMStandIn:
+    """A stand-in for the `litellm` module: completion() answers through the openai client, recording its kwargs."""
+
+    def __init__(self):
+        self.calls = []
+
+    def completion(self, base_url=None, api_key=None, timeout=None, max_retries=None, **kw):
+        import openai
+
+        self.calls.append(kw)
+        return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0).chat.completions.create(**kw)
+
+
+def test_litellm_is_the_chat_backend_over_litellm_completion(stub):
+    mod = _LiteLLMStandIn()
+    be = sgl.LiteLLM("openai/stub-model", base_url=stub.url, api_key="k", litellm_module=mod)
+    state = chat_program(64).run(backend=be, temperature=0)
+    assert values(state) == [" Bob", " 30", " baker"] and be.token_usage.calls == 1  # speculative execution too
+    assert mod.calls[-1]["model"] == "openai/stub-model" and mod.calls[-1]["max_tokens"] == 64
+
+    @sgl.function
+    def regex(s):
+        s += sgl.user("x")
+        s += sgl.assistant(sgl.gen("a", regex="[a-z]+", max_tokens=4))
+
+    with pytest.raises(sgl.ProgramError, match=r"gen\(regex=...\) is not supported by sgl.LiteLLM"):
+        regex.run(backend=be)["a"]

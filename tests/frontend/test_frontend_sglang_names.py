@@ -30,6 +30,7 @@ MODULE_MAP = {
     "sglang.lang.backend.runtime_endpoint": "sglpy.backend_http",
     "sglang.lang.backend.openai": "sglpy.backend_openai",
     "sglang.lang.backend.anthropic": "sglpy.backend_anthropic",
+    "sglang.lang.backend.litellm": "sglpy.backend_litellm",
 }
 
 SGLANG_NAMES = {
@@ -64,6 +65,7 @@ SGLANG_NAMES = {
     "sglang.lang.backend.openai": "INSTRUCT_MODEL_NAMES OpenAI TokenUsage create_logit_bias_int logger "
                                   "openai_completion openai_completion_stream",
     "sglang.lang.backend.anthropic": "Anthropic",
+    "sglang.lang.backend.litellm": "LiteLLM",
 }
 
 _IR_INTERNAL = "interpreter-internal IR node; sglpy's interpreter has no such node (programs never build it)"
@@ -73,7 +75,6 @@ EXCLUDED = {
     ("sglang", "Crusoe"): "Crusoe Cloud's endpoint is OpenAI-compatible: sgl.OpenAI(model, base_url=...)",
     ("sglang", "VertexAI"): "needs Google's vertexai SDK and cloud credentials; not offered",
     ("sglang", "ServerArgs"): "SGLang's server option class; sglpy's server takes `sglpy serve` flags (ServerConfig)",
-    ("sglang", "LiteLLM"): "litellm backend not offered yet",
     ("sglang", "separate_reasoning"): "no reasoning parser: sglpy serves no reasoning models",
     ("sglang.lang.api", "separate_reasoning"): "no reasoning parser: sglpy serves no reasoning models",
     ("sglang.lang.ir", "SglSamplingParams"): "sglpy's gen parameters are GenParams around the one SamplingParams",
