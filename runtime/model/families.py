@@ -18,7 +18,7 @@ class Family:
     embed_scale: bool = False  # embeddings times sqrt(hidden) (Gemma)
     act: str = "silu"  # gate activation: silu or gelu_tanh (GeGLU)
     moe: bool = False  # the MLP is a top-k mixture of experts (Mixtral, Qwen3-MoE)
-    window_all_layers: bool = False  # config.sliding_window applies to every layer (Phi-3), not per layer_types
+    window_all_layers: bool = False  # config.sliding_window (when set) applies to every layer, not per layer_types
     # engine features this family refuses, each with why (the runner and loader check them)
     unsupported: dict[str, str] = field(default_factory=dict)
 
@@ -35,9 +35,9 @@ FAMILIES = {
     "Gemma3ForCausalLM": Family("gemma3", qk_norm=True, gemma_norms=True, embed_scale=True, act="gelu_tanh",
                                 unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
     "Phi3ForCausalLM": Family("phi3", window_all_layers=True, unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
-    "MixtralForCausalLM": Family("mixtral", moe=True, unsupported={"tp": _NO_TP, "quantization": _MOE_QUANT,
+    "MixtralForCausalLM": Family("mixtral", moe=True, window_all_layers=True, unsupported={"tp": _NO_TP, "quantization": _MOE_QUANT,
                                                                    "cuda_graph": _NO_GRAPHS}),
-    "Qwen3MoeForCausalLM": Family("qwen3_moe", qk_norm=True, moe=True,
+    "Qwen3MoeForCausalLM": Family("qwen3_moe", qk_norm=True, moe=True, window_all_layers=True,
                                   unsupported={"tp": _NO_TP, "quantization": _MOE_QUANT, "cuda_graph": _NO_GRAPHS}),
 }
 SUPPORTED_ARCHITECTURES = LLAMA_ARCHITECTURES + tuple(FAMILIES)

@@ -38,6 +38,18 @@ def test_logits_match_hf_ragged_batch(family_paths, family):
         assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 
+@pytest.mark.parametrize("family,extra", [
+    ("mixtral", dict(sliding_window=8)),  # Mistral-style: every layer windowed when sliding_window is set
+    ("qwen3-moe", dict(sliding_window=8, use_sliding_window=True)),
+    ("qwen3", dict(sliding_window=8, use_sliding_window=True, max_window_layers=1)),  # per layer_types
+])
+def test_optional_sliding_windows_match_hf(tmp_path, family, extra):
+    path = make_family_model(tmp_path / family, family, extra=extra)
+    prompt = [list(range(100, 137))]
+    ours = our_logits(make_runner(path, max_total_tokens=256), prompt)
+    assert (ours[0] - hf_logits(_hf(path), prompt)[0]).abs().max().item() <= 2e-5
+
+
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_greedy_matches_hf_generate(family_paths, family):
     """16 greedy tokens of three prompts batched together (decode steps cross the sliding windows)."""
