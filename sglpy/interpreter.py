@@ -26,15 +26,7 @@ from .ir import (
     SglVarScopeEnd,
     wrap,
 )
-from .spec_exec import (
-    SpecTerm,
-    check_speculable,
-    completion_spec_params,
-    earliest_stop,
-    match_turn,
-    spec_params,
-    speculable_completion_gen,
-)
+from .spec_exec import SpecTerm, check_speculable, run_spec_turn, speculable_completion_gen, speculated_gen
 
 
 class ProgramError(RuntimeError):
@@ -263,7 +255,7 @@ class StreamExecutor:
             if self.cur_role != node.role:
                 raise ValueError(f"role end {node.role!r} does not match the open role {self.cur_role!r}")
             if self.spec_turn is not None:
-                self._run_spec_turn()
+                run_spec_turn(self)
             content = self.text_[self.cur_role_begin_pos:]
             self._append(self.chat_template.get_prefix_and_suffix(node.role)[1])
             self.messages_.append({"role": node.role, "content": content.lstrip()})
@@ -315,7 +307,7 @@ class StreamExecutor:
             self._finish_var(node.name, _tool_value(node, value), meta)
             return
         if self.num_api_spec_tokens is not None and not chat and speculable_completion_gen(params):
-            if self._speculated_gen(node, params):
+            if speculated_gen(self, node, params):
                 return
         if chat:
             messages, partial = self._chat_context("gen")
@@ -326,53 +318,6 @@ class StreamExecutor:
         self._append(res.text, node.name)
         value = list(res.texts) if n > 1 else res.text
         self._finish_var(node.name, _tool_value(node, value), res.meta_info)
-
-    def _speculated_gen(self, node: SglGen, params: GenParams) -> bool:
-        """Completion models: take the gen's value from speculated text (one call ahead); False on a miss."""
-        meta: dict = {"api_spec": "reused"}
-        if not self.spec_text:
-            res = self.backend.generate(self.text_, completion_spec_params(params, self.num_api_spec_tokens))
-            self.spec_text, meta = res.text, {**res.meta_info, "api_spec": "called"}
-        pos = earliest_stop(self.spec_text, params.sampling.stop)
-        if pos == -1:  # the stop never came: this gen makes its own call
-            self.spec_text = ""
-            return False
-        value, self.spec_text = self.spec_text[:pos], self.spec_text[pos:]
-        self._append(value, node.name, speculated=True)
-        self._finish_var(node.name, value, meta)
-        return True
-
-    def _run_spec_turn(self) -> None:
-        """Chat models: answer the recorded assistant turn with one call, or one call per gen on a miss."""
-        terms, self.spec_turn = self.spec_turn, None
-        gens = [t for t in terms if t.is_gen]
-        if not gens:
-            for t in terms:
-                self._append(t.text)
-            return
-        messages = list(self.messages_)
-        res = self.backend.generate_chat(messages, spec_params([t.params for t in gens], self.num_api_spec_tokens))
-        values = match_turn(terms, res.text)
-        if values is not None:
-            it = iter(values)
-            for t in terms:
-                if t.is_gen:
-                    t.text = next(it)
-                    self._reset_buffer(t.name)
-                    self._append(t.text, t.name)
-                    self._finish_var(t.name, t.text, {**res.meta_info, "api_spec": "hit"})
-                else:
-                    self._append(t.text)
-            return
-        for t in terms:  # a miss: one call per gen, each continuing the turn's text so far
-            if not t.is_gen:
-                self._append(t.text)
-                continue
-            partial = self.text_[self.cur_role_begin_pos:].lstrip()
-            one = self.backend.generate_chat(messages, t.params, partial)
-            self._reset_buffer(t.name)
-            self._append(one.text, t.name)
-            self._finish_var(t.name, one.text, {**one.meta_info, "api_spec": "miss"})
 
 
 def _tool_value(node: SglGen, value: Any) -> Any:

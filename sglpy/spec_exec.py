@@ -109,3 +109,55 @@ def speculable_completion_gen(params: GenParams) -> bool:
     sp = params.sampling
     return (bool(sp.stop) and sp.n == 1 and not params.logprob_fields()
             and all(getattr(sp, f) is None for f in _CONSTRAINTS))
+
+
+# ---------------------------------------------------------------- run on an interpreter.StreamExecutor
+
+
+def speculated_gen(ex, node, params: GenParams) -> bool:
+    """Completion models: the executor `ex` takes a gen's value from speculated text (one call ahead); False on a miss."""
+    meta: dict = {"api_spec": "reused"}
+    if not ex.spec_text:
+        res = ex.backend.generate(ex.text_, completion_spec_params(params, ex.num_api_spec_tokens))
+        ex.spec_text, meta = res.text, {**res.meta_info, "api_spec": "called"}
+    pos = earliest_stop(ex.spec_text, params.sampling.stop)
+    if pos == -1:  # the stop never came: this gen makes its own call
+        ex.spec_text = ""
+        return False
+    value, ex.spec_text = ex.spec_text[:pos], ex.spec_text[pos:]
+    ex._append(value, node.name, speculated=True)
+    ex._finish_var(node.name, value, meta)
+    return True
+
+
+def run_spec_turn(ex) -> None:
+    """Chat models: answer the executor `ex`'s recorded assistant turn with one call, or one call per gen on a miss."""
+    terms, ex.spec_turn = ex.spec_turn, None
+    gens = [t for t in terms if t.is_gen]
+    if not gens:
+        for t in terms:
+            ex._append(t.text)
+        return
+    messages = list(ex.messages_)
+    res = ex.backend.generate_chat(messages, spec_params([t.params for t in gens], ex.num_api_spec_tokens))
+    values = match_turn(terms, res.text)
+    if values is not None:
+        it = iter(values)
+        for t in terms:
+            if t.is_gen:
+                t.text = next(it)
+                ex._reset_buffer(t.name)
+                ex._append(t.text, t.name)
+                ex._finish_var(t.name, t.text, {**res.meta_info, "api_spec": "hit"})
+            else:
+                ex._append(t.text)
+        return
+    for t in terms:  # a miss: one call per gen, each continuing the turn's text so far
+        if not t.is_gen:
+            ex._append(t.text)
+            continue
+        partial = ex.text_[ex.cur_role_begin_pos:].lstrip()
+        one = ex.backend.generate_chat(messages, t.params, partial)
+        ex._reset_buffer(t.name)
+        ex._append(one.text, t.name)
+        ex._finish_var(t.name, one.text, {**one.meta_info, "api_spec": "miss"})

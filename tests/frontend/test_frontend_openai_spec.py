@@ -104,6 +104,14 @@ def test_chat_spec_fills_a_three_gen_turn_from_one_call(stub):
     assert state.get_meta_info("age")["api_spec"] == "hit"
 
 
+def test_spec_state_is_per_program_state_so_run_batch_works(stub):
+    be = backend(stub)
+    states = chat_program(64).run_batch([{}] * 6, backend=be, temperature=0, num_threads=6)
+    assert [s.error() for s in states] == [None] * 6
+    assert all(values(s) == [" Bob", " 30", " baker"] for s in states)
+    assert be.token_usage.calls == 6  # one call per program
+
+
 def test_chat_spec_miss_makes_one_call_per_gen_where_the_endpoint_can_continue():
     def responder(body):
         if body["messages"][-1]["role"] == "user":
