@@ -77,9 +77,12 @@ def timeline(received: float, finished: float, trace: dict, prompt_tokens: int, 
     first = chunks[0][0] if chunks else (steps[0][0] if steps else finished)
     phases.append(_phase("queued", rel(sub), rel(first)))
     times = sorted([c[0] for c in chunks] + [s[0] for s in steps])
+    first_step = steps[0][0] if steps else finished
     for t, prefix, n in chunks:
         end = next((x for x in times if x > t), finished)
-        kind = "prefill" if prefix < prompt_tokens else "jump-forward extend"
+        # before the first token: the prompt's prefill (its last chunk may start past the prompt: a forced opening
+        # is prefilled with it); after it: the KV of tokens a jump-forward appended
+        kind = "prefill" if t < first_step or prefix < prompt_tokens else "jump-forward extend"
         phases.append(_phase(kind, rel(t), rel(end), prefix=prefix, tokens=n))
     prev_t, prev_n = None, 0
     for t, n in steps[:MAX_TOKENS]:
@@ -122,7 +125,7 @@ def build_record(inp: GenerateReqInput, route: str, received: float, final: dict
     return {
         "rid": inp.rid, "route": route, "received": received, "finished": finished, "outcome": outcome,
         "finish_reason": reason, "prompt_tokens": n_prompt, "completion_tokens": len(ids),
-        "cached_tokens": int(meta.get("cached_tokens") or 0),
+        "cached_tokens": cached,  # prompt tokens from the cache (meta_info's count may include a cached forced opening)
         "jump_forward_tokens": int(meta.get("jump_forward_tokens") or 0),
         "e2e_s": round(finished - received, 6), "constraint": constraint[0] if constraint else None,
         "grammar_s": round(float(trace.get("grammar_s") or 0.0), 6), "text": final.get("text", ""),

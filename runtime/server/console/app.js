@@ -166,7 +166,7 @@ function outputTokens(chunk) {
 
 function describeMeta(meta) {
   const parts = [];
-  if (meta.prompt_tokens !== undefined) parts.push(meta.prompt_tokens + " prompt tokens (" + meta.cached_tokens + " cached)");
+  if (meta.prompt_tokens !== undefined) parts.push(meta.prompt_tokens + " prompt tokens (" + Math.min(meta.cached_tokens, meta.prompt_tokens) + " cached)");
   if (meta.completion_tokens !== undefined) parts.push(meta.completion_tokens + " output tokens (" + (meta.jump_forward_tokens || 0) + " jump-forward)");
   if (meta.ttft !== undefined && meta.ttft !== null) parts.push("first token " + ms(meta.ttft) + " ms");
   if (meta.finish_reason) parts.push("finish: " + meta.finish_reason.type + (meta.finish_reason.matched !== undefined && meta.finish_reason.matched !== null ? " (" + meta.finish_reason.matched + ")" : ""));
@@ -368,7 +368,7 @@ function showRecord(r) {
   const rows = r.timeline.map((p) => {
     const tr = el("tr");
     const detail = [];
-    if (p.tokens !== undefined) detail.push(p.tokens + " tokens");
+    if (p.tokens !== undefined) detail.push(p.tokens + (p.tokens === 1 ? " token" : " tokens"));
     if (p.prefix !== undefined) detail.push("from position " + p.prefix);
     if (p.reason) detail.push(JSON.stringify(p.reason));
     for (const c of [p.phase, ms(p.start), ms(p.end - p.start), detail.join(", ")]) tr.append(el("td", c));
@@ -407,6 +407,14 @@ function init() {
   $("constraint").value = EXAMPLES[$("constraint-kind").value];
   showTab("playground");
   scheduleCheck();
+  showModel();
+}
+
+async function showModel() {
+  try {
+    const s = await (await api("/console/api/stats")).json();
+    if (s.model) $("model").textContent = s.model;
+  } catch (e) { /* no key yet: the key form is shown */ }
 }
 
 document.addEventListener("DOMContentLoaded", init);
