@@ -79,10 +79,10 @@ class ModelClock:
 
 def step_target(eng):
     """(object, attribute) of the step the loop thread calls, for profiling (its place differs across versions)."""
-    loop = getattr(eng, "loop", None)
-    if loop is not None and hasattr(loop, "step"):
-        return loop, "step"
-    return eng, "step"
+    stepper = getattr(getattr(eng, "loop", None), "stepper", None)  # the Engine holds its loop (engine/step.py)
+    if stepper is not None:
+        return stepper, "step"
+    return eng, "step"  # before: the Engine was the loop (a mixin)
 
 
 def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profile: bool) -> dict:
