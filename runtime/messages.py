@@ -26,6 +26,7 @@ class GenerateReqInput:
     extra_key: str | None = None  # prefix-cache namespace (SGLang's cache salt)
     stream: bool = False  # an output after every step, not only the final one
     trace: bool = False  # record a per-token trace, delivered as meta_info["trace"] (engine/request_trace.py)
+    max_thinking_tokens: int | None = None  # reasoning models: this request's thinking bound (None: the engine's)
 
     def __post_init__(self):
         if (self.text is None) == (self.input_ids is None):
@@ -54,6 +55,7 @@ class GenerateReq:
     # the constraint's compile: a concurrent.futures.Future of its grammar Guide (None without a constraint)
     guide: Any = field(default=None, repr=False, compare=False)
     trace: bool = False  # GenerateReqInput.trace
+    max_thinking_tokens: int | None = None  # GenerateReqInput.max_thinking_tokens
 
 
 @dataclass(frozen=True)

@@ -105,10 +105,11 @@ class ConstrainedDecoding:
             req.trace.grammar_s += dt
         return FinishReason("stop", matched=None) if done else None
 
-    def attach(self, req: Req, guide: Guide) -> None:
+    def attach(self, req: Req, guide: Guide, max_thinking_tokens: int | None = None) -> None:
         """Give a new request its guide state; a forced opening becomes output tokens before the first forward."""
         if self.think is not None and self.think.starts_thinking(self.tokenizer.decode(req.input_ids[-16:])):
-            guide = ThinkingGuide(guide, self.think)  # a reasoning model: the constraint starts after </think>
+            # a reasoning model: the constraint starts after </think> (the request's own thinking bound first)
+            guide = ThinkingGuide(guide, self.think.bounded(max_thinking_tokens))
         req.grammar = GuideState(guide, guide.initial_state)
         self._initial_jump(req)
 

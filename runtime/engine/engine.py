@@ -192,7 +192,7 @@ class Engine(OfflineAPI):
         r.detok = IncrementalDetokenizer(self.tokenizer, req.input_ids, s.skip_special_tokens,
                                          s.spaces_between_special_tokens)
         if guide is not None:
-            self.constrained.attach(r, guide)  # a forced opening is appended here
+            self.constrained.attach(r, guide, req.max_thinking_tokens)  # a forced opening is appended here
         return r
 
     def abort(self, rid: str) -> None:

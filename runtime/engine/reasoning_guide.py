@@ -5,6 +5,7 @@ answer), and past max_thinking_tokens only the think-end token is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,10 @@ class ThinkTokens:
             raise ValueError(f"reasoning_parser {fmt.name!r} needs {fmt.end!r} as one token of the tokenizer "
                              f"(it encodes to {len(ids)} tokens)")
         return cls(fmt, ids[0], max_thinking_tokens)
+
+    def bounded(self, max_thinking_tokens: int | None) -> "ThinkTokens":
+        """These settings with a request's own thinking bound (None keeps the engine's)."""
+        return self if max_thinking_tokens is None else dataclasses.replace(self, max_thinking_tokens=max_thinking_tokens)
 
     def starts_thinking(self, prompt_text: str) -> bool:
         """A constrained request starts in the thinking section unless its prompt closed it."""

@@ -142,4 +142,4 @@ def build_request(inp: GenerateReqInput, ops: TokenizerOps, limits: RequestLimit
         # compiled in a worker process: the request is admitted to the scheduler once its guide is ready
         guide = compile_guide(*sp.constraint)
     return GenerateReq(rid=inp.rid, input_ids=ids, sampling=sp, logprob=inp.logprob, extra_key=inp.extra_key,
-                       stream=inp.stream, guide=guide, trace=inp.trace)
+                       stream=inp.stream, guide=guide, trace=inp.trace, max_thinking_tokens=inp.max_thinking_tokens)

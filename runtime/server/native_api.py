@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -147,6 +148,8 @@ def parse_generate(body: dict, vocab_size: int) -> GenerateJob:
                                           [cache_namespace(keys[i], salts[i]) for i in range(k)],
                                           lambda i, j, n: (rids[i] or new_rid()) + (f"-{j}" if n > 1 else ""),
                                           make=request_input)]
+    if f.get("max_thinking_tokens") is not None:  # reasoning models: the request's thinking bound
+        items = [dataclasses.replace(inp, max_thinking_tokens=f["max_thinking_tokens"]) for inp in items]
     batch = batch or any(sp.n > 1 for sp in samplings)
     if len({inp.rid for inp in items}) != len(items):
         raise ApiError(400, "request ids in one batch must be distinct", param="rid")

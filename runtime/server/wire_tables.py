@@ -125,8 +125,8 @@ GENERATE = Schema("request", tuple([
     F("background", BOOL, False, DEFAULT_ONLY, "background responses are not implemented (sglang-router sends "
       "false)"),
     F("require_reasoning", BOOL, False, DEFAULT_ONLY, "no reasoning parser"),
-    F("max_thinking_tokens", INT, None, DEFAULT_ONLY, "per request not yet: the engine-wide --max-thinking-tokens "
-      "bounds constrained requests' thinking"),
+    F("max_thinking_tokens", int_range(0), None, IMPL, "with --reasoning-parser: this constrained request thinks at "
+      "most this many tokens, then </think> is forced (default: --max-thinking-tokens)"),
     F("priority", INT, None, NOOP, "SGLang's default server (no --enable-priority-scheduling) ignores it too"),
     F("extra_key", STR_OR_LIST, None, IMPL, "prefix-cache namespace: only requests with the same key share "
       "cached prefixes"),

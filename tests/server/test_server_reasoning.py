@@ -135,6 +135,23 @@ def test_separate_reasoning_false_and_enable_thinking_false(srv):
     jsonschema.validate(json.loads(off["content"]), PERSON)
 
 
+def test_generate_max_thinking_tokens_per_request(srv, reasoner):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(reasoner)
+    end = tok.convert_tokens_to_ids("</think>")
+    prompt = tok.apply_chat_template([{"role": "user", "content": "JSON please"}], tokenize=False,
+                                     add_generation_prompt=True)
+    r = srv.post("/generate", json={"text": prompt, "max_thinking_tokens": 2, "sampling_params": {
+        "max_new_tokens": 60, "temperature": 0, "json_schema": json.dumps(PERSON)}})
+    assert r.status_code == 200, r.text
+    ids = r.json()["output_ids"]
+    assert ids.index(end) <= 2  # the request's bound, not the server's 8
+    jsonschema.validate(json.loads(split_reasoning(QWEN3, r.json()["text"], True).content), PERSON)
+    bad = srv.post("/generate", json={"text": prompt, "max_thinking_tokens": -1})
+    assert bad.status_code == 400 and "max_thinking_tokens" in bad.text
+
+
 def test_bad_parser_flag_is_refused():
     from sglpy.runtime.config import EngineConfig
 
