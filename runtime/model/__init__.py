@@ -1,1 +1,1 @@
-"""The model side: find model folders, load weights into our Llama-family model, and run one forward."""
+"""The model side: find model folders, load weights into our model of their family (families.py), and run one forward."""
