@@ -65,6 +65,7 @@ class LiteLLM(OpenAI):
         self._extensions = bool(sglang_extensions)  # the provider is unknown: SGLang fields only when told
         self._model_info = None
         self.tokenizer = None
+        self._tiktoken_ok = False
         self._logit_bias_int = None
         self.chat_template = (chat_template if isinstance(chat_template, ChatTemplate)
                               else get_chat_template(chat_template or "default"))

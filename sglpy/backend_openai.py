@@ -138,7 +138,8 @@ class OpenAI(BaseBackend):
         self._lock = threading.Lock()
         self._extensions = sglang_extensions if sglang_extensions is not None else (None if base_url else False)
         self._model_info: Optional[dict] = None
-        self.tokenizer = tokenizer if tokenizer is not None else (_tiktoken_for(model_name) if base_url is None else None)
+        self.tokenizer = tokenizer  # None: tiktoken's, for OpenAI's own models, loaded when dtype=int first needs it
+        self._tiktoken_ok = base_url is None
         self._logit_bias_int: Optional[dict] = None
         self.chat_template = self._pick_template(chat_template)
 
@@ -252,6 +253,8 @@ class OpenAI(BaseBackend):
         return regex == DTYPE_REGEX["int"]
 
     def _int_logit_bias(self) -> dict:
+        if self.tokenizer is None and self._tiktoken_ok:
+            self.tokenizer, self._tiktoken_ok = _tiktoken_for(self.model_name), False
         if self.tokenizer is None:
             raise self._unsupported("gen(dtype=int)", "no regex constraint on this endpoint and no tokenizer for an "
                                     "integer logit bias (pass tokenizer=, or install tiktoken for OpenAI models)")

@@ -199,3 +199,27 @@ def test_hosted_backends_example(srv):
     assert out["openai-chat"][1] in hosted_backends.COLORS and out["openai-chat"][2] == "constrained_regex"
     assert out["anthropic"][1] in hosted_backends.COLORS and out["anthropic"][2] == "tool_enum"
     assert len(out["profile"][0]) == 3 and out["pick"][0] in (" yes", " no")
+
+
+def test_anthropic_speculative_turn(anthropic_backend):
+    """A 3-gen turn: one call on a hit; on a miss one more call per gen, each a prefill continuing the turn,
+    which then equals the program run without speculation (greedy, the same continuations)."""
+    def program(spec):
+        @sgl.function(num_api_spec_tokens=spec)
+        def character(s):
+            s += sgl.user("Make up a character.")
+            s += sgl.assistant("Name:" + sgl.gen("name", stop="\n", max_tokens=6) + "\nAge:"
+                               + sgl.gen("age", stop="\n", max_tokens=6) + "\nJob:" + sgl.gen("job", stop="\n",
+                                                                                            max_tokens=6))
+
+        return character
+
+    anthropic_backend.token_usage.reset()
+    spec = program(24).run(backend=anthropic_backend, temperature=0)
+    spec.sync()  # every call made before counting
+    outcome = spec.get_meta_info("name")["api_spec"]
+    calls = anthropic_backend.token_usage.calls
+    assert (outcome, calls) in (("hit", 1), ("miss", 4))
+    if outcome == "miss":
+        plain = program(None).run(backend=anthropic_backend, temperature=0)
+        assert [spec[k] for k in ("name", "age", "job")] == [plain[k] for k in ("name", "age", "job")]

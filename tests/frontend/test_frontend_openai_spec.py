@@ -223,6 +223,16 @@ def test_what_a_plain_endpoint_cannot_do_is_an_error_naming_it(stub, kw, feature
     assert not stub.requests  # nothing was sent
 
 
+def test_json_schema_on_a_plain_completion_endpoint_is_an_error(stub):
+    @sgl.function
+    def prog(s):
+        s += "JSON:" + sgl.gen("a", json_schema={"type": "object"}, max_tokens=8)
+
+    with pytest.raises(sgl.ProgramError, match=r"gen\(json_schema=...\) is not supported by sgl.OpenAI"):
+        prog.run(backend=backend(stub, is_chat_model=False))["a"]
+    assert not stub.requests
+
+
 def test_dtype_int_uses_an_integer_logit_bias_and_checks_the_answer():
     with StubOpenAI(lambda body: "42 apples") as stub:
         be = backend(stub, is_chat_model=False, tokenizer=FakeTokenizer())
