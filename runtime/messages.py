@@ -14,6 +14,9 @@ from .sampling_params import LogprobOptions, SamplingParams
 
 
 # ---------------------------------------------------------------- requests (to the engine)
+TRACE_MODES = (None, "final", "live")  # GenerateReqInput.trace
+
+
 @dataclass(frozen=True)
 class GenerateReqInput:
     """One prompt before tokenization (text or input_ids) with its validated parameters (server -> engine process)."""
@@ -25,7 +28,9 @@ class GenerateReqInput:
     logprob: LogprobOptions = field(default_factory=LogprobOptions)
     extra_key: str | None = None  # prefix-cache namespace (SGLang's cache salt)
     stream: bool = False  # an output after every step, not only the final one
-    trace: bool = False  # record a per-token trace, delivered as meta_info["trace"] (engine/request_trace.py)
+    # record a per-token trace, delivered as meta_info["trace"] (engine/request_trace.py): "final" with the final
+    # output only, "live" with every output (the web console's stream); None: nothing recorded
+    trace: str | None = None
     max_thinking_tokens: int | None = None  # reasoning models: this request's thinking bound (None: the engine's)
 
     def __post_init__(self):
@@ -38,6 +43,8 @@ class GenerateReqInput:
         if self.input_ids is not None and (not isinstance(self.input_ids, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) for t in self.input_ids)):
             raise ValueError("input_ids must be lists of ints")
+        if self.trace not in TRACE_MODES:
+            raise ValueError(f"trace must be one of {TRACE_MODES}, got {self.trace!r}")
         if self.extra_key is not None and not isinstance(self.extra_key, str):
             raise ValueError(f"extra_key must be a string, got {type(self.extra_key).__name__}")
 
@@ -54,7 +61,7 @@ class GenerateReq:
     stream: bool
     # the constraint's compile: a concurrent.futures.Future of its grammar Guide (None without a constraint)
     guide: Any = field(default=None, repr=False, compare=False)
-    trace: bool = False  # GenerateReqInput.trace
+    trace: str | None = None  # GenerateReqInput.trace
     max_thinking_tokens: int | None = None  # GenerateReqInput.max_thinking_tokens
 
 

@@ -186,7 +186,7 @@ class Engine(OfflineAPI):
     def _new_req(self, req: GenerateReq, sink: OutputSink, guide) -> Req:
         """The engine's Req of a built request whose guide is ready (loop thread, at admission)."""
         r = Req(rid=req.rid, input_ids=req.input_ids, sampling=req.sampling, extra_key=req.extra_key, sink=sink,
-                stream=req.stream, trace=RequestTrace() if req.trace else None,
+                stream=req.stream, trace=RequestTrace(live=req.trace == "live") if req.trace else None,
                 **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})
         s = req.sampling
         r.detok = IncrementalDetokenizer(self.tokenizer, req.input_ids, s.skip_special_tokens,

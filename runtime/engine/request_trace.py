@@ -2,7 +2,9 @@
 
 Kept only for requests that asked for one (GenerateReqInput.trace; `sglpy serve --enable-trace` or the web
 console); `Req.trace` is None otherwise and nothing is recorded. Delivered as meta_info["trace"]
-(`to_json`), which the server strips from API responses and keeps in its trace ring (runtime/server/trace.py).
+(`to_json`), which the server strips from API responses and keeps in its trace ring (runtime/server/trace.py):
+complete with every output when `live` (the console's stream), else complete with the final output only (the
+outputs before it carry an empty dict), so a long traced request costs O(1) per step, not O(tokens).
 Times are wall-clock seconds (time.time()) so the server process can line them up with its own.
 """
 
@@ -23,6 +25,7 @@ class RequestTrace:
     steps: list = field(default_factory=list)  # [wall, completion_tokens] per step that emitted an output
     jumps: list = field(default_factory=list)  # [output position, tokens] per jump-forward (rollbacks included)
     grammar_s: float = 0.0  # mask, advance and jump-forward time spent on this request
+    live: bool = False  # the whole trace with every output (else with the final one only)
     _ids: list = field(default_factory=list)  # the output ids `_pieces` were decoded from
     _pieces: list = field(default_factory=list)
 
@@ -51,9 +54,12 @@ class RequestTrace:
         return list(self._pieces)
 
     def to_json(self, req, tokenizer, final: bool) -> dict:
-        """meta_info["trace"] after a step: cumulative, so the newest output alone is complete."""
+        """meta_info["trace"] after a step: cumulative (the newest output alone is complete), or {} before the final
+        output of a trace that is not live."""
         n_out = len(req.output_ids)
         self.steps.append([time.time(), n_out])
+        if not (self.live or final):
+            return {}
         out = {"submitted": self.submitted, "chunks": [list(c) for c in self.chunks],
                "steps": [list(s) for s in self.steps], "jumps": [list(j) for j in self.jumps],
                "grammar_s": self.grammar_s, "output_origins": self.origins(n_out),

@@ -149,7 +149,7 @@ async def console_generate(request: web.Request) -> web.StreamResponse:
     if body.get("chat"):
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         text = await state.engine.call(ChatPromptReq(messages))
-    inp = GenerateReqInput(rid=new_rid(), text=text, sampling=sp, stream=True, trace=True,
+    inp = GenerateReqInput(rid=new_rid(), text=text, sampling=sp, stream=True, trace="live",
                            logprob=LogprobOptions(return_logprob=body.get("return_logprob") is True))
     state.admit(1)
     received = time.time()
@@ -165,7 +165,7 @@ async def console_generate(request: web.Request) -> web.StreamResponse:
         except EngineError as e:
             outcome = f"error {e.status}: {e.message}"
             await send_sse(resp, error_body(e.status, e.message))
-    trace = (final.get("meta_info") or {}).get("trace")
+    trace = (final.get("meta_info") or {}).get("trace") or None
     await send_sse(resp, {"record": build_record(inp, "/console/api/generate", received, final, trace, outcome)})
     await send_sse(resp, "[DONE]")
     return resp

@@ -148,21 +148,22 @@ class Tracing:
 
     def generate(self, engine, inp: GenerateReqInput, route: str) -> AsyncIterator[dict]:
         """The engine's output stream of `inp`; traced when the ring is on or `inp.trace` asks (then outputs keep
-        meta_info["trace"])."""
+        meta_info["trace"]: every output with "live", the final one with "final")."""
         if not inp.trace and (self.ring is None or route in UNTRACED_ROUTES):
             return engine.generate(inp)  # tracing off: the engine client's own stream, untouched
         return self._traced(engine, inp, route)
 
     async def _traced(self, engine, inp: GenerateReqInput, route: str) -> AsyncIterator[dict]:
-        keep = inp.trace
+        keep = inp.trace is not None
         received = time.time()
         final = trace = None
         outcome = "ok"
         try:
-            async with contextlib.aclosing(engine.generate(dataclasses.replace(inp, trace=True))) as gen:
+            async with contextlib.aclosing(engine.generate(dataclasses.replace(inp, trace=inp.trace or "final"))) \
+                    as gen:
                 async for chunk in gen:
                     meta = chunk.get("meta_info") or {}
-                    trace = meta.get("trace", trace)
+                    trace = meta.get("trace") or trace
                     if not keep and "trace" in meta:
                         chunk = {**chunk, "meta_info": {k: v for k, v in meta.items() if k != "trace"}}
                     final = chunk

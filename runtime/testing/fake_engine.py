@@ -103,7 +103,7 @@ class FakeEngine:
 
     def submit(self, req: GenerateReq, sink: OutputSink) -> None:
         r = Req(rid=req.rid, input_ids=req.input_ids, sampling=req.sampling, extra_key=req.extra_key, sink=sink,
-                stream=req.stream, trace=RequestTrace() if req.trace else None,
+                stream=req.stream, trace=RequestTrace(live=req.trace == "live") if req.trace else None,
                 **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})
         if r.logprob_start_len >= 0:  # every prompt token from the start on is "scored" -1.0 (position 0: null)
             r.input_logprobs = [TokenLogprob(-1.0, t) for t in r.input_ids[max(r.logprob_start_len, 1):]]
