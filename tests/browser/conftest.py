@@ -47,7 +47,7 @@ def browser():
 
 
 @pytest.fixture(scope="session")
-def console_server(tiny_model_path, browser):
+def console_server(browser, tiny_model_path):
     """`sglpy serve` on the tiny model with an API key and tracing on."""
     with run_server("--model", tiny_model_path, "--max-total-tokens", "4096", "--max-context-len", "512",
                     "--num-threads", "1", "--enable-trace", api_key=KEY) as s:
