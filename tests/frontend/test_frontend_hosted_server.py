@@ -101,10 +101,11 @@ def test_chat_select_is_constrained_on_our_server(chat_backend):
     @sgl.function
     def pick(s):
         s += sgl.user("Pick a color.")
-        s += sgl.assistant(sgl.select("c", ["red", "green", "light blue"]))
+        s += sgl.assistant(sgl.select("c", COLORS))
 
+    COLORS = ["red", "green", "light blue (sky).", "a+b|c*"]  # regex metacharacters are escaped
     state = pick.run(backend=chat_backend)
-    assert state["c"] in ("red", "green", "light blue")
+    assert state["c"] in COLORS
     assert state.get_meta_info("c")["select_method"] == "constrained_regex"
 
 

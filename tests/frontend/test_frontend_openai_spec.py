@@ -271,6 +271,17 @@ def test_chat_select_methods(stub):
             pick.run(backend=backend(stub, select_by="generate"))["c"]
 
 
+def test_choices_regex_matches_exactly_the_choices():
+    import re
+
+    from sglpy.backend_openai import choices_regex
+
+    choices = ["red", "light blue (sky).", "a+b|c*", "x\\y", "[z]{2}?^$"]
+    rx = choices_regex(choices)
+    assert all(re.fullmatch(rx, c) for c in choices)
+    assert not any(re.fullmatch(rx, c) for c in ["light blue (sky)x", "aab|c", "b", "zz", ""])
+
+
 def test_match_choice():
     assert match_choice(" Yes.", ["Yes", "No"]) == "Yes"
     assert match_choice("no", ["Yes", "No"]) == "No"
