@@ -52,21 +52,23 @@ def test_optional_sliding_windows_match_hf(tmp_path, family, extra):
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_greedy_matches_hf_generate(family_paths, family):
-    """16 greedy tokens of three prompts batched together (decode steps cross the sliding windows)."""
+    """16 greedy tokens of two prompts batched together (decode steps cross the sliding windows)."""
     path = family_paths[family]
-    eng = Engine(path, quantization="none", max_total_tokens=1024, debug_invariants=True)
+    eng = Engine(path, quantization="none", max_total_tokens=1024, grammar_workers=0)
     try:
-        prompts = [[1, 17, 300, 4000], list(range(500, 530)), [9, 99, 999]]
+        prompts = [[1, 17, 300, 4000], list(range(500, 530))]
         outs = eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 16, "temperature": 0,
                                                                  "ignore_eos": True})
     finally:
         eng.shutdown()
     hf = _hf(path)
     for ids, out in zip(prompts, outs):
+        # greedy equality as one teacher-forced HF forward (what generate() would pick at every step; its
+        # step-by-step loop costs seconds per family)
+        full = ids + out["output_ids"]
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=16, min_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
-        assert out["output_ids"] == ref
+            picks = hf(torch.tensor([full])).logits[0, len(ids) - 1:-1].argmax(-1).tolist()
+        assert len(out["output_ids"]) == 16 and picks == out["output_ids"]
 
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
