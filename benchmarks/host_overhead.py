@@ -61,20 +61,22 @@ def tiny_model(vocab: int) -> str:
     return str(folder)
 
 
-class ModelClock:
-    """Time spent inside the model's forward (embedding, layers, lm_head): the step minus it is host time."""
+class Clock:
+    """Wall and loop-thread CPU seconds spent inside one method (wrapped in place)."""
 
-    def __init__(self, model):
-        self.model, self.seconds, self.orig = model, 0.0, model.forward
+    def __init__(self, obj, name: str):
+        self.seconds = self.cpu = 0.0
+        orig = getattr(obj, name)
 
         def timed(*a, **k):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             try:
-                return self.orig(*a, **k)
+                return orig(*a, **k)
             finally:
                 self.seconds += time.perf_counter() - t
+                self.cpu += time.thread_time() - c
 
-        model.forward = timed
+        setattr(obj, name, timed)
 
 
 def step_target(eng):
@@ -97,6 +99,10 @@ def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profi
     # distinct prompts (no prefix sharing across requests: every request prefills its own 32 tokens)
     vocab = eng.runner.vocab_size
     ids = [[(7 + 131 * i + 17 * j) % (vocab - 100) + 100 for j in range(prompt_len)] for i in range(batch)]
+    clocks = getattr(eng, "_bench_clocks", None)
+    if clocks is None:  # the model's forward, and the whole step (both on the loop thread)
+        clocks = eng._bench_clocks = (Clock(eng.runner.model, "forward"), Clock(*step_target(eng)))
+    model_clock, step_clock = clocks
     prof = cProfile.Profile() if profile else None
     if prof is not None:
         obj, name = step_target(eng)
@@ -110,10 +116,7 @@ def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profi
                 prof.disable()
 
         setattr(obj, name, profiled)
-    clock = getattr(eng, "_bench_clock", None)
-    if clock is None:
-        clock = eng._bench_clock = ModelClock(eng.runner.model)
-    fwd0 = clock.seconds
+    fwd0, fwd_cpu0, step_cpu0 = model_clock.seconds, model_clock.cpu, step_clock.cpu
     before = eng.get_server_info()
     t0 = time.perf_counter()
     outs = eng.generate(input_ids=ids, sampling_params=sp)
@@ -126,11 +129,15 @@ def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profi
         raise RuntimeError(f"expected {batch * tokens} tokens, got {got}")
     steps = after["num_steps"] - before["num_steps"]
     step_s = after["step_s"] - before["step_s"]
-    fwd = clock.seconds - fwd0
+    fwd = model_clock.seconds - fwd0
     host = wall - fwd
+    # CPU seconds of the loop thread outside the model: what the host work costs whatever the box's load (with
+    # --threads 1 every op runs on the loop thread; with more, the model's and the sampler's ops also use others)
+    host_cpu = (step_clock.cpu - step_cpu0) - (model_clock.cpu - fwd_cpu0)
     res = {"case": "sampled" if sampled else "greedy", "batch": batch, "steps": steps, "wall_s": wall,
            "step_ms": 1e3 * wall / steps, "forward_ms": 1e3 * fwd / steps, "host_ms": 1e3 * host / steps,
-           "req_step_us": 1e6 * host / steps / batch, "engine_step_ms": 1e3 * step_s / steps, "tok_s": got / wall}
+           "req_step_us": 1e6 * host / steps / batch, "engine_step_ms": 1e3 * step_s / steps, "tok_s": got / wall,
+           "host_cpu_ms": 1e3 * host_cpu / steps, "req_step_cpu_us": 1e6 * host_cpu / steps / batch}
     if prof is not None:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
@@ -175,7 +182,8 @@ def measure(args) -> list[dict]:
 def fmt(r: dict) -> str:
     return (f"{r['case']:>7} batch {r['batch']:>3}: {r['steps']:>4} steps, {r['step_ms']:8.2f} ms/step "
             f"(model forward {r['forward_ms']:6.2f} ms, host {r['host_ms']:8.2f} ms), "
-            f"host {r['req_step_us']:8.1f} us/request-step, {r['tok_s']:7.0f} tok/s")
+            f"host {r['req_step_us']:8.1f} us/request-step; loop-thread CPU outside the model {r['host_cpu_ms']:7.2f} "
+            f"ms/step, {r['req_step_cpu_us']:7.1f} us/request-step; {r['tok_s']:6.0f} tok/s")
 
 
 def compare(args) -> None:
@@ -195,15 +203,14 @@ def compare(args) -> None:
                 for r in json.loads(out.strip().splitlines()[-1]):
                     got.setdefault((r["case"], r["batch"]), {}).setdefault(side, []).append(r)
                     print(f"round {rnd} {side:>5}: {fmt(r)}", flush=True)
-    print(f"\nhost time per request-step (us), median [min-max] over {args.rounds} round(s) x {args.reps} rep(s):")
+    print(f"\nhost time per request-step (us; wall minus the model's forward, and loop-thread CPU), median [min-max] over {args.rounds} round(s) x {args.reps} rep(s):")
     for (case, batch), sides in got.items():
-        cells = []
-        for side in trees:
-            v = [r["req_step_us"] for r in sides.get(side, [])]
-            ms = [r["host_ms"] for r in sides.get(side, [])]
-            cells.append(f"{side} {statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}] us "
-                         f"(host {statistics.median(ms):.2f} ms/step)")
-        print(f"  {case:>7} batch {batch:>3}: " + "; ".join(cells))
+        for key, what in (("req_step_us", "wall"), ("req_step_cpu_us", "CPU")):
+            cells = []
+            for side in trees:
+                v = [r[key] for r in sides.get(side, [])]
+                cells.append(f"{side} {statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}] us")
+            print(f"  {case:>7} batch {batch:>3} host {what}: " + "; ".join(cells))
 
 
 def main() -> None:
