@@ -91,6 +91,7 @@ def test_engine_json_schema_prefix_cache_chunked_prefill(family_paths, family):
             assert out["meta_info"]["finish_reason"]["type"] == "stop", out
             jsonschema.validate(json.loads(out["text"]), PERSON)
         assert second["meta_info"]["cached_tokens"] >= 40 and third["meta_info"]["cached_tokens"] >= 40
+        assert first["meta_info"]["jump_forward_tokens"] > 0  # the schema's forced '{"name": "' was jumped
         assert second["output_ids"] == first["output_ids"]
         assert eng.get_server_info()["kv_used"] == 0
     finally:

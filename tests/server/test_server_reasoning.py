@@ -95,6 +95,7 @@ def test_engine_json_after_thinking(reasoner):
             split = split_reasoning(QWEN3, o["text"], True)
             assert split.reasoning is not None
             jsonschema.validate(json.loads(split.content), PERSON)
+        assert sum(o["meta_info"]["jump_forward_tokens"] for o in outs) > 0  # jump-forward after </think>
     finally:
         eng.shutdown()
 
