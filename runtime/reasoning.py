@@ -22,7 +22,8 @@ class ReasoningFormat:
     starts_inside: bool = False
 
 
-REASONING_PARSERS = {"qwen3": ReasoningFormat("qwen3"), "deepseek-r1": ReasoningFormat("deepseek-r1", starts_inside=True)}
+REASONING_PARSERS = {"qwen3": ReasoningFormat("qwen3"),
+                     "deepseek-r1": ReasoningFormat("deepseek-r1", starts_inside=True)}
 
 
 def reasoning_format(name: str) -> ReasoningFormat:

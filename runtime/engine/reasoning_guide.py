@@ -35,7 +35,9 @@ class ThinkTokens:
 
     def bounded(self, max_thinking_tokens: int | None) -> "ThinkTokens":
         """These settings with a request's own thinking bound (None keeps the engine's)."""
-        return self if max_thinking_tokens is None else dataclasses.replace(self, max_thinking_tokens=max_thinking_tokens)
+        if max_thinking_tokens is None:
+            return self
+        return dataclasses.replace(self, max_thinking_tokens=max_thinking_tokens)
 
     def starts_thinking(self, prompt_text: str) -> bool:
         """A constrained request starts in the thinking section unless its prompt closed it."""

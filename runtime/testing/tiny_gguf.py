@@ -1,5 +1,5 @@
-"""Test helper: write a tiny HF folder's weights as a float32 GGUF file the way llama.cpp names them (Qwen3), with the
-default model's tokenizer (cut to the tiny vocabulary), so the GGUF path of the loader can be tested without a model hub."""
+"""Test helper: write a tiny HF folder's weights as a float32 GGUF file the way llama.cpp names them (Qwen3),
+with the default model's tokenizer cut to the tiny vocabulary, so the loader's GGUF path is tested without a hub."""
 
 from __future__ import annotations
 
