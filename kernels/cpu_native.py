@@ -1,8 +1,8 @@
-"""Native CPU kernels (kernels/csrc/*.cpp): built once per machine with the system C++ compiler, loaded by ctypes.
+"""Native CPU kernels (kernels/csrc/*.cpp): built once per machine and ISA level with the system C++ compiler, self-tested, loaded by ctypes.
 
-The library is compiled on first use into $SGLPY_CACHE/cpu_kernels (default ~/.cache/sglpy), keyed by the sources,
-the compiler, the flags and the CPU (it is built for this CPU: -march=native), so later processes load it in
-milliseconds. Where it cannot run (no compiler, a failed build, SGLPY_DISABLE_CPU_KERNELS=1), native_lib() is None
+The library is compiled on first use into $SGLPY_CACHE/cpu_kernels (default ~/.cache/sglpy), once per instruction-set
+level (kernels/cpu_isa.py: the best this CPU runs, or a lower one forced by SGLPY_CPU_ISA), keyed by the sources, the
+compiler and the flags, so later processes load it in milliseconds. Where it cannot run (no compiler, a failed build, SGLPY_DISABLE_CPU_KERNELS=1), native_lib() is None
 and every wrapper falls back to its torch reference, which stays the oracle the tests compare the kernels with.
 
 Threads: the kernels use OpenMP only when torch itself runs on libgomp; the library then binds to torch's already
@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .cpu_isa import ISA_ENV, IsaChoice, choose_isa, read_cpu_flags
+
 logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "SGLPY_DISABLE_CPU_KERNELS"  # =1: torch references only (A/B runs, debugging)
@@ -48,6 +50,7 @@ SIGNATURES = {
                                       _I64, _I64, _I64, _I64, _F32, _I32]),
     "sglpy_gemv_int8": (_I64, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I32]),
     "sglpy_gemv_int4": (_I64, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I32]),
+    "sglpy_gemv_int8_activations": (_I32, []),
 }
 
 
@@ -57,6 +60,7 @@ class NativeBuild:
 
     lib: ctypes.CDLL | None
     detail: str
+    isa: str = ""  # the instruction-set level it was built for (kernels/cpu_isa.py)
 
 
 def pool_readable(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -107,27 +111,36 @@ def _cpu_identity() -> str:
         return platform.processor() or platform.machine()
 
 
-def compile_flags(openmp: bool, march: str = "native") -> list[str]:
-    """g++/clang++ flags: optimized for this CPU (or `march`); OpenMP threads only beside torch's libgomp."""
-    return ["-O3", f"-march={march}", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
+def compile_flags(openmp: bool, isa_flags: tuple[str, ...] | list[str] = ("-march=native",)) -> list[str]:
+    """g++/clang++ flags for one instruction-set level (`isa_flags`: its -march and extensions); OpenMP threads only
+    beside torch's libgomp."""
+    return ["-O3", *isa_flags, "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
+            "-Wno-psabi",
             "-fopenmp" if openmp else "-fopenmp-simd"]
 
 
 def build_native(cxx: str | None, cache: pathlib.Path, openmp: bool | None = None,
-                 march: str = "native") -> NativeBuild:
-    """Compile (unless cached) and load the kernels library; never raises: a failure is NativeBuild(None, why).
-    `march` other than native builds for an older CPU (tests run the kernels' generic, non-AVX-512 code paths)."""
+                 isa: IsaChoice | str | None = None) -> NativeBuild:
+    """Compile (unless cached) and load the kernels library for `isa` (a choice or a level name; None: the best this
+    CPU runs); never raises: a failure is NativeBuild(None, why), a level this CPU lacks included."""
+    if not isinstance(isa, IsaChoice):
+        try:
+            isa = choose_isa(read_cpu_flags(), isa)
+        except ValueError as e:
+            return NativeBuild(None, str(e))
     if cxx is None:
-        return NativeBuild(None, "no C++ compiler found (install g++ or set CXX)")
+        return NativeBuild(None, "no C++ compiler found (install g++ or set CXX)", isa.name)
     openmp = torch_openmp_is_libgomp() if openmp is None else openmp
-    flags = compile_flags(openmp, march)
+    flags = compile_flags(openmp, isa.flags)
     sources = sorted(CSRC.glob("*.cpp"))
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as e:
-        return NativeBuild(None, f"C++ compiler {cxx!r} does not run: {e}")
+        return NativeBuild(None, f"C++ compiler {cxx!r} does not run: {e}", isa.name)
     key = hashlib.sha256()
-    for part in [cxx, version, " ".join(flags), _cpu_identity(), platform.machine()]:
+    # -march=native code may not run on another CPU sharing the cache folder; an explicit level's code does
+    cpu = _cpu_identity() if "-march=native" in flags else ""
+    for part in [cxx, version, " ".join(flags), cpu, platform.machine()]:
         key.update(part.encode())
     for path in sources + sorted(CSRC.glob("*.h")):
         key.update(path.name.encode() + path.read_bytes())
@@ -139,14 +152,15 @@ def build_native(cxx: str | None, cache: pathlib.Path, openmp: bool | None = Non
             cmd = [cxx, *flags, *map(str, sources), "-o", str(tmp)]
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         except (OSError, subprocess.SubprocessError) as e:
-            return NativeBuild(None, f"building the CPU kernels failed: {e}")
+            return NativeBuild(None, f"building the CPU kernels failed: {e}", isa.name)
         if r.returncode != 0:
             tmp.unlink(missing_ok=True)
-            return NativeBuild(None, f"building the CPU kernels failed ({' '.join(cmd)}): {r.stderr.strip()[-1500:]}")
+            return NativeBuild(None, f"building the CPU kernels failed ({' '.join(cmd)}): {r.stderr.strip()[-1500:]}",
+                               isa.name)
         problem = self_test(tmp)
         if problem is not None:
             tmp.unlink(missing_ok=True)
-            return NativeBuild(None, f"the built CPU kernels failed their self-test: {problem}")
+            return NativeBuild(None, f"the built {isa.name} CPU kernels failed their self-test: {problem}", isa.name)
         os.replace(tmp, out)  # atomic: concurrent builders (engine processes, TP ranks) never see half a file
     try:
         lib = ctypes.CDLL(str(out))
@@ -154,9 +168,11 @@ def build_native(cxx: str | None, cache: pathlib.Path, openmp: bool | None = Non
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = restype, argtypes
     except (OSError, AttributeError) as e:
-        return NativeBuild(None, f"loading {out} failed: {e}")
+        return NativeBuild(None, f"loading {out} failed: {e}", isa.name)
     threads = "OpenMP on torch's libgomp" if openmp else "single-threaded (torch does not run on libgomp)"
-    return NativeBuild(lib, f"{version.splitlines()[0] if version else cxx}; {threads}; {out}")
+    acts = "int8" if lib.sglpy_gemv_int8_activations() else "float32"
+    return NativeBuild(lib, f"{isa.name} ({isa.reason}: {' '.join(isa.flags)}; GEMV activations {acts}); "
+                            f"{version.splitlines()[0] if version else cxx}; {threads}; {out}", isa.name)
 
 
 # Runs in a fresh interpreter (no torch): loads the library and calls vectorized kernels on tiny inputs. A CPU that
@@ -180,9 +196,10 @@ scale = (ctypes.c_float * rows)(0.5, 0.25, 2.0)
 y = (ctypes.c_float * rows)()
 lib.sglpy_gemv_int8(x, ctypes.c_int64(1), ctypes.c_int64(k), q, scale, None, y, ctypes.c_int64(rows),
                     ctypes.c_int32(1))
-for r in range(rows):
+for r in range(rows):  # int8 activations (q8_dot.h) err by at most sum |w| * (max |x| / 127) / 2 (|x| <= 1 here)
     want = sum(q[r * k + i] * x[i] for i in range(k)) * scale[r]
-    assert abs(y[r] - want) <= 1e-4 * (1.0 + abs(want)), (r, y[r], want)
+    bound = sum(abs(q[r * k + i]) for i in range(k)) * scale[r] / 254.0
+    assert abs(y[r] - want) <= bound + 1e-4 * (1.0 + abs(want)), (r, y[r], want)
 """
 
 
@@ -201,10 +218,20 @@ def self_test(path: pathlib.Path) -> str | None:
 _lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=None)
+def forced_isa() -> str | None:
+    """The level SGLPY_CPU_ISA asks for, or None (unset or empty: the best this CPU runs)."""
+    return os.environ.get(ISA_ENV, "").strip().lower() or None
+
+
 def _default_build() -> NativeBuild:
+    return _build_for(forced_isa())
+
+
+@functools.lru_cache(maxsize=None)
+def _build_for(forced: str | None) -> NativeBuild:
+    isa = choose_isa(read_cpu_flags(), forced)  # ValueError: a level this CPU lacks is refused, not run slower
     with _lock:
-        build = build_native(find_compiler(), cache_dir())
+        build = build_native(find_compiler(), cache_dir(), isa=isa)
     if build.lib is None:
         warnings.warn(f"sglpy.kernels: native CPU kernels unavailable, using torch references: {build.detail}",
                       stacklevel=3)
@@ -214,14 +241,24 @@ def _default_build() -> NativeBuild:
 
 
 def native_lib() -> ctypes.CDLL | None:
-    """The loaded kernels library, or None (SGLPY_DISABLE_CPU_KERNELS=1, no compiler, or a failed build)."""
+    """The loaded kernels library, or None (SGLPY_DISABLE_CPU_KERNELS=1, no compiler, or a failed build).
+    Raises ValueError when SGLPY_CPU_ISA names a level this CPU cannot run (or none at all)."""
     if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
         return None
     return _default_build().lib
 
 
+def native_isa() -> str | None:
+    """The instruction-set level of the loaded kernels (avx512, avx2, baseline, neon), None when none are loaded."""
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+        return None
+    build = _default_build()
+    return build.isa if build.lib is not None else None
+
+
 def native_status() -> str:
-    """One line for get_server_info: 'native: <compiler; threads; file>' or 'torch reference: <why>'."""
+    """One line for get_server_info: 'native: <level (why: flags)>; <compiler>; <threads>; <file>' or
+    'torch reference: <why>'. Raises ValueError for an SGLPY_CPU_ISA this CPU cannot run."""
     if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
         return f"torch reference: {DISABLE_ENV} is set"
     build = _default_build()

@@ -59,3 +59,18 @@ def quant_linear_cpu(lib: ctypes.CDLL, x: torch.Tensor, kind: str, qweight: torc
     fn(x.data_ptr(), m, k, qweight.data_ptr(), scales.data_ptr(), None if bias is None else bias.data_ptr(),
        y.data_ptr(), out_features, torch.get_num_threads())
     return y
+
+
+def native_error_bound(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """[M, N] bound on |native GEMV - float32 x @ weight^T| (weight: the dequantized float32 [N, K]): float32
+    rounding, plus, where the build quantizes activations to int8 per block of 32 (csrc/q8_dot.h),
+    sum_k |W[n, k]| * d_block(k) / 2 with d = max |x| over the block / 127 (each activation moves by <= d / 2)."""
+    # x: [M, K], weight: [N, K] -> [M, N]
+    x = x.to(torch.float32)
+    tol = 1e-5 + 1e-5 * (x @ weight.t()).abs()
+    if lib.sglpy_gemv_int8_activations():
+        m, k = x.shape
+        pad = torch.nn.functional.pad(x.abs(), (0, (-k) % 32)).view(m, -1, 32)
+        d = (pad.amax(-1) / 127.0).repeat_interleave(32, 1)[:, :k]  # [M, K]
+        tol = tol + (d / 2) @ weight.abs().t() * 1.0001
+    return tol

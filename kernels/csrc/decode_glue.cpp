@@ -24,7 +24,10 @@ static inline void store_as(bf16_t* p, float x) {  // round to nearest even, as 
   p->bits = (uint16_t)(b >> 16);
 }
 static inline void store_as(f16_t* p, float x) {
-#if defined(__FLT16_MAX__)
+#if defined(__aarch64__)
+  const __fp16 h = (__fp16)x;  // fcvt: round to nearest even (g++ has no _Float16 in C++ on aarch64)
+  std::memcpy(&p->bits, &h, 2);
+#elif defined(__FLT16_MAX__)
   const _Float16 h = (_Float16)x;  // round to nearest even (vcvtps2ph with F16C)
   std::memcpy(&p->bits, &h, 2);
 #else

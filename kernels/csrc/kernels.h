@@ -25,4 +25,5 @@ int64_t sglpy_rotary_store(float* qkv, int64_t M, int64_t row_stride, int64_t H,
                            void* v_cache, int32_t kv_dtype, int64_t num_slots, int64_t kv_row, const int64_t* loc,
                            int32_t nthreads);
 int64_t sglpy_silu_mul(const float* gate_up, int64_t M, int64_t I, float* out, int32_t nthreads);
+int32_t sglpy_gemv_int8_activations();
 }

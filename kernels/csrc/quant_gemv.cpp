@@ -1,11 +1,17 @@
 // Weight-only quantized matrix x vector for a few rows (decode): y[m, n] = sum_k W[n, k] x[m, k] (+ bias[n]),
-// float32 activations in and out (no bf16 rounding), weights dequantized in registers and reused by every row.
+// float32 activations in and out. Where the CPU has an integer dot product (q8_dot.h: AVX2, AVX-512, aarch64
+// dotprod) the activations are quantized to int8 per block of 32 and the blocks multiplied in integers; elsewhere
+// (SSE2, ARM without dotprod) the weights are dequantized to float in registers. Either way each weight is read once
+// per pass and reused by every row of the pass.
 // Oracle: kernels/quant_linear.py:quant_linear_reference (tests/kernels/test_kernels_cpu_native.py).
 //   int8: q int8 [N, K], scale float32 [N] (per output channel): W = q * scale.
 //   int4: q uint8 [N, K / 32, 16]: byte i of a group holds input i in its low nibble and input i + 16 in its high
 //         nibble; sz bf16 [N, 2, K / 32] = each row's scales, then its zeros: W = (code - 8) * scale + zero.
+#include <vector>
+
 #include "cpu_common.h"
 #include "kernels.h"
+#include "q8_dot.h"
 
 namespace sglpy {
 namespace {
@@ -81,6 +87,94 @@ void int4_rows(const float* x, int64_t K, const uint8_t* q, const uint16_t* sz, 
   }
 }
 
+#if defined(SGLPY_Q8_ACT)
+// MR rows of int8 activations (a[m]) against int4 codes: y = sum_g s_g * d_g * (codes . xq)_g + sum_g z'_g * xsum_g,
+// W = code * s + z' with z' = z - 8 s folded in by the same pre-pass as the float kernel.
+template <int MR>
+void int4_rows_q8(const Q8Row* a, int64_t K, const uint8_t* q, const uint16_t* sz, const float* bias, float* y,
+                  int64_t N, int64_t n0, int64_t n1) {
+  const int64_t groups = K / 32;
+  float sf[MAX_GROUPS], zf[MAX_GROUPS];
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* qn = q + n * groups * 16;
+    const uint16_t* sn = sz + n * groups * 2;
+    const uint16_t* zn = sn + groups;
+#pragma omp simd
+    for (int64_t g = 0; g < groups; ++g) {
+      sf[g] = bf16_to_f32(sn[g]);
+      zf[g] = bf16_to_f32(zn[g]) - 8.f * sf[g];
+    }
+    facc acc[MR][2];  // two chains per row (a cvt + FMA per block is latency-bound on one)
+    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = facc_zero();
+    int64_t g = 0;
+    for (; g + 2 <= groups; g += 2) {
+      const WBlock w0 = load_w_u4(qn + g * 16), w1 = load_w_u4(qn + g * 16 + 16);
+      for (int m = 0; m < MR; ++m) {
+        acc[m][0] = fma_u4(acc[m][0], w0, a[m].q + g * 32, sf[g] * a[m].d[g]);
+        acc[m][1] = fma_u4(acc[m][1], w1, a[m].q + g * 32 + 32, sf[g + 1] * a[m].d[g + 1]);
+      }
+    }
+    if (g < groups) {
+      const WBlock w0 = load_w_u4(qn + g * 16);
+      for (int m = 0; m < MR; ++m) acc[m][0] = fma_u4(acc[m][0], w0, a[m].q + g * 32, sf[g] * a[m].d[g]);
+    }
+    const float add = bias != nullptr ? bias[n] : 0.f;
+    for (int m = 0; m < MR; ++m) {
+      float zsum = 0.f;
+      const float* xs = a[m].sum;
+#pragma omp simd reduction(+ : zsum)
+      for (int64_t j = 0; j < groups; ++j) zsum += zf[j] * xs[j];
+      y[m * N + n] = facc_sum(acc[m][0] + acc[m][1]) + zsum + add;
+    }
+  }
+}
+
+// MR rows of int8 activations against int8 weights (per-channel scale); K a multiple of 16: a last block of 16
+// reads its weights through a zero-padded copy (the activations are padded with zeros too).
+template <int MR>
+void int8_rows_q8(const Q8Row* a, int64_t K, const int8_t* q, const float* scale, const float* bias, float* y,
+                  int64_t N, int64_t n0, int64_t n1) {
+  const int64_t full = K / 32;
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* qn = q + n * K;
+    facc acc[MR][2];
+    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = facc_zero();
+    int64_t b = 0;
+    for (; b + 2 <= full; b += 2) {
+      const WBlock w0 = load_w_s8(qn + b * 32), w1 = load_w_s8(qn + b * 32 + 32);
+      for (int m = 0; m < MR; ++m) {
+        acc[m][0] = fma_s8(acc[m][0], w0, a[m].q + b * 32, a[m].d[b]);
+        acc[m][1] = fma_s8(acc[m][1], w1, a[m].q + b * 32 + 32, a[m].d[b + 1]);
+      }
+    }
+    for (; b * 32 < K; ++b) {
+      alignas(32) int8_t pad[32] = {};
+      std::memcpy(pad, qn + b * 32, (size_t)std::min<int64_t>(32, K - b * 32));
+      const WBlock w0 = load_w_s8(pad);
+      for (int m = 0; m < MR; ++m) acc[m][0] = fma_s8(acc[m][0], w0, a[m].q + b * 32, a[m].d[b]);
+    }
+    const float add = bias != nullptr ? bias[n] : 0.f;
+    for (int m = 0; m < MR; ++m) y[m * N + n] = facc_sum(acc[m][0] + acc[m][1]) * scale[n] + add;
+  }
+}
+
+// The activations of one call, quantized once before the row blocks split across threads.
+struct Q8Acts {
+  std::vector<int8_t> q;
+  std::vector<float> d, sum;
+  int64_t blocks = 0;
+  void quantize(const float* x, int64_t M, int64_t K) {
+    blocks = (K + QBLOCK - 1) / QBLOCK;
+    q.resize((size_t)(M * blocks * QBLOCK));
+    d.resize((size_t)(M * blocks));
+    sum.resize((size_t)(M * blocks));
+    for (int64_t m = 0; m < M; ++m)
+      quantize_row_q8(x + m * K, K, q.data() + m * blocks * QBLOCK, d.data() + m * blocks, sum.data() + m * blocks);
+  }
+  Q8Row row(int64_t m) const { return {q.data() + m * blocks * QBLOCK, d.data() + m * blocks, sum.data() + m * blocks}; }
+};
+#endif
+
 template <typename Rows>
 void for_row_blocks(int64_t N, int32_t nthreads, Rows rows) {
   const int64_t blocks = (N + ROW_BLOCK - 1) / ROW_BLOCK;
@@ -109,6 +203,39 @@ void passes(const Kernel& k, int64_t M, int64_t N, int32_t nthreads) {
   }
 }
 
+#if defined(SGLPY_Q8_ACT)
+struct Int8Kernel {
+  const Q8Acts& a;
+  int64_t K;
+  const int8_t* q;
+  const float* scale;
+  const float* bias;
+  float* y;
+  int64_t N;
+  template <int MR>
+  void rows(int64_t m0, int64_t n0, int64_t n1) const {
+    Q8Row r[MR];
+    for (int m = 0; m < MR; ++m) r[m] = a.row(m0 + m);
+    int8_rows_q8<MR>(r, K, q, scale, bias, y + m0 * N, N, n0, n1);
+  }
+};
+
+struct Int4Kernel {
+  const Q8Acts& a;
+  int64_t K;
+  const uint8_t* q;
+  const uint16_t* sz;
+  const float* bias;
+  float* y;
+  int64_t N;
+  template <int MR>
+  void rows(int64_t m0, int64_t n0, int64_t n1) const {
+    Q8Row r[MR];
+    for (int m = 0; m < MR; ++m) r[m] = a.row(m0 + m);
+    int4_rows_q8<MR>(r, K, q, sz, bias, y + m0 * N, N, n0, n1);
+  }
+};
+#else
 struct Int8Kernel {
   const float* x;
   int64_t K;
@@ -136,6 +263,7 @@ struct Int4Kernel {
     int4_rows<MR>(x + m0 * K, K, q, sz, bias, y + m0 * N, N, n0, n1);
   }
 };
+#endif
 
 }  // namespace
 }  // namespace sglpy
@@ -145,13 +273,35 @@ using namespace sglpy;
 // x float32 [M, K], y float32 [M, N]; K a multiple of 16. Returns 0.
 extern "C" int64_t sglpy_gemv_int8(const float* x, int64_t M, int64_t K, const int8_t* q, const float* scale,
                                    const float* bias, float* y, int64_t N, int32_t nthreads) {
+#if defined(SGLPY_Q8_ACT)
+  thread_local Q8Acts acts;
+  acts.quantize(x, M, K);
+  passes(Int8Kernel{acts, K, q, scale, bias, y, N}, M, N, nthreads);
+#else
   passes(Int8Kernel{x, K, q, scale, bias, y, N}, M, N, nthreads);
+#endif
   return 0;
 }
 
 // x float32 [M, K], y float32 [M, N]; K a multiple of 32 (the group size), at most 32 * MAX_GROUPS. Returns 0.
 extern "C" int64_t sglpy_gemv_int4(const float* x, int64_t M, int64_t K, const uint8_t* q, const uint16_t* sz,
                                    const float* bias, float* y, int64_t N, int32_t nthreads) {
+#if defined(SGLPY_Q8_ACT)
+  thread_local Q8Acts acts;
+  acts.quantize(x, M, K);
+  passes(Int4Kernel{acts, K, q, sz, bias, y, N}, M, N, nthreads);
+#else
   passes(Int4Kernel{x, K, q, sz, bias, y, N}, M, N, nthreads);
+#endif
   return 0;
+}
+
+// 1 when this build quantizes the GEMV's activations to int8 (q8_dot.h), 0 when it keeps them float32: the tests'
+// tolerance and get_server_info's description depend on it.
+extern "C" int32_t sglpy_gemv_int8_activations() {
+#if defined(SGLPY_Q8_ACT)
+  return 1;
+#else
+  return 0;
+#endif
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglpy.kernels.cpu_native import native_isa
 from sglpy.kernels.quant_linear import (PackedLinear, dequantize_int4, dequantize_int8, pack_linear,
                                         quant_linear_unchecked, quantize_int4, quantize_int8)
 from ..config import QUANTIZATION_MODES
@@ -59,10 +60,15 @@ def int4_loses_nothing(model: nn.Module) -> bool:
 
 def dense_copy_dtype() -> torch.dtype:
     """dtype of the dense weight copy for many-row calls: bf16 on CPUs with native bf16 matmul (AMX or
-    AVX512-BF16), where a bf16 GEMM beats the packed kernels from 8 rows; float32 elsewhere (from 16 rows)."""
+    AVX512-BF16), where a bf16 GEMM beats the packed kernels from 8 rows; float32 elsewhere (from 16 rows), where a
+    bf16 GEMM is emulated and slow. A native kernel level forced below avx512 (SGLPY_CPU_ISA=avx2|baseline) stands
+    for a CPU without either, so it takes the float32 copy too."""
     cpu = torch.cpu
     native = bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)()
                   or getattr(cpu, "_is_avx512_bf16_supported", lambda: False)())
+    isa = native_isa()
+    if isa is not None and isa != "avx512":
+        native = False
     return torch.bfloat16 if native else torch.float32
 
 

@@ -16,9 +16,12 @@ from sglpy.kernels.cpu_native import DISABLE_ENV, build_native, find_compiler, n
 from sglpy.kernels.decode_attention import decode_attention, decode_attention_reference
 from sglpy.kernels.decode_attention_cpu import decode_attention_cpu, supports
 from sglpy.kernels.decode_plan import decode_attention_planned, plan_decode_attention
+from sglpy.kernels.quant_linear import quant_linear_reference
 from sglpy.runtime.testing.kernel_cases import make_paged_batch
 
-needs_native = pytest.mark.skipif(find_compiler() is None, reason="no C++ compiler on this machine")
+_DISABLED = __import__("os").environ.get(DISABLE_ENV, "") not in ("", "0")
+needs_native = pytest.mark.skipif(find_compiler() is None or _DISABLED,
+                                  reason=f"no C++ compiler on this machine, or {DISABLE_ENV} is set")
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +211,7 @@ def test_sources_ship_with_the_package():
        with_bias=st.booleans(), seed=st.integers(0, 1000))
 def test_gemv_matches_the_reference(kind, n, groups, rows, with_bias, seed):
     """Any N (no 16-row interleave), K a multiple of 32, M over eight rows (several passes over the weights)."""
-    from sglpy.kernels.quant_linear import pack_linear, quant_linear_reference
+    from sglpy.kernels.quant_linear import pack_linear
     from sglpy.kernels.quant_linear_cpu import quant_linear_cpu
 
     g = torch.Generator().manual_seed(seed)
@@ -218,7 +221,18 @@ def test_gemv_matches_the_reference(kind, n, groups, rows, with_bias, seed):
     p = pack_linear(w, bias, kind, 32, native=True)
     x = torch.randn(rows, k, generator=g)
     got = quant_linear_cpu(native_lib(), x, p.kind, p.qweight, p.scales, p.bias, p.out_features)
-    torch.testing.assert_close(got, quant_linear_reference(x, p), rtol=1e-5, atol=1e-5)
+    assert_gemv_close(native_lib(), got, x, p)
+
+
+def assert_gemv_close(lib, got: torch.Tensor, x: torch.Tensor, p) -> None:
+    """The native GEMV's output within native_error_bound of the reference."""
+    from sglpy.kernels.quant_linear import dequantize
+    from sglpy.kernels.quant_linear_cpu import native_error_bound
+
+    want = quant_linear_reference(x, p)
+    err = (got - want).abs()
+    tol = native_error_bound(lib, x, dequantize(p))
+    assert got.shape == want.shape and bool((err <= tol).all()), f"max excess {(err - tol).max().item():.3g}"
 
 
 # ---------------------------------------------------------------- decode glue: rmsnorm, rotary + store, silu * up
@@ -320,30 +334,35 @@ def test_rmsnorm_rows_in_parallel_match_the_reference(rows, monkeypatch):
 
 
 @needs_native
-@pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="x86-64 micro-architecture levels")
-@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])
-def test_generic_code_paths_without_avx512(march, tmp_path):
-    """Built for AVX2 (x86-64-v3) or SSE2 (x86-64): the widening loads' portable branch, every kernel still right."""
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "baseline", "neon"])
+def test_every_isa_level_this_cpu_runs_matches_the_references(isa):
+    """Each instruction-set level's build (kernels/cpu_isa.py; on this box forced, as SGLPY_CPU_ISA does): every
+    kernel against its reference: the widening loads' portable branch, the int8-activation GEMV, the float one."""
     from sglpy.kernels.activation import silu_and_mul_reference
+    from sglpy.kernels.cpu_isa import read_cpu_flags, runnable_levels
     from sglpy.kernels.decode_glue_cpu import rmsnorm_cpu, rotate_and_store_cpu, silu_and_mul_cpu
-    from sglpy.kernels.quant_linear import pack_linear, quant_linear_reference
+    from sglpy.kernels.quant_linear import pack_linear
     from sglpy.kernels.quant_linear_cpu import quant_linear_cpu
     from sglpy.kernels.rmsnorm import rmsnorm_reference
     from sglpy.kernels.rotary_store import rotate_and_store_reference
 
-    built = build_native(find_compiler(), tmp_path, march=march)
-    assert built.lib is not None, built.detail
+    if isa not in runnable_levels(read_cpu_flags()):
+        pytest.skip(f"this CPU does not run the {isa} level")
+    built = build_native(find_compiler(), cpu_native.cache_dir(), isa=isa)  # shared with SGLPY_CPU_ISA runs
+    assert built.lib is not None and built.isa == isa, built.detail
     lib = built.lib
+    assert lib.sglpy_gemv_int8_activations() == (isa in ("avx512", "avx2") or "+dotprod" in built.detail)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         _check(lib, [1, 70, 300], 9, 3, 64, dtype)
         _check(lib, [2000], 4, 2, 48, dtype)  # split into chunks; head_dim 48: the runtime-width path
         _check_extend(lib, [0, 70], [100, 3], 9, 3, 64, dtype)
         _check_extend(lib, [10], [90], 4, 2, 48, dtype)
-    for kind in ("int8", "int4"):
-        p = pack_linear(torch.randn(40, 96) * 0.05, torch.randn(40), kind, 32, native=True)
-        x = torch.randn(3, 96)
-        torch.testing.assert_close(quant_linear_cpu(lib, x, p.kind, p.qweight, p.scales, p.bias, 40),
-                                   quant_linear_reference(x, p), rtol=1e-5, atol=1e-5)
+    g = torch.Generator().manual_seed(3)
+    for kind, (n, k) in [("int8", (40, 96)), ("int8", (33, 80)), ("int4", (40, 96)), ("int4", (70, 576))]:
+        p = pack_linear(torch.randn(n, k, generator=g) * 0.05, torch.randn(n, generator=g), kind, 32, native=True)
+        for rows in (1, 3, 11):
+            x = torch.randn(rows, k, generator=g)
+            assert_gemv_close(lib, quant_linear_cpu(lib, x, p.kind, p.qweight, p.scales, p.bias, n), x, p)
     x, res, w = torch.randn(2, 64), torch.randn(2, 64), torch.randn(64)
     out, stream = rmsnorm_cpu(lib, x, w, 1e-6, res)
     want = rmsnorm_reference(x, w, 1e-6, res)

@@ -103,3 +103,28 @@ def test_constrained_outputs_stay_valid(tiny_model_path, quantization, kv_cache_
 
     assert re.fullmatch(r"(yes|no)-[0-9]{2}", outs[1]["text"])
     assert (info["quantization"], info["kv_cache_dtype"]) == (quantization, kv_cache_dtype)
+
+
+def test_dense_copy_is_bf16_only_where_the_cpu_computes_bf16(monkeypatch):
+    """The many-row copy: bf16 needs AMX or AVX512-BF16 and the avx512 kernel level; a forced avx2 level (what a
+    CPU without them runs) and a CPU without them get float32, never an emulated bf16 GEMM."""
+    from sglpy.kernels.cpu_isa import ISA_ENV
+    from sglpy.runtime.model import quantization as q
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    monkeypatch.setattr(q, "native_isa", lambda: "avx512")
+    assert q.dense_copy_dtype() == torch.bfloat16
+    monkeypatch.setattr(q, "native_isa", lambda: None)  # native kernels off: the CPU's flags decide
+    assert q.dense_copy_dtype() == torch.bfloat16
+    for level in ("avx2", "baseline"):
+        monkeypatch.setattr(q, "native_isa", lambda level=level: level)
+        assert q.dense_copy_dtype() == torch.float32
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(q, "native_isa", lambda: "avx512")
+    assert q.dense_copy_dtype() == torch.float32
+    monkeypatch.undo()
+    monkeypatch.setenv(ISA_ENV, "avx2")  # end to end: the forced level reaches the choice
+    from sglpy.kernels.cpu_native import find_compiler
+    if find_compiler() is not None:
+        assert q.dense_copy_dtype() == torch.float32
