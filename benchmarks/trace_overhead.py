@@ -9,6 +9,7 @@ round and the on/off ratio of the medians.
 
     .venv/bin/python benchmarks/trace_overhead.py                     # default model
     .venv/bin/python benchmarks/trace_overhead.py --rounds 6 --json
+    .venv/bin/python benchmarks/trace_overhead.py --micro            # CPU per token of the trace path alone
 """
 
 from __future__ import annotations
@@ -29,6 +30,49 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age", "city"]}
 
 
+def micro(out_len: int, reps: int = 200) -> None:
+    """CPU (process time) per output token of the trace path in isolation, on the default model's tokenizer: the
+    engine's RequestTrace per step, pickling the output for the pipe, the server's strip and (at the end) record."""
+    import pickle
+    import time
+
+    from transformers import AutoTokenizer
+
+    from sglpy.runtime.engine.request_trace import RequestTrace
+    from sglpy.runtime.messages import GenerateReqInput
+    from sglpy.runtime.model.loader import resolve_model_path
+    from sglpy.runtime.server.trace import build_record
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(None))
+    prompt = tok.encode("You are a careful assistant. " * 20)
+
+    class Req:
+        input_ids, output_ids, trace = prompt, [], None
+
+    def one(on: bool) -> float:
+        req = Req()
+        req.output_ids, req.trace = [], RequestTrace() if on else None
+        t0 = time.process_time()
+        for i in range(out_len):
+            req.output_ids.append(1000 + i)
+            meta = {"id": "x", "prompt_tokens": len(prompt), "completion_tokens": len(req.output_ids)}
+            if req.trace is not None:
+                meta["trace"] = req.trace.to_json(req, tok, i == out_len - 1)
+            ids, m = pickle.loads(pickle.dumps((req.output_ids, meta)))
+            chunk = {"text": "", "output_ids": ids, "meta_info": m}
+            if on:
+                trace = m.get("trace") or None
+                chunk = {**chunk, "meta_info": {k: v for k, v in m.items() if k != "trace"}}
+        if on:
+            build_record(GenerateReqInput(rid="x", text="t"), "/generate", 0.0, chunk, trace, "ok", 1.0)
+        return time.process_time() - t0
+
+    for on in (False, True):
+        per_token = statistics.median(one(on) for _ in range(reps)) / out_len * 1e6
+        print(f"trace {'on ' if on else 'off'}: {per_token:.1f} us of CPU per output token ({out_len}-token outputs, "
+              f"{len(prompt)}-token prompt, median of {reps})")
+
+
 def main() -> int:
     """Start both servers, alternate the rounds, print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,7 +87,13 @@ def main() -> int:
                     "the harness's own bias (an A/A run)")
     ap.add_argument("--together", action="store_true", help="load both servers at once in each round (on a busy "
                     "shared machine, both then see the same background load)")
+    ap.add_argument("--micro", action="store_true", help="only the CPU per output token of the trace path, "
+                    "in isolation (32- and 256-token outputs)")
     a = ap.parse_args()
+    if a.micro:
+        micro(32)
+        micro(256)
+        return 0
     prompts = make_prompts(a.requests, seed=11)
     sp = {"max_new_tokens": a.output_len, "temperature": 0, "ignore_eos": not a.json}
     if a.json:
