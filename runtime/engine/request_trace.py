@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 SAMPLED, JUMPED = "s", "j"  # output-token origins; prompt tokens are cached ("c") or prefilled ("p")
+MAX_PIECES = 4096  # token texts decoded per list (the server's records keep as many: runtime/server/trace.py)
 
 
 def decode_each(tokenizer, ids: list[int]) -> list[str]:
@@ -59,7 +60,7 @@ class RequestTrace:
         while keep < limit and ids[keep] == self._ids[keep]:
             keep += 1
         del self._pieces[keep:]
-        self._pieces.extend(decode_each(tokenizer, ids[keep:]))
+        self._pieces.extend(decode_each(tokenizer, ids[keep:MAX_PIECES]))
         self._ids = list(ids)
         return list(self._pieces)
 
@@ -75,6 +76,6 @@ class RequestTrace:
                "grammar_s": self.grammar_s, "output_origins": self.origins(n_out),
                "output_pieces": self.pieces(req.output_ids, tokenizer)}
         if final:  # prompt token texts once, with the final output
-            out["prompt_pieces"] = decode_each(tokenizer, req.input_ids)
+            out["prompt_pieces"] = decode_each(tokenizer, req.input_ids[:MAX_PIECES])
             out["prompt_ids"] = list(req.input_ids)
         return out

@@ -45,3 +45,13 @@ def test_final_mode_sends_the_trace_with_the_final_output_only():
     out = final.to_json(req, tok, final=True)
     assert out["output_origins"] == "ssss"[:3] and out["prompt_pieces"] == ["a", "b"] and out["prompt_ids"] == [1, 2]
     assert [s[1] for s in out["steps"]] == [1, 2, 3, 3]  # every step is timed, even those that sent nothing
+
+
+def test_token_texts_are_capped():
+    from sglpy.runtime.engine.request_trace import MAX_PIECES
+
+    tok = CountingTokenizer()
+    req = SimpleNamespace(input_ids=[1] * (MAX_PIECES + 10), output_ids=[2] * (MAX_PIECES + 3))
+    out = RequestTrace().to_json(req, tok, final=True)
+    assert len(out["prompt_pieces"]) == len(out["output_pieces"]) == MAX_PIECES
+    assert len(out["output_origins"]) == MAX_PIECES + 3
