@@ -183,6 +183,8 @@ class ReqToTokenPool:
         # req_to_token: [max_reqs + 1, max_context] int32 (read by the attention kernels); the extra row is never
         # handed out: padded decode rows read through it (KVManager points it at the pool's padding slot)
         self.req_to_token = torch.zeros(max_reqs + 1, max_context, dtype=torch.int32, device=device)
+        # on CPU a numpy view of the same memory: a write is one numpy assignment, no tensor built per write
+        self._np = self.req_to_token.numpy() if self.req_to_token.device.type == "cpu" else None
         self.padding_row = max_reqs
         self._free_rows = list(range(max_reqs - 1, -1, -1))
         self.max_context = max_context
@@ -201,13 +203,20 @@ class ReqToTokenPool:
 
     def _write(self, row: int, start: int, slots: list[int]) -> None:
         """Record slots for positions start..start+len(slots)-1 of a request's row."""
-        if slots:  # pinned + non_blocking on CUDA: scheduling must not wait for the forward in flight
+        if not slots:
+            return
+        if self._np is not None:
+            self._np[row, start:start + len(slots)] = slots
+        else:  # pinned + non_blocking on CUDA: scheduling must not wait for the forward in flight
             copy_to(self.req_to_token[row, start:start + len(slots)], slots, torch.int32)
 
     def _write_each(self, rows: list[int], positions: list[int], slots: list[int]) -> None:
         """req_to_token[rows[i], positions[i]] = slots[i] for every i, in one indexed write (a decode step)."""
-        if slots:
-            dev = self.req_to_token.device
-            t = self.req_to_token
-            t.index_put_((to_device(rows, torch.int64, dev), to_device(positions, torch.int64, dev)),
-                         to_device(slots, torch.int32, dev))
+        if not slots:
+            return
+        if self._np is not None:
+            self._np[rows, positions] = slots
+            return
+        dev = self.req_to_token.device
+        self.req_to_token.index_put_((to_device(rows, torch.int64, dev), to_device(positions, torch.int64, dev)),
+                                     to_device(slots, torch.int32, dev))
