@@ -167,7 +167,10 @@ def measure(args) -> list[dict]:
     from sglpy.runtime.engine import Engine
 
     todo = cases(args)
-    eng = Engine(tiny_model(args.vocab), quantization="none", max_running_requests=max(256, max(b for b, _ in todo)))
+    # grammar_workers=0: no compile worker processes starting up beside the first measured case (nothing here is
+    # constrained)
+    eng = Engine(tiny_model(args.vocab), quantization="none", grammar_workers=0,
+                 max_running_requests=max(256, max(b for b, _ in todo)))
     try:
         run_case(eng, 4, True, 8, args.prompt_len, False)  # warm-up: first-call costs out of the numbers
         results = []
