@@ -11,7 +11,7 @@ KEY = "browser-test-key"  # the server fixture's key (conftest.py)
 SEVERE = "SEVERE"
 
 
-def wait_for(browser, predicate, timeout=20.0, what="condition"):
+def wait_for(browser, predicate, timeout=60.0, what="condition"):
     from selenium.webdriver.support.ui import WebDriverWait
 
     return WebDriverWait(browser, timeout, poll_frequency=0.05).until(lambda d: predicate(d), message=what)
@@ -104,11 +104,18 @@ def test_bad_schema_shows_the_server_error(browser, console_server):
     wait_for(browser, lambda d: "objec" in by_id(d, "gen-error").text, what="the generate error")
 
 
+def card(browser, name) -> float:
+    """A dashboard card's number, read by script (the cards are rebuilt every second: no stale element)."""
+    text = browser.execute_script("const e = document.getElementById('card-' + arguments[0]);"
+                                  "return e ? e.textContent : null;", name)
+    return float(text) if text not in (None, "") else -1.0
+
+
 def test_dashboard_updates_under_load(browser, console_server):
     open_console(browser, console_server)
     by_id(browser, "tab-dashboard").click()
-    wait_for(browser, lambda d: d.find_elements("id", "card-generated"), what="dashboard cards")
-    before = int(by_id(browser, "card-generated").text)
+    wait_for(browser, lambda d: card(d, "generated") >= 0, what="dashboard cards")
+    before = card(browser, "generated")
     stop = threading.Event()
 
     def load():
@@ -120,8 +127,8 @@ def test_dashboard_updates_under_load(browser, console_server):
     for t in threads:
         t.start()
     try:
-        wait_for(browser, lambda d: int(by_id(d, "card-generated").text) >= before + 32, what="generated tokens")
-        wait_for(browser, lambda d: float(by_id(d, "card-tps").text) > 0, what="tokens/s")
+        wait_for(browser, lambda d: card(d, "generated") >= before + 32, timeout=60, what="generated tokens")
+        wait_for(browser, lambda d: card(d, "tps") > 0, timeout=60, what="tokens/s")
     finally:
         stop.set()
         for t in threads:
