@@ -1,8 +1,30 @@
-"""Incremental detokenization that never emits a broken UTF-8 character."""
+"""Incremental detokenization that never emits a broken UTF-8 character.
+
+A request whose text nobody reads while it runs (not streamed, no stop string or stop_regex) is detokenized
+once per emitted chunk (`catch_up`: at its finish, or when an output is built), not per token. A chunk that
+ends on a complete character gives the text of pushing its tokens one by one (the decode of the window past
+the last complete character either way); one that ends inside a character, and every chunk on tokenizers that
+clean up spaces around punctuation across a window edge, is pushed one token at a time.
+"""
 
 from __future__ import annotations
 
+import weakref
+
 CONTEXT_TOKENS = 5  # prompt tokens decoded along with outputs so leading spaces come out right
+
+# tokenizer -> {(skip_special_tokens, spaces_between_special_tokens): {token id: its text alone}}. decode() of
+# one token is a pure function of the tokenizer, so the memo changes no result; it saves the second decode
+# call of most pushes (the previous token alone), shared by every request of an engine.
+_single_token_text: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _single_token_cache(tokenizer, key: tuple) -> dict | None:
+    try:
+        per_tokenizer = _single_token_text.setdefault(tokenizer, {})
+    except TypeError:  # a tokenizer that cannot be weakly referenced: no memo
+        return None
+    return per_tokenizer.setdefault(key, {})
 
 
 class IncrementalDetokenizer:
@@ -13,12 +35,25 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.kwargs = {"skip_special_tokens": skip_special_tokens,
                        "spaces_between_special_tokens": spaces_between_special_tokens}
+        self.single = _single_token_cache(tokenizer, (skip_special_tokens, spaces_between_special_tokens))
+        self.chunked = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self.broken = False
         self.ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.start = len(self.ids)
 
+    @property
+    def consumed(self) -> int:
+        """Output tokens pushed so far."""
+        return len(self.ids) - self.start
+
     def _decode(self, ids: list[int]) -> str:
+        if len(ids) == 1 and self.single is not None:
+            text = self.single.get(ids[0])
+            if text is None:
+                text = self.single[ids[0]] = self.tokenizer.decode(ids, **self.kwargs)
+            return text
         return self.tokenizer.decode(ids, **self.kwargs) if ids else ""
 
     def push(self, token_ids: list[int]) -> str:
@@ -31,6 +66,34 @@ class IncrementalDetokenizer:
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
             return delta
         return ""
+
+    def catch_up(self, output_ids: list[int]) -> str:
+        """Push the output ids not pushed yet (up to an unresolved overlap placeholder, < 0); the new text."""
+        if self.broken:  # a decode raised already: that failure ended the request (its phase says where)
+            return ""
+        try:
+            return self._catch_up(output_ids)
+        except Exception:
+            self.broken = True
+            raise
+
+    def _catch_up(self, output_ids: list[int]) -> str:
+        pending = output_ids[self.consumed:]
+        for i, t in enumerate(pending):
+            if t < 0:
+                pending = pending[:i]
+                break
+        if not pending:
+            return ""
+        if self.chunked and len(pending) > 1:
+            prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
+            new_text = self._decode(self.ids[self.prefix_offset:] + pending)
+            if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+                self.ids.extend(pending)
+                self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+                return new_text[len(prefix_text):]
+            # the chunk ends inside a character: single pushes emit what came before it, so do those
+        return "".join(self.push([t]) for t in pending)
 
     def flush(self) -> str:
         """Text of tokens still held back, at finish; a character cut off by the finish is dropped."""

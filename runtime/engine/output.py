@@ -14,8 +14,16 @@ def _triples(recs: list[TokenLogprob], tok, with_text: bool) -> list:
     return [[r.logprob, r.token_id, text(r.token_id)] for r in recs]
 
 
+def sync_text(req: Req) -> None:
+    """Detokenize the tokens a request without stop rules left for its next output (processor.py defers them)."""
+    s = req.sampling
+    if req.detok is not None and not s.stop and not s.stop_regex:
+        req.text += req.detok.catch_up(req.output_ids)
+
+
 def build_output(req: Req, tokenizer) -> ReqOutput:
     """The request's cumulative output so far (SGLang's /generate object), final once it finished."""
+    sync_text(req)
     return_text_in_logprobs = req.return_text_in_logprobs
     meta = {
         "id": req.rid,

@@ -85,13 +85,19 @@ class Penalties:
         """How often each entry of flat (row * vocab + token) occurs in flat, per entry."""
         if self.scratch is None or self.scratch.numel() < size or self.scratch.device != flat.device:
             self.scratch = torch.zeros(size, dtype=torch.int32, device=flat.device)
-        self.scratch.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-        counts = self.scratch[flat]
-        self.scratch[flat] = 0
+        try:
+            self.scratch.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+            counts = self.scratch[flat]
+            self.scratch[flat] = 0
+        except Exception:
+            self.scratch = None  # maybe left dirty part-way: a fresh zeroed one next time
+            raise
         return counts
 
-    def apply(self, logits: torch.Tensor, reqs: list[Req], eos_ids: set[int]) -> None:
-        """Apply every row's penalties, logit bias and min_new_tokens mask to logits [b, vocab] in place."""
+    def apply(self, logits: torch.Tensor, reqs: list[Req], eos_ids: set[int], undo: list | None = None) -> None:
+        """Apply every row's penalties, logit bias and min_new_tokens mask to logits [b, vocab] in place.
+
+        undo, when given, receives (rows, tokens, old values) before each write (see `restore`)."""
         vocab = logits.shape[1]
         rep_rows, rep_parts, rep_vals = [], [], []
         freq_rows, freq_parts, freq_f, freq_p = [], [], [], []
@@ -128,6 +134,8 @@ class Penalties:
             factor = np.repeat(np.asarray(rep_vals, dtype=np.float32), [len(p) for p in rep_parts])
             rows, toks, factor = _to(rows, dev), _to(toks, dev), _to(factor, dev)
             v = logits[rows, toks]
+            if undo is not None:
+                undo.append((rows, toks, v))
             logits[rows, toks] = torch.where(v > 0, v / factor, v * factor)  # repeats write equal values
         if freq_rows:
             rows, toks = _flat(freq_rows, freq_parts)
@@ -136,14 +144,33 @@ class Penalties:
             p = _to(np.repeat(np.asarray(freq_p, dtype=np.float32), lens), dev)
             rows, toks = _to(rows, dev), _to(toks, dev)
             counts = self._counts(rows * vocab + toks, len(reqs) * vocab).to(logits.dtype)
-            logits[rows, toks] = logits[rows, toks] - (f * counts + p * (counts > 0).to(logits.dtype))
+            v = logits[rows, toks]
+            if undo is not None:
+                undo.append((rows, toks, v))
+            logits[rows, toks] = v - (f * counts + p * (counts > 0).to(logits.dtype))
         if bias_rows:
             rows, ids = _flat(bias_rows, bias_ids)
             rows, ids, vals = _to(rows, dev), _to(ids, dev), _to(np.concatenate(bias_vals), dev)
-            logits[rows, ids] = logits[rows, ids] + vals.to(logits.dtype)
+            v = logits[rows, ids]
+            if undo is not None:
+                undo.append((rows, ids, v))
+            logits[rows, ids] = v + vals.to(logits.dtype)
         if mask_rows:
             rows, ids = _flat(mask_rows, mask_ids)
-            logits[_to(rows, dev), _to(ids, dev)] = float("-inf")
+            rows, ids = _to(rows, dev), _to(ids, dev)
+            if undo is not None:
+                undo.append((rows, ids, logits[rows, ids]))
+            logits[rows, ids] = float("-inf")
+
+
+@torch.inference_mode()
+def restore(logits: torch.Tensor, undo: list) -> None:
+    """Undo in-place changes recorded by Penalties.apply (and whole rows: (rows, None, their old values))."""
+    for rows, cols, old in reversed(undo):
+        if cols is None:
+            logits[rows] = old
+        else:
+            logits[rows, cols] = old  # a repeated position holds the same old value in every record
 
 
 def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:

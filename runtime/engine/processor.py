@@ -16,6 +16,7 @@ import torch
 from ..core import BatchEntry, FinishReason, ForwardOutput, Req, TokenLogprob
 from ..device_io import rows as take_rows
 from .isolation import Isolation
+from .penalties import restore
 from .sampler import Sampler, token_logprobs
 from .stops import append_text, check_token_stop
 
@@ -89,10 +90,11 @@ class OutputProcessor:
                   if out.sample_row[i] is not None and not e.req.finished and (valid is None or valid[i])]
         rows, reqs = [p[0] for p in picked], [p[1] for p in picked]
         failed: list[Req] = []
-        tokens = self._sample(reqs, rows, out, failed) if picked else []
         lp_index = [j for j, r in enumerate(reqs) if r.return_logprob]
-        # a copy: the logits may be a CUDA-graph output that the next replay overwrites
+        # a copy, before sampling changes rows in place; the logits may be a CUDA-graph output that the next
+        # replay overwrites
         lp_logits = take_rows(out.logits, [rows[j] for j in lp_index]) if lp_index else None
+        tokens = self._sample(reqs, rows, out, failed) if picked else []
         return SampleLaunch(reqs, tokens, lp_index, lp_logits, failed)
 
     def complete(self, launch: SampleLaunch, tokens: list[int | None]) -> list[Req]:
@@ -120,13 +122,20 @@ class OutputProcessor:
         """One token per request: a device tensor when batched; per row (None: failed) only after a failure."""
         uniforms = self.sampler.draw_uniforms(reqs)
         vocab = out.logits.shape[1]
+        # a decode batch samples every logits row in order: penalties and masks change the forward's logits in
+        # place (recorded in undo), instead of a copy of the whole batch; otherwise the rows are copied
+        in_place = (len(rows) == out.logits.shape[0] and rows == list(range(len(rows)))
+                    and not any(len(r) for r in out.input_rows))
+        undo: list | None = [] if in_place else None
         try:
             self._probe_all(("grammar mask", "sampling"), reqs)
-            logits = take_rows(out.logits, rows)  # [n, vocab], a copy: penalties and masks change it in place
+            logits = out.logits if in_place else take_rows(out.logits, rows)  # [n, vocab]
             bitmask, masked = self.constrained.masks(reqs, vocab) if self.constrained is not None else (None, None)
-            return self.sampler.sample_tensor(logits, reqs, self.eos_ids, uniforms, bitmask, masked)
+            return self.sampler.sample_tensor(logits, reqs, self.eos_ids, uniforms, bitmask, masked, undo)
         except Exception:  # noqa: BLE001 - find the culprit below
             logger.warning("batched sampling of %d requests failed; redoing them one by one", len(reqs))
+            if undo:
+                restore(out.logits, undo)  # the retries start from the forward's logits
         tokens: list[int | None] = []
         for r, row, u in zip(reqs, rows, uniforms):
             phase = "grammar mask"
@@ -189,7 +198,10 @@ class OutputProcessor:
             phase = "detokenize"
             if probe:
                 probe(phase, r)
-            delta = r.detok.push([tok])
+            s = r.sampling
+            # text nobody reads before the finish waits for it (one decode for the chunk; detokenizer.py)
+            now_text = reason is not None or r.stream or s.stop or s.stop_regex
+            delta = r.detok.catch_up(r.output_ids) if now_text else ""
             if reason is not None:
                 delta += r.detok.flush()
             phase = "stop string"

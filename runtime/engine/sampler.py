@@ -81,14 +81,20 @@ class Sampler:
         """Next token per row of logits [b, vocab] (modified in place) for reqs, with uniforms from draw_uniforms."""
         return self.sample_tensor(logits, reqs, eos_ids, uniforms, bitmask, masked_rows).tolist()
 
+    @torch.inference_mode()  # the forward's logits are inference tensors, changed in place here
     def sample_tensor(self, logits: torch.Tensor, reqs: list[Req], eos_ids: set[int], uniforms: list[float | None],
-                      bitmask: torch.Tensor | None = None, masked_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """sample() without reading the result back: [b] int64 on the logits' device (overlap scheduling)."""
+                      bitmask: torch.Tensor | None = None, masked_rows: torch.Tensor | None = None,
+                      undo: list | None = None) -> torch.Tensor:
+        """sample() without reading the result back: [b] int64 on the logits' device (overlap scheduling).
+
+        undo, when given, records every in-place change to logits (penalties.restore puts them back)."""
         b, vocab = logits.shape
-        self.penalties.apply(logits, reqs, eos_ids)
+        self.penalties.apply(logits, reqs, eos_ids, undo)
         if bitmask is not None:
             if bitmask.device != logits.device:  # masks are built on the host (grammar/ is numpy)
                 bitmask, masked_rows = _to_device(bitmask, logits.device), _to_device(masked_rows, logits.device)
+            if undo is not None:
+                undo.append((masked_rows, None, logits[masked_rows]))
             apply_token_bitmask(logits, bitmask, masked_rows)  # grammar: disallowed -> -inf
         sampled = [i for i, u in enumerate(uniforms) if u is not None]
         if not sampled:

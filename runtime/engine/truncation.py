@@ -37,6 +37,7 @@ def top_candidates(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     c = _group_size(vocab, k)
     if not c:
         return x.topk(k, dim=-1)
+    x = x.contiguous()
     stride = vocab // c  # group g holds columns g, g + stride, g + 2 * stride, ...: a vectorised max over c rows
     group_max = x.view(n, c, stride).amax(dim=1)  # [n, stride]
     groups = group_max.topk(k, dim=-1).indices  # [n, k]
@@ -51,6 +52,7 @@ def greedy(x: torch.Tensor) -> torch.Tensor:
     c = _group_size(vocab, 1)
     if x.is_cuda or not c or n == 0:
         return x.argmax(dim=-1)
+    x = x.contiguous()
     stride = vocab // c
     group_max = x.view(n, c, stride).amax(dim=1)  # [n, stride]
     g = group_max.argmax(dim=-1)  # [n] the first group holding the maximum
@@ -99,7 +101,9 @@ def candidate_sample(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tens
     w = torch.exp(scaled - scaled[:, :1])  # [n, k] probabilities relative to the best candidate (1.0)
     cum = w.cumsum(dim=-1)
     if whole_row:
-        mass = torch.exp(logits / temp[:, None] - scaled[:, :1]).sum(dim=-1)  # [n]: the whole row's, relative
+        # [n]: the whole row's mass relative to the best token; summed in float64 so that how torch splits the
+        # sum (which can depend on the number of rows) does not show in float32
+        mass = torch.exp(logits / temp[:, None] - scaled[:, :1]).sum(dim=-1, dtype=torch.float64).float()
     else:
         mass = cum[:, -1]
     # top_p 1 keeps everything (no mass comparison that rounding could tip)

@@ -173,3 +173,21 @@ def test_token_logprobs_one_topk_for_mixed_k():
         assert rec.logprob == lp[i, i + 1].item() and rec.token_id == i + 1
         vals, idx = lp[i].topk(k) if k else (torch.empty(0), torch.empty(0, dtype=torch.int64))
         assert rec.top == tuple(zip(vals.tolist(), idx.tolist()))
+
+
+def test_undo_restores_the_logits_changed_in_place():
+    from sglpy.runtime.engine.penalties import restore
+
+    vocab, rng = 512, np.random.default_rng(4)
+    reqs = [_req(i, vocab, rng, **PENALTY_PARAMS[i % len(PENALTY_PARAMS)]) for i in range(18)]
+    for r in reqs:
+        r.output_ids = rng.integers(0, 6, size=5).tolist()
+    logits = torch.randn(len(reqs), vocab, generator=torch.Generator().manual_seed(9))
+    before, undo = logits.clone(), []
+    bitmask = torch.zeros(2, (vocab + 31) // 32, dtype=torch.int32)
+    bitmask[:, 0] = 0b1011
+    Sampler(0, torch.device("cpu")).sample_tensor(logits, reqs, EOS, [None] * len(reqs), bitmask,
+                                                  torch.tensor([3, 8]), undo)
+    assert not torch.equal(logits, before)
+    restore(logits, undo)
+    assert torch.equal(logits, before)

@@ -1,0 +1,52 @@
+"""Chunked detokenization (a request nobody reads until it ends) gives the text of per-token detokenization."""
+
+import random
+
+import pytest
+
+from sglpy.runtime.engine.detokenizer import IncrementalDetokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+def _sequences(tok, n, rng):
+    vocab = len(tok)
+    text_ids = tok.encode("Grüße aus Köln — 東京 🙂🎉 naïve café, x = f(y); \"quotes\"\n\ttabs  ", add_special_tokens=False)
+    special = list(tok.all_special_ids)
+    for _ in range(n):
+        kind = rng.random()
+        if kind < 0.3:  # arbitrary ids: byte tokens that split characters, specials, anything
+            yield [rng.randrange(vocab) for _ in range(rng.randrange(1, 40))]
+        elif kind < 0.6:  # real text, cut anywhere, with specials mixed in
+            ids = text_ids[rng.randrange(len(text_ids)):]
+            yield [t if rng.random() > 0.1 else rng.choice(special) for t in ids]
+        else:  # byte-level pieces of multi-byte characters
+            yield [rng.choice(text_ids + list(range(128, 400))) for _ in range(rng.randrange(1, 30))]
+
+
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_chunks_give_the_text_of_single_pushes(tokenizer, skip_special):
+    rng = random.Random(0)
+    prompt = tokenizer.encode("A prompt with context:")
+    for ids in _sequences(tokenizer, 400, rng):
+        one = IncrementalDetokenizer(tokenizer, prompt, skip_special)
+        per_token = "".join(one.push([t]) for t in ids)
+        chunked = IncrementalDetokenizer(tokenizer, prompt, skip_special)
+        text, done = "", 0
+        while done < len(ids):  # caught up in random chunks, as outputs are built
+            done = min(len(ids), done + rng.randrange(1, 8))
+            text += chunked.catch_up(ids[:done])
+        assert text == per_token, ids
+        assert text + chunked.flush() == per_token + one.flush(), ids
+
+
+def test_catch_up_stops_at_an_unresolved_placeholder(tokenizer):
+    ids = tokenizer.encode(" hello world", add_special_tokens=False)
+    d = IncrementalDetokenizer(tokenizer, [1])
+    assert d.catch_up(ids + [-1]) == IncrementalDetokenizer(tokenizer, [1]).push(ids)
+    assert d.consumed == len(ids)
