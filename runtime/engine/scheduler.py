@@ -129,7 +129,8 @@ class Scheduler:
         return ScheduledBatch(entries, len(decode), aborted)
 
     def _schedule_decode(self, aborted: list[Req]) -> list[BatchEntry]:
-        decode = [r for r in self.running.ordered() if r.pending == 1]
+        # r.pending == 1, inlined: this runs over every running request every step
+        decode = [r for r in self.running.ordered() if len(r.input_ids) + len(r.output_ids) - len(r.slots) == 1]
         if not decode:
             return []
         if self.kv.grow_each(decode):  # the steady state: every request's next slot in one call

@@ -126,8 +126,10 @@ class Stepper:
             if not self.overlap:
                 finished += self.processor.prepare(entries, cur.out)
                 cur.prepared = True
-            valid = [not e.req.finished and e.req.seq_len == e.prefix_len + e.extend_len
-                     and e.req.num_jumped_tokens == cur.jumped[i] for i, e in enumerate(entries)]
+                valid = None  # plain: nothing changed a request since its forward (finished rows are skipped)
+            else:  # a request that finished or jumped since its forward was launched has its row discarded
+                valid = [not e.req.finished and e.req.seq_len == e.prefix_len + e.extend_len
+                         and e.req.num_jumped_tokens == cur.jumped[i] for i, e in enumerate(entries)]
             cur.launch = launch = self.processor.launch(entries, cur.out, valid)
             if self.overlap and launch.reqs:
                 self._start_readback(cur)
