@@ -4,7 +4,9 @@ python benchmarks/decode_profile.py [--modes none,int8,int4] [--context 200] [--
 
 Per mode (`quantization[:kv_cache_dtype]`): one request's prompt is prefilled, then `steps` decode forwards
 run through the ModelRunner (model only: no scheduler, sampler or detokenizer) and `steps` more under the
-torch profiler. Reported per step: wall time, the time inside torch operators (the profiler's self CPU time
+torch profiler. The native kernels' ISA level is the best this CPU runs, or SGLPY_CPU_ISA's (printed first).
+Reported per step: wall time, the process's CPU time (all threads: on a loaded box the steadier number; with
+--threads 1 it is the work itself), the time inside torch operators (the profiler's self CPU time
 of every aten op, i.e. the kernels plus their dispatch), the time inside the native CPU kernels (each call's
 Python wrapper included: kernels/cpu_native.py; the fused decode layer is one call per layer), and the
 remainder (Python and the framework around both), the counts, and the engine's whole step for comparison (one
@@ -92,10 +94,11 @@ def profile_mode(path: str, mode: str, context: int, steps: int) -> dict:
 
     for _ in range(4):
         step()  # warm-up
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step()
     wall = (time.perf_counter() - t0) / steps
+    cpu = (time.process_time() - c0) / steps  # all threads' CPU time: the work, whatever else loads the box
     timer = NativeTimer()  # a second timed run: the wrappers' own cost stays out of `wall`
     for _ in range(steps):
         step()
@@ -109,7 +112,8 @@ def profile_mode(path: str, mode: str, context: int, steps: int) -> dict:
     calls = sum(e.count for e in events) / steps
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:6]
     kv.release(req)
-    return dict(mode=mode, step_ms=wall * 1e3, op_ms=op_us / 1e3, calls=calls, native_ms=native_s * 1e3,
+    return dict(mode=mode, step_ms=wall * 1e3, cpu_ms=cpu * 1e3, op_ms=op_us / 1e3, calls=calls,
+                native_ms=native_s * 1e3,
                 native_calls=native_calls,
                 top=[(e.key, e.self_cpu_time_total / steps / 1e3, e.count / steps) for e in top])
 
@@ -137,12 +141,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    from sglpy.kernels.cpu_native import native_status
     from sglpy.runtime.model.loader import resolve_model_path
 
     path = resolve_model_path(None)
     print(f"batch-1 decode step, context {args.context}, {args.steps} steps, {args.threads} threads, "
           f"load {os.getloadavg()}")
-    print(f"{'mode':<12}{'step ms':>9}{'aten ms':>9}{'native ms':>11}{'Python/fw ms':>14}{'fw share':>10}"
+    print(f"native CPU kernels: {native_status()}")
+    print(f"{'mode':<12}{'step ms':>9}{'CPU ms':>8}{'aten ms':>9}{'native ms':>11}{'Python/fw ms':>14}{'fw share':>10}"
           f"{'aten ops':>10}{'native calls':>14}{'engine ms/tok':>15}")
     from sglpy.runtime.engine.cpu_threads import on_own_thread
 
@@ -152,7 +158,7 @@ def main() -> None:
         r = on_own_thread(profile_mode, path, mode, args.context, args.steps)
         eng_ms = engine_token_ms(path, mode)
         rest = r["step_ms"] - r["op_ms"] - r["native_ms"]
-        print(f"{mode:<12}{r['step_ms']:>9.2f}{r['op_ms']:>9.2f}{r['native_ms']:>11.2f}{rest:>14.2f}"
+        print(f"{mode:<12}{r['step_ms']:>9.2f}{r['cpu_ms']:>8.2f}{r['op_ms']:>9.2f}{r['native_ms']:>11.2f}{rest:>14.2f}"
               f"{rest / r['step_ms']:>9.0%}{r['calls']:>10.0f}{r['native_calls']:>14.0f}{eng_ms:>15.2f}", flush=True)
         print("    top ops (ms/step, calls/step): " + ", ".join(f"{k} {ms:.2f} ({n:.0f})" for k, ms, n in r["top"]))
     print(f"load after: {os.getloadavg()}")

@@ -9,7 +9,9 @@ jinja2`), with no torch or sglpy import:
 Measures, best of --reps after a warm-up: one request of 128 greedy tokens (end of sequence banned, as
 throughput.py's ignore_eos) on throughput.py's chat prompt, and one JSON-schema request (the same 4-field schema,
 llama.cpp's grammar from LlamaGrammar.from_json_schema, greedy, up to 96 tokens) on its JSON prompt. The prompts
-are the SmolLM2 chat template's text, token for token what throughput.py feeds sglpy (42 and 49 tokens).
+are the SmolLM2 chat template's text, token for token what throughput.py feeds sglpy (42 and 49 tokens). Then
+pp512: one 512-token prompt evaluated from an empty cache (prompt tok/s, as llama-bench's pp512). The last line,
+RESULT {...}, is what benchmarks/isa_matrix.py reads.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ JSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxL
                                                 "is_student": {"type": "boolean"}},
                "required": ["name", "age", "city", "is_student"], "additionalProperties": False}
 SINGLE_TOKENS = 128
+PP_TOKENS = 512  # prompt processing of one 512-token prompt (llama-bench's pp512)
+PP_TEXT = ("The history of computing is a story of abstraction layered on abstraction. Early machines were "
+           "programmed by rewiring panels; later, stored programs let the same hardware run different tasks. ")
 
 
 def chat(text: str) -> str:
@@ -69,9 +74,12 @@ def main() -> None:
         return llm.create_completion(single, max_tokens=SINGLE_TOKENS, temperature=0.0, logit_bias={eos: -1e9})
 
     one()  # warm-up
+    c0 = time.process_time()
     dt, out = best_of(one, args.reps)
+    cpu = (time.process_time() - c0) / args.reps  # mean CPU seconds per run, all threads (steadier on a loaded box)
     n = out["usage"]["completion_tokens"]
-    print(f"single request: {n_prompt} prompt tokens, {n} new tokens in {dt:.3f} s = {n / dt:.1f} tok/s")
+    print(f"single request: {n_prompt} prompt tokens, {n} new tokens in {dt:.3f} s = {n / dt:.1f} tok/s "
+          f"({n / cpu:.1f} tok per CPU-second)")
 
     grammar = LlamaGrammar.from_json_schema(json.dumps(JSON_SCHEMA), verbose=False)
     jprompt = chat(JSON_PROMPT)
@@ -85,6 +93,18 @@ def main() -> None:
     text = jout["choices"][0]["text"]
     json.loads(text)  # the grammar keeps it valid
     print(f"JSON request: {jout['usage']['completion_tokens']} tokens in {jdt:.3f} s ({text!r})")
+
+    pp = (llm.tokenize((PP_TEXT * 40).encode(), add_bos=False) * 2)[:PP_TOKENS]
+
+    def prefill():
+        llm.reset()
+        llm.eval(pp)
+
+    prefill()
+    pdt, _ = best_of(prefill, args.reps)
+    print(f"pp{PP_TOKENS}: {PP_TOKENS / pdt:.1f} tok/s ({pdt:.3f} s)")
+    result = dict(single_tok_s=n / dt, single_tok_cpu_s=n / cpu, json_s=jdt, pp512_tok_s=PP_TOKENS / pdt)
+    print(f"RESULT {json.dumps(result)}")
     print(f"load after {os.getloadavg()}")
 
 

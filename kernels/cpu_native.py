@@ -1,9 +1,9 @@
-"""Native CPU kernels (kernels/csrc/*.cpp): built once per machine and ISA level with the system C++ compiler, self-tested, loaded by ctypes.
+"""Native CPU kernels (kernels/csrc/*.cpp): built per machine and ISA level by the system C++ compiler, loaded by ctypes.
 
 The library is compiled on first use into $SGLPY_CACHE/cpu_kernels (default ~/.cache/sglpy), once per instruction-set
 level (kernels/cpu_isa.py: the best this CPU runs, or a lower one forced by SGLPY_CPU_ISA), keyed by the sources, the
-compiler and the flags, so later processes load it in milliseconds. Where it cannot run (no compiler, a failed build, SGLPY_DISABLE_CPU_KERNELS=1), native_lib() is None
-and every wrapper falls back to its torch reference, which stays the oracle the tests compare the kernels with.
+compiler and the flags, so later processes load it in milliseconds. Where it cannot run (no compiler, a failed
+build, SGLPY_DISABLE_CPU_KERNELS=1), native_lib() is None and every wrapper falls back to its torch reference, which stays the oracle the tests compare the kernels with.
 
 Threads: the kernels use OpenMP only when torch itself runs on libgomp; the library then binds to torch's already
 loaded libgomp.so.1 (same soname), so torch's ops and ours share one worker pool per thread (a second pool made

@@ -28,7 +28,8 @@ struct Q8Row {
   const float* sum;
 };
 
-// x [K] -> xq, d [ceil(K / 32)], sum [ceil(K / 32)] (= d * sum(xq): W . x-hat for centered W, llama.cpp's q8_1); K a multiple of 16 (a last block of 16 is zero-padded).
+// x [K] -> xq, d [ceil(K / 32)], sum [ceil(K / 32)] (= d * sum(xq): W . x-hat for centered W, llama.cpp's q8_1);
+// K a multiple of 16 (a last block of 16 is zero-padded).
 static inline void quantize_row_q8(const float* x, int64_t K, int8_t* xq, float* d, float* sum) {
   for (int64_t b = 0; b * QBLOCK < K; ++b) {
     const int64_t k0 = b * QBLOCK, n = std::min(QBLOCK, K - k0);

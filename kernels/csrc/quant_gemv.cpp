@@ -171,7 +171,9 @@ struct Q8Acts {
     for (int64_t m = 0; m < M; ++m)
       quantize_row_q8(x + m * K, K, q.data() + m * blocks * QBLOCK, d.data() + m * blocks, sum.data() + m * blocks);
   }
-  Q8Row row(int64_t m) const { return {q.data() + m * blocks * QBLOCK, d.data() + m * blocks, sum.data() + m * blocks}; }
+  Q8Row row(int64_t m) const {
+    return {q.data() + m * blocks * QBLOCK, d.data() + m * blocks, sum.data() + m * blocks};
+  }
 };
 #endif
 

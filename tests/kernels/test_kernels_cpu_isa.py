@@ -55,6 +55,7 @@ def test_forcing_through_the_environment_names_the_level_or_refuses(monkeypatch)
     monkeypatch.setattr(cpu_native, "read_cpu_flags", lambda: ALDER_LAKE)
     monkeypatch.setattr(cpu_native, "machine_family", lambda: "x86_64", raising=False)
     monkeypatch.setenv(ISA_ENV, "avx512")
+    monkeypatch.delenv(cpu_native.DISABLE_ENV, raising=False)  # disabled kernels never look at the level
     cpu_native._build_for.cache_clear()
     try:
         with pytest.raises(ValueError, match="this CPU lacks avx512"):

