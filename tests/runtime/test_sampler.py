@@ -86,6 +86,7 @@ def test_top_candidates_and_greedy_are_exact_with_ties():
         assert torch.equal(x[:3].gather(1, cols), vals)
         assert all(len(set(c.tolist())) == k for c in cols)
     assert torch.equal(greedy(x), x.argmax(dim=-1))
+    assert torch.equal(greedy(x[:1]), x[:1].argmax(dim=-1))
     y = torch.randn(300, 49152, generator=g)
     assert torch.equal(greedy(y), y.argmax(dim=-1))
 
