@@ -42,9 +42,11 @@ def main():
     t = time.perf_counter()
     backend = sgl.Engine()
     info = backend.engine.get_server_info()  # quantization="auto" resolved: int4 on CPU here
-    kernels = (info["cpu_kernels"] or "").split(":")[0] or "Triton (GPU)"  # "native" or "torch reference"
-    print(f"(engine started in {time.perf_counter() - t:.1f}s, quantization {info['quantization']}, "
-          f"{kernels} kernels)\n")
+    cpu = info["cpu_kernels"] or ""  # "native: avx2 (...); ..." or "torch reference: <why>"; None off CPU
+    kernels = f"{cpu.split(':')[0] or 'Triton (GPU)'} kernels"
+    if cpu.startswith("native:"):
+        kernels += f", ISA level {cpu.split(':')[1].split('(')[0].split(';')[0].strip()}"
+    print(f"(engine started in {time.perf_counter() - t:.1f}s, quantization {info['quantization']}, {kernels})\n")
     engine_batch(backend.engine)
     print("\n=== 2. SGLang-style programs on the in-process engine ===")
     demo_programs.main(backend)
