@@ -18,7 +18,7 @@ import threading
 from typing import Any, Iterator, Optional
 
 from .backend_base import BaseBackend, GenResult, StreamChunk
-from .backend_openai import TokenUsage, UnsupportedFeature, match_choice
+from .backend_openai import TokenUsage, UnsupportedFeature, select_by_enum_or_match
 from .chat_template import ChatTemplate, get_chat_template
 from .choices import ChoicesDecision, ChoicesSamplingMethod
 from .ir import GenParams, SamplingParams
@@ -31,6 +31,7 @@ _TAKEN = ("max_new_tokens", "stop", "temperature", "top_p", "top_k", "json_schem
 class Anthropic(BaseBackend):
     """`sgl.Anthropic(model, base_url=None, api_key=None, ...)`; other keywords go to `anthropic.Anthropic(...)`."""
 
+    backend_name = "sgl.Anthropic"  # how errors name the backend
     is_chat_model = True
     supports_api_spec = True
 
@@ -161,22 +162,4 @@ class Anthropic(BaseBackend):
                     choices_method: Optional[ChoicesSamplingMethod] = None) -> ChoicesDecision:
         if not choices or not all(isinstance(c, str) for c in choices):
             raise ValueError(f"select needs a non-empty list of strings, got {choices!r}")
-        budget = max(len(c) for c in choices) + 2
-        if self.select_by == "auto" and not partial:
-            schema = {"type": "object", "properties": {"choice": {"type": "string", "enum": list(choices)}},
-                      "required": ["choice"]}
-            res = self.generate_chat(messages, GenParams(SamplingParams(
-                temperature=0, max_new_tokens=budget + 16, json_schema=json.dumps(schema))))
-            try:
-                value = json.loads(res.text)["choice"]
-            except (ValueError, KeyError, TypeError):
-                value = None
-            if value not in choices:
-                raise RuntimeError(f"select on sgl.Anthropic: the tool answer {res.text!r} names no choice")
-            return ChoicesDecision(value, {"select_method": "tool_enum", **res.meta_info})
-        res = self.generate_chat(messages, GenParams(SamplingParams(temperature=0, max_new_tokens=budget)), partial)
-        value = match_choice(res.text, choices)
-        if value is None:
-            raise RuntimeError(f"select on sgl.Anthropic (generation plus matching): the answer {res.text!r} matches "
-                               f"none of {choices!r}")
-        return ChoicesDecision(value, {"select_method": "generate_and_match", "generated": res.text, **res.meta_info})
+        return select_by_enum_or_match(self, messages, partial, choices, "tool_enum", "the tool answer")

@@ -418,29 +418,41 @@ class OpenAI(BaseBackend):
             if res.text not in choices:
                 raise RuntimeError(f"select on {self.backend_name}: the constrained answer {res.text!r} is not a choice")
             return ChoicesDecision(res.text, {"select_method": "constrained_regex", **res.meta_info})
-        if self.select_by == "auto" and not partial:
-            schema = {"type": "object", "properties": {"choice": {"type": "string", "enum": list(choices)}},
-                      "required": ["choice"], "additionalProperties": False}
-            res = self.generate_chat(messages, GenParams(SamplingParams(
-                temperature=0, max_new_tokens=budget + 16, json_schema=json.dumps(schema))))
-            try:
-                value = json.loads(res.text)["choice"]
-            except (ValueError, KeyError, TypeError):
-                value = None
-            if value not in choices:
-                raise RuntimeError(f"select on {self.backend_name}: the enum response_format answer {res.text!r} names no choice")
-            return ChoicesDecision(value, {"select_method": "json_schema_enum", **res.meta_info})
-        res = self.generate_chat(messages, GenParams(SamplingParams(temperature=0, max_new_tokens=budget)), partial)
-        value = match_choice(res.text, choices)
-        if value is None:
-            raise RuntimeError(f"select on {self.backend_name} (generation plus matching): the answer {res.text!r} matches "
-                               f"none of {choices!r}")
-        return ChoicesDecision(value, {"select_method": "generate_and_match", "generated": res.text, **res.meta_info})
+        return select_by_enum_or_match(self, messages, partial, choices, "json_schema_enum",
+                                       "the enum response_format answer")
 
 
 def _choice_budget(choices: list[str]) -> int:
     """Tokens enough for the longest choice (a token is at least one character)."""
     return max(len(c) for c in choices) + 2
+
+
+def select_by_enum_or_match(backend, messages: list[dict], partial: str, choices: list[str], enum_method: str,
+                            enum_answer: str) -> ChoicesDecision:
+    """A chat select by a JSON-schema enum (a fresh turn, select_by "auto"), else by generation plus matching.
+
+    backend: a hosted backend with generate_chat, select_by and backend_name; enum_method / enum_answer name the
+    enum route in the decision's meta and in its error (a response_format on OpenAI, a forced tool on Anthropic).
+    """
+    budget = _choice_budget(choices)
+    if backend.select_by == "auto" and not partial:
+        schema = {"type": "object", "properties": {"choice": {"type": "string", "enum": list(choices)}},
+                  "required": ["choice"], "additionalProperties": False}
+        res = backend.generate_chat(messages, GenParams(SamplingParams(
+            temperature=0, max_new_tokens=budget + 16, json_schema=json.dumps(schema))))
+        try:
+            value = json.loads(res.text)["choice"]
+        except (ValueError, KeyError, TypeError):
+            value = None
+        if value not in choices:
+            raise RuntimeError(f"select on {backend.backend_name}: {enum_answer} {res.text!r} names no choice")
+        return ChoicesDecision(value, {"select_method": enum_method, **res.meta_info})
+    res = backend.generate_chat(messages, GenParams(SamplingParams(temperature=0, max_new_tokens=budget)), partial)
+    value = match_choice(res.text, choices)
+    if value is None:
+        raise RuntimeError(f"select on {backend.backend_name} (generation plus matching): the answer {res.text!r} "
+                           f"matches none of {choices!r}")
+    return ChoicesDecision(value, {"select_method": "generate_and_match", "generated": res.text, **res.meta_info})
 
 
 def match_choice(answer: str, choices: list[str]) -> Optional[str]:
