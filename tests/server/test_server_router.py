@@ -248,7 +248,8 @@ def _load(url, i, stream: bool):
         return "truncated", time.monotonic() - t0
 
 
-def test_killing_a_worker_under_load_leaves_only_retried_or_cleanly_failed_requests(router_ok):
+def _kill_one_worker_under_load() -> tuple:
+    """Two workers behind the router, 32 requests, one worker killed mid-load: (results, after-kill statuses)."""
     with run_server("--engine-factory", FAKE, env=ENV, new_session=True) as w1, \
             run_server("--engine-factory", FAKE, env=ENV, new_session=True) as w2:
         with run_router([w1.url, w2.url], "cache_aware") as router:
@@ -257,15 +258,23 @@ def test_killing_a_worker_under_load_leaves_only_retried_or_cleanly_failed_reque
                 time.sleep(0.3)  # requests are decoding on both workers (60 tokens x 10 ms)
                 os.killpg(w2.proc.pid, signal.SIGKILL)  # the server and its engine process
                 results = [f.result(timeout=120) for f in futures]  # a hang fails here
-            outcomes = [o for o, _ in results]
-            assert max(s for _, s in results) < 60
-            assert set(outcomes) <= {"ok", "truncated", "http 500", "http 502", "http 503"}, outcomes
-            assert outcomes.count("ok") >= 16, outcomes  # at least the live worker's share completed
-            assert set(outcomes) != {"ok"}, "no request was in flight on the killed worker: the test proved nothing"
-            # cut streams are the router's limit (no retry, no error event): only streams may end that way
-            assert all(i % 3 == 0 for i, o in enumerate(outcomes) if o == "truncated"), outcomes
             # afterwards: a few clean failures at most while the dead worker's circuit opens, then only successes
             after = [generate(router.url, f"{p} after {i}", max_new_tokens=2).status_code
                      for i in range(8) for p in FAMILIES.values()]
-            assert set(after) <= {200, 500, 502, 503}, after
-            assert after[-12:] == [200] * 12, after
+    return results, after
+
+
+def test_killing_a_worker_under_load_leaves_only_retried_or_cleanly_failed_requests(router_ok):
+    for _ in range(3):  # a run where every request was retried or routed away proves nothing: run it again
+        results, after = _kill_one_worker_under_load()
+        if {o for o, _ in results} != {"ok"}:
+            break
+    outcomes = [o for o, _ in results]
+    assert max(s for _, s in results) < 60
+    assert set(outcomes) <= {"ok", "truncated", "http 500", "http 502", "http 503"}, outcomes
+    assert outcomes.count("ok") >= 16, outcomes  # at least the live worker's share completed
+    assert set(outcomes) != {"ok"}, "no request was in flight on the killed worker: the test proved nothing"
+    # cut streams are the router's limit (no retry, no error event): only streams may end that way
+    assert all(i % 3 == 0 for i, o in enumerate(outcomes) if o == "truncated"), outcomes
+    assert set(after) <= {200, 500, 502, 503}, after
+    assert after[-12:] == [200] * 12, after
