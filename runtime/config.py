@@ -12,6 +12,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # grid, else int8 (both pass benchmarks/quality_gate.py and are faster), none elsewhere (see resolve_quantization)
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16")  # auto = the model dtype
+SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")  # SGLang's names; EAGLE/MTP need trained heads we do not have
 CPU_MAX_TOTAL_TOKENS = 65536  # KV pool size on CPU when max_total_tokens is not given
 
 
@@ -54,8 +55,22 @@ class EngineConfig:
     # constraints then apply after `</think>`, and chat responses carry reasoning_content
     reasoning_parser: str | None = None
     max_thinking_tokens: int | None = None  # past this many thinking tokens a constrained request gets `</think>`
+    # deterministic inference (SGLang's --enable-deterministic-inference): a request's tokens and logprobs do not
+    # depend on what it is batched with, on the radix cache or on the prefill chunking (docs/determinism.md)
+    enable_deterministic_inference: bool = False
+    # speculative decoding (SGLang's flag names): NGRAM (prompt lookup) or STANDALONE (a draft model); guessed tokens
+    # are verified in one target forward, so greedy outputs are unchanged and sampling keeps its distribution
+    speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None  # STANDALONE: the draft model (same tokenizer as the target)
+    speculative_num_draft_tokens: int = 4  # most tokens guessed per request per step (NGRAM adapts below this)
+    speculative_ngram_min_match_window_size: int = 1  # NGRAM: shortest suffix matched against prompt + output
+    speculative_ngram_max_match_window_size: int = 12  # NGRAM: longest suffix tried first
 
     def __post_init__(self):
+        self._check_speculative()
+        if self.enable_deterministic_inference not in (True, False):
+            raise ValueError(f"enable_deterministic_inference must be true or false, "
+                             f"got {self.enable_deterministic_inference!r}")
         if self.reasoning_parser is not None:
             from .reasoning import reasoning_format
 
@@ -97,6 +112,23 @@ class EngineConfig:
         self._check_parallel()
         if self.num_threads is not None and self.num_threads <= 0:
             raise ValueError(f"num_threads must be positive, got {self.num_threads}")
+
+    def _check_speculative(self) -> None:
+        alg = self.speculative_algorithm
+        if alg is not None and alg not in SPECULATIVE_ALGORITHMS:
+            raise ValueError(f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS} or unset, got {alg!r}")
+        if alg == "STANDALONE" and not self.speculative_draft_model_path:
+            raise ValueError("speculative_algorithm STANDALONE needs speculative_draft_model_path (the draft model)")
+        if self.speculative_draft_model_path and alg != "STANDALONE":
+            raise ValueError("speculative_draft_model_path is only used with speculative_algorithm STANDALONE, "
+                             f"got {alg!r}")
+        for name in ("speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
+                     "speculative_ngram_max_match_window_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:
+                raise ValueError(f"{name} must be an int in [1, 64], got {v!r}")
+        if self.speculative_ngram_min_match_window_size > self.speculative_ngram_max_match_window_size:
+            raise ValueError("speculative_ngram_min_match_window_size must be <= speculative_ngram_max_match_window_size")
 
     def _check_parallel(self) -> None:
         for name in ("tp_size", "nnodes"):

@@ -62,6 +62,15 @@ ENGINE_FLAG_HELP = {
     "reasoning_content, and constraints (json_schema, regex, ebnf, tools) start after </think>",
     "max_thinking_tokens": "with --reasoning-parser: a constrained request thinks at most this many tokens, then "
     "</think> is forced",
+    "enable_deterministic_inference": "a request's output does not depend on what it is batched with, on the radix "
+    "cache or on the prefill chunking (batch-invariant kernels; see docs/determinism.md for the cost)",
+    "speculative_algorithm": "speculative decoding: NGRAM (prompt lookup) or STANDALONE (a draft model from "
+    "--speculative-draft-model-path); guesses are verified in one forward, outputs unchanged",
+    "speculative_draft_model_path": "STANDALONE: the draft model (HF folder or .gguf, same tokenizer as the target)",
+    "speculative_num_draft_tokens": "most tokens guessed per request per step",
+    "speculative_ngram_min_match_window_size": "NGRAM: shortest suffix of the sequence matched against its prompt "
+    "and output",
+    "speculative_ngram_max_match_window_size": "NGRAM: longest suffix tried first",
 }
 
 FLAG_ALIASES = {"tp_size": ("--tp",)}  # SGLang's docs write --tp N
