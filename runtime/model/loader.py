@@ -58,23 +58,18 @@ def is_hf_folder(path: pathlib.Path) -> bool:
 
 
 def convert_gguf(gguf: pathlib.Path, out_dir: pathlib.Path) -> pathlib.Path:
-    """Load a GGUF through transformers (dequantized) and save it as an HF safetensors folder."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Convert a GGUF (dequantized) to an HF safetensors folder: the non-Llama families through
+    runtime/model/gguf_convert.py, the Llama family through transformers."""
+    from .gguf_convert import convert_family_gguf, gguf_hf_architecture
 
     logger.info("converting %s -> %s (one-time, ~20 s)", gguf.name, out_dir)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
-    # transformers refuses save_pretrained on a quantizer-loaded model; the weights are already dequantized.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp", dir=out_dir.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        (tmp / "sglpy_source.json").write_text(json.dumps({"gguf": str(gguf)}))
+        if gguf_hf_architecture(gguf) is not None:
+            convert_family_gguf(gguf, tmp)
+        else:
+            _convert_with_transformers(gguf, tmp)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)  # atomic: a half-written cache is never visible
@@ -82,6 +77,21 @@ def convert_gguf(gguf: pathlib.Path, out_dir: pathlib.Path) -> pathlib.Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _convert_with_transformers(gguf: pathlib.Path, tmp: pathlib.Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
+    # transformers refuses save_pretrained on a quantizer-loaded model; the weights are already dequantized.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "sglpy_source.json").write_text(json.dumps({"gguf": str(gguf)}))
 
 
 def resolve_model_path(model: str | os.PathLike | None = None) -> str:

@@ -108,20 +108,55 @@ def test_sharded_folder_loads_like_one_file(family_paths, tmp_path):
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-def test_qwen3_gguf_converts_and_matches_hf(tmp_path):
-    """A float32 GGUF written with the gguf package under llama.cpp's qwen3 names converts (as resolve_model_path
-    does for a .gguf) to a folder that loads equal to HF. head_dim 128: transformers' qwen3 GGUF reader does not
-    read attention.key_length (Qwen3's own head_dim is 128)."""
-    from sglpy.runtime.model.loader import convert_gguf
-    from sglpy.runtime.testing.tiny_gguf import write_qwen3_gguf
+# what llama.cpp's files cannot say is kept out of these models: Gemma 2's query_pre_attn_scalar is head_dim, Gemma 3
+# has llama.cpp's fixed pattern (every 6th layer global)
+GGUF_EXTRAS = {"gemma2": dict(query_pre_attn_scalar=32), "gemma3": dict(num_hidden_layers=6, layer_types=None)}
 
-    hf = make_family_model(tmp_path / "hf", "qwen3", extra=dict(head_dim=128, vocab_size=512))
-    gguf_file = pathlib.Path(write_qwen3_gguf(hf, tmp_path / "gguf" / "tiny-qwen3.gguf"))
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3-moe", "gemma2", "gemma3", "phi3", "phi4-mini", "mixtral"])
+def test_family_gguf_converts_and_matches_hf(tmp_path, family):
+    """A float32 GGUF written under llama.cpp's names and layouts (gemma +1 norms, permuted q/k of a `llama`
+    Mixtral file, stacked experts, fused Phi-3 qkv/gate_up, LongRoPE factor tensors) converts as
+    resolve_model_path does for a .gguf and loads equal to the HF model it was written from."""
+    from sglpy.runtime.model.gguf_convert import gguf_hf_architecture
+    from sglpy.runtime.model.loader import convert_gguf
+    from sglpy.runtime.testing.tiny_gguf import write_family_gguf
+
+    hf = make_family_model(tmp_path / "hf", family, extra=dict(vocab_size=512, **GGUF_EXTRAS.get(family, {})))
+    gguf_file = pathlib.Path(write_family_gguf(hf, tmp_path / "gguf" / f"tiny-{family}.gguf"))
+    hf_arch = json.loads((pathlib.Path(hf) / "config.json").read_text())["architectures"][0]
+    assert gguf_hf_architecture(gguf_file) == hf_arch
     folder = str(convert_gguf(gguf_file, tmp_path / "converted"))
-    prompts = [[1, 5, 9, 200, 300], list(range(100, 137))]
+    converted = json.loads((pathlib.Path(folder) / "config.json").read_text())
+    assert converted["architectures"] == [hf_arch] and converted["eos_token_id"] == 2
+    prompts = [[1, 5, 9, 200, 300], list(range(100, 137))]  # 37 tokens: past the 8-token windows
     ours = our_logits(make_runner(folder, max_total_tokens=128), prompts)
     for a, b in zip(ours, hf_logits(_hf(hf), prompts)):
         assert (a - b).abs().max().item() <= 2e-5
+
+
+def test_gguf_of_an_unknown_tensor_is_named(tmp_path):
+    """A family GGUF holding a tensor the converter has no HF name for is refused with the tensor's name."""
+    import gguf
+
+    from sglpy.runtime.model.gguf_convert import convert_family_gguf
+    from sglpy.runtime.testing.tiny_gguf import write_family_gguf
+
+    hf = make_family_model(tmp_path / "hf", "qwen3", extra=dict(vocab_size=512))
+    good = gguf.GGUFReader(write_family_gguf(hf, tmp_path / "good.gguf"))
+    w = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "qwen3")
+    for key, field in good.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            w.add_key_value(key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
+    for t in good.tensors:
+        w.add_tensor(t.name, t.data)
+    w.add_tensor("blk.0.attn_mystery.weight", good.tensors[0].data[:2])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=r"GGUF tensor 'blk.0.attn_mystery.weight' has no HF counterpart"):
+        convert_family_gguf(tmp_path / "bad.gguf", tmp_path / "out")
 
 
 def test_refusals_name_the_combination(family_paths):
