@@ -12,6 +12,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # grid, else int8 (both pass benchmarks/quality_gate.py and are faster), none elsewhere (see resolve_quantization)
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16")  # auto = the model dtype
+JUMP_MIN_TOKENS_GRAPHS = 8  # auto jump_forward_min_tokens under CUDA graphs (benchmarks/json_decode.py --jump-min-tokens)
 SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")  # SGLang's names; EAGLE/MTP need trained heads we do not have
 CPU_MAX_TOTAL_TOKENS = 65536  # KV pool size on CPU when max_total_tokens is not given
 
@@ -32,6 +33,10 @@ class EngineConfig:
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
     disable_jump_forward: bool = False
+    # a jump that appends fewer tokens than this is left to the decode steps (it would not pay); None = auto:
+    # 1 where decode runs eagerly (CPU), JUMP_MIN_TOKENS_GRAPHS where it runs through CUDA graphs, since there
+    # the jumped tokens' extend takes the whole step off the graph (docs/runtime.md, measured)
+    jump_forward_min_tokens: int | None = None
     num_threads: int | None = None  # torch CPU threads; None = torch default
     seed: int = 0
     debug_invariants: bool = False  # check KV accounting after every step (tests)
@@ -68,6 +73,9 @@ class EngineConfig:
 
     def __post_init__(self):
         self._check_speculative()
+        j = self.jump_forward_min_tokens
+        if j is not None and (isinstance(j, bool) or not isinstance(j, int) or j < 1):
+            raise ValueError(f"jump_forward_min_tokens must be an int >= 1 or unset (auto), got {j!r}")
         if self.enable_deterministic_inference not in (True, False):
             raise ValueError(f"enable_deterministic_inference must be true or false, "
                              f"got {self.enable_deterministic_inference!r}")

@@ -41,6 +41,15 @@ class GuideState:
     state: Any
 
 
+def jump_min_tokens(cfg, graphs_captured: bool) -> int:
+    """The configured shortest jump, or auto: 1 for eager decode, JUMP_MIN_TOKENS_GRAPHS under CUDA graphs."""
+    if cfg.jump_forward_min_tokens is not None:
+        return cfg.jump_forward_min_tokens
+    from ..config import JUMP_MIN_TOKENS_GRAPHS
+
+    return JUMP_MIN_TOKENS_GRAPHS if graphs_captured else 1
+
+
 class ConstrainedDecoding:
     """Owns the compile service for one tokenizer; called by the engine around each forward."""
 
@@ -55,6 +64,7 @@ class ConstrainedDecoding:
         # background so the first constrained request does not pay for them
         threading.Thread(target=self._warmup, name="sglpy-grammar-warmup", daemon=True).start()
         self.jump_forward_enabled = jump_forward
+        self.min_jump_tokens = 1  # shorter jumps are left to decode (the engine raises it under CUDA graphs)
         self.think = None  # engine/reasoning_guide.ThinkTokens when the engine has a reasoning parser
         self.iso = isolation or Isolation()
         self.words = (vocab_size + 31) // 32
@@ -175,6 +185,8 @@ class ConstrainedDecoding:
         res = g.guide.jump_tokens(g.state, req.output_ids, forced, tokenizer=self.tokenizer)
         if not res.new_token_ids and res.rollback == 0:
             return None
+        if len(res.new_token_ids) < self.min_jump_tokens and not self._jump_ends(req, g, res):
+            return None  # too short to pay for its extend: the masked decode steps produce these tokens
         keep = len(req.output_ids) - res.rollback
         new_kv = min(req.kv_len, len(req.input_ids) + keep)
         if not kv.rollback(req, new_kv):
@@ -198,6 +210,12 @@ class ConstrainedDecoding:
         if reason is None and len(req.output_ids) >= req.sampling.max_new_tokens:
             reason = FinishReason("length", length=len(req.output_ids))
         return reason
+
+    def _jump_ends(self, req: Req, g: GuideState, res) -> bool:
+        """Whether applying this jump finishes the request (its jumped tokens then need no forward at all)."""
+        if len(req.output_ids) - res.rollback + len(res.new_token_ids) >= req.sampling.max_new_tokens:
+            return True
+        return g.guide.is_final(res.new_state) and not g.guide.can_continue(res.new_state)
 
     def _retext(self, req: Req) -> FinishReason | None:
         """Rebuild the detokenizer over the changed outputs; stop strings see only the new text."""

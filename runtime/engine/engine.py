@@ -104,7 +104,7 @@ class Engine(OfflineAPI):
         self.limits = RequestLimits(r.vocab_size, self.max_context, total)
         self.scheduler = Scheduler(cfg, self.kv, self.max_context)
         self.eos_ids = self._eos_ids()
-        from .constrained import ConstrainedDecoding
+        from .constrained import ConstrainedDecoding, jump_min_tokens
 
         self.isolation = Isolation()  # per-request failures in the step; `.hook` injects faults in tests
         self.constrained = ConstrainedDecoding(self.tokenizer, r.vocab_size, self.eos_ids,
@@ -112,6 +112,8 @@ class Engine(OfflineAPI):
                                                workers=cfg.grammar_workers, timeout_s=cfg.grammar_compile_timeout,
                                                max_states=cfg.grammar_max_states)
         self.constrained.think = reasoning_tokens(cfg, self.tokenizer)  # constraints start after </think>
+        captured = bool(r.graphs is not None and r.graphs.graphs)  # decode off the graph costs a whole step
+        self.constrained.min_jump_tokens = jump_min_tokens(cfg, captured)
         self.processor = OutputProcessor(Sampler(cfg.seed, r.device), self.eos_ids, self.max_context, self.constrained,
                                          self.isolation)
         cuda = r.device.type == "cuda"

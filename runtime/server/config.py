@@ -67,6 +67,8 @@ ENGINE_FLAG_HELP = {
     "speculative_algorithm": "speculative decoding: NGRAM (prompt lookup) or STANDALONE (a draft model from "
     "--speculative-draft-model-path); guesses are verified in one forward, outputs unchanged",
     "speculative_draft_model_path": "STANDALONE: the draft model (HF folder or .gguf, same tokenizer as the target)",
+    "jump_forward_min_tokens": "a jump-forward appending fewer tokens is left to the decode steps (default: 1 on "
+    "CPU, more under CUDA graphs, where a jump's extend runs the whole step eagerly)",
     "speculative_num_draft_tokens": "most tokens guessed per request per step",
     "speculative_ngram_min_match_window_size": "NGRAM: shortest suffix of the sequence matched against its prompt "
     "and output",
