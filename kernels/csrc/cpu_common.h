@@ -7,7 +7,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -75,21 +75,56 @@ static inline vf load(const bf16_t* p) {  // bf16 is the top half of a float32
   std::memcpy(&x, &w, sizeof x);
   return x;
 }
-static inline vf load(const f16_t* p) {  // IEEE half -> float, exact: normals, subnormals, inf and nan
-  const vu w = load_u16_u32(&p->bits);
-  const vu sign = (w & 0x8000u) << 16, mag = (w & 0x7fffu) << 13;
-  vf x;
+// IEEE half bits (widened to 32-bit lanes) -> float, exact: normals, subnormals, inf and nan. U/F: the unsigned
+// and float vector types of one width (16 lanes, or the native width below).
+template <typename U, typename F>
+static inline F half_to_float(U w) {
+  const U sign = (w & 0x8000u) << 16, mag = (w & 0x7fffu) << 13;
+  F x;
   std::memcpy(&x, &mag, sizeof x);
-  x *= splat(5.192296858534828e+33f);  // 2^112 moves the exponent bias from 15 to 127 (subnormals too)
-  vu bits;
+  x *= 5.192296858534828e+33f;  // 2^112 moves the exponent bias from 15 to 127 (subnormals too)
+  U bits;
   std::memcpy(&bits, &x, sizeof bits);
-  const vu special = (w & 0x7c00u) == 0x7c00u;      // all ones where the half is inf or nan
+  const U special = (U)((w & 0x7c00u) == 0x7c00u);  // all ones where the half is inf or nan
   bits = (bits & ~special) | ((mag | 0x7f800000u) & special);
   bits |= sign;
   std::memcpy(&x, &bits, sizeof x);
   return x;
 }
+static inline vf load(const f16_t* p) { return half_to_float<vu, vf>(load_u16_u32(&p->bits)); }
 static inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
+
+// One register of floats: 16 with AVX-512, 8 with AVX/AVX2, 4 otherwise. For loops that keep several accumulators
+// live across an inner loop: GCC keeps an array of those in registers, but spills an array of 16-float vectors to
+// the stack wherever one spans two or four registers (AVX2's decode attention P V loop ran 2.5x slower for it).
+#if defined(__AVX512F__)
+constexpr int64_t NW = 16;
+#elif defined(__AVX__)
+constexpr int64_t NW = 8;
+#else
+constexpr int64_t NW = 4;
+#endif
+typedef float vn __attribute__((vector_size(NW * 4)));
+typedef uint32_t vnu __attribute__((vector_size(NW * 4)));
+typedef uint16_t vnh __attribute__((vector_size(NW * 2)));
+static inline vn loadn(const float* p) {
+  vn x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+static inline vnu loadn_u16_u32(const uint16_t* p) {
+  vnh h;
+  std::memcpy(&h, p, sizeof h);
+  return __builtin_convertvector(h, vnu);
+}
+static inline vn loadn(const bf16_t* p) {
+  const vnu w = loadn_u16_u32(&p->bits) << 16;
+  vn x;
+  std::memcpy(&x, &w, sizeof x);
+  return x;
+}
+static inline vn loadn(const f16_t* p) { return half_to_float<vnu, vn>(loadn_u16_u32(&p->bits)); }
+static inline void storen(float* p, vn x) { std::memcpy(p, &x, sizeof x); }
 static inline float hsum(vf x) {  // pairwise: 16 -> 8 -> 4 -> 1
   typedef float v8 __attribute__((vector_size(32)));
   typedef float v4 __attribute__((vector_size(16)));
@@ -121,10 +156,30 @@ static inline float exp_f32(float x) {
   return p * s;
 }
 
-// exp_f32 on 16 lanes (the same polynomial, explicit vector code: `omp simd` left the scalar one unvectorized in
-// the softmax loops). Rounding to the nearest integer by adding and subtracting 1.5 * 2^23 (|t| <= 127 here).
+// Lane-wise max and min. GCC 12 scalarizes a select (a > b ? a : b) on 16-float vectors wider than the target's
+// registers (one compare and blend per lane: that made the AVX2 softmax 3x slower than AVX-512's), so AVX2 runs
+// the two ymm halves through vmaxps/vminps; the results are the same either way.
+#if defined(__AVX2__) && !defined(__AVX512F__)
+struct ymm2 { __m256 h[2]; };
+template <typename F>
+static inline vf on_halves(vf a, vf b, F op) {
+  ymm2 x, y;
+  std::memcpy(&x, &a, sizeof x);
+  std::memcpy(&y, &b, sizeof y);
+  x.h[0] = op(x.h[0], y.h[0]);
+  x.h[1] = op(x.h[1], y.h[1]);
+  std::memcpy(&a, &x, sizeof a);
+  return a;
+}
+static inline vf vmax(vf a, vf b) { return on_halves(a, b, [](__m256 x, __m256 y) { return _mm256_max_ps(x, y); }); }
+static inline vf vmin(vf a, vf b) { return on_halves(a, b, [](__m256 x, __m256 y) { return _mm256_min_ps(x, y); }); }
+#else
 static inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 static inline vf vmin(vf a, vf b) { return a < b ? a : b; }
+#endif
+
+// exp_f32 on 16 lanes (the same polynomial, explicit vector code: `omp simd` left the scalar one unvectorized in
+// the softmax loops). Rounding to the nearest integer by adding and subtracting 1.5 * 2^23 (|t| <= 127 here).
 static inline vf exp_v(vf x) {
   x = vmin(vmax(x, splat(-87.0f)), splat(88.0f));
   const vf t = x * 1.44269504088896341f;
@@ -148,23 +203,37 @@ static inline float hmax(vf x) {
   return r;
 }
 
+// x in lanes [0, r) and `fill` after (r in [0, W]), by bit masks (no select: see vmax); LANES + W - r holds r
+// all-ones words, then zeros.
+alignas(64) static const uint32_t LANES[2 * W] = {~0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u,
+                                                   ~0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u};
+static inline vf first_lanes(vf x, int64_t r, vf fill) {
+  vu m, xb, fb;
+  std::memcpy(&m, LANES + W - r, sizeof m);
+  std::memcpy(&xb, &x, sizeof xb);
+  std::memcpy(&fb, &fill, sizeof fb);
+  xb = (xb & m) | (fb & ~m);
+  std::memcpy(&x, &xb, sizeof x);
+  return x;
+}
+
 // One online-softmax step of a row over a block of scores s[0, 4 W) of which the first `vis` count: updates the
 // running max m and sum l, leaves exp(s - m) in s[0, vis) and zeros after it, and returns the factor the row's
 // accumulator must be rescaled by. vis may be 0 (then c = 1) once m is finite.
 static inline float softmax_block(float* s, int64_t vis, float& m, float& l) {
   constexpr int V = 4;
   vf x[V], mx = splat(-INFINITY);
-  const vf lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  int64_t r[V];
   for (int v = 0; v < V; ++v) {
-    x[v] = load(s + v * W);
-    x[v] = lane + (float)(v * W) < (float)vis ? x[v] : splat(-INFINITY);
+    r[v] = std::min<int64_t>(std::max<int64_t>(vis - v * W, 0), W);  // visible lanes of vector v
+    x[v] = first_lanes(load(s + v * W), r[v], splat(-INFINITY));
     mx = vmax(mx, x[v]);
   }
   const float bm = std::max(m, hmax(mx));
   const float c = exp_f32(m - bm);
   vf sum = vf{};
   for (int v = 0; v < V; ++v) {
-    const vf e = lane + (float)(v * W) < (float)vis ? exp_v(x[v] - bm) : vf{};
+    const vf e = first_lanes(exp_v(x[v] - bm), r[v], vf{});
     store(s + v * W, e);
     sum += e;
   }

@@ -41,7 +41,8 @@ bool attend(const Args& a, int64_t i, int64_t lo, int64_t hi, float* m, float* l
   const KV* vc = static_cast<const KV*>(a.v);
   std::vector<float> s((size_t)(H * BLOCK));  // scores of one block [H, BLOCK]
   int64_t base[BLOCK];                          // element offset of each key's slot row
-  vf k[MAX_NV], r[MAX_NV];
+  vf k[MAX_NV];
+  vn r[MAX_NV * (W / NW)];
   for (int64_t h = 0; h < H; ++h) m[h] = -INFINITY, l[h] = 0.f;
   std::fill(acc, acc + H * D, 0.f);
   for (int64_t j0 = lo; j0 < hi; j0 += BLOCK) {
@@ -78,16 +79,17 @@ bool attend(const Args& a, int64_t i, int64_t lo, int64_t hi, float* m, float* l
     for (int64_t h = 0; h < H; ++h) {  // online softmax: rescale what came before to the new max
       float* sh = s.data() + h * BLOCK;
       const float c = softmax_block(sh, n, m[h], l[h]);  // the first block has n >= 1: m is finite after it
-      // P V: the head's accumulator stays in registers while the block's V rows stream through
+      // P V: the head's accumulator stays in registers (native-width vectors: cpu_common.h, NW) while the block's V
+      // rows stream through
       float* ah = acc + h * D;
-      const int64_t voff = (h / G) * D;
-      for (int64_t v = 0; v < nv; ++v) r[v] = load(ah + v * W) * c;
+      const int64_t voff = (h / G) * D, nn = nv * (W / NW);
+      for (int64_t u = 0; u < nn; ++u) r[u] = loadn(ah + u * NW) * c;
       for (int64_t j = 0; j < n; ++j) {
-        const vf p = splat(sh[j]);
+        const float p = sh[j];
         const KV* vr = vc + base[j] + voff;
-        for (int64_t v = 0; v < nv; ++v) r[v] += p * load(vr + v * W);
+        for (int64_t u = 0; u < nn; ++u) r[u] += p * loadn(vr + u * NW);
       }
-      for (int64_t v = 0; v < nv; ++v) store(ah + v * W, r[v]);
+      for (int64_t u = 0; u < nn; ++u) storen(ah + u * NW, r[u]);
     }
   }
   return true;
