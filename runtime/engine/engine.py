@@ -29,7 +29,7 @@ from ..model.loader import resolve_model_path
 from ..model.runner import ModelRunner
 from .detokenizer import IncrementalDetokenizer
 from .isolation import Isolation
-from .reasoning_guide import reasoning_tokens
+from .reasoning_guide import attach_thinking_bound, reasoning_tokens
 from .processor import OutputProcessor
 from .request_trace import RequestTrace
 from .offline_api import OfflineAPI
@@ -195,6 +195,8 @@ class Engine(OfflineAPI):
                                          s.spaces_between_special_tokens)
         if guide is not None:
             self.constrained.attach(r, guide, req.max_thinking_tokens)  # a forced opening is appended here
+        elif self.constrained.think is not None:  # a reasoning model's thinking bound holds without a constraint too
+            attach_thinking_bound(self.constrained, r, req.max_thinking_tokens)
         return r
 
     def abort(self, rid: str) -> None:

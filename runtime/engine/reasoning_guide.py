@@ -1,6 +1,7 @@
 """A constraint that starts after the thinking section (SGLang's reasoner grammar): free text until the think-end
 token, then the compiled guide. The thinking may not end the request (EOS is masked there: the request owes an
-answer), and past max_thinking_tokens only the think-end token is allowed.
+answer), and past max_thinking_tokens only the think-end token is allowed. An unconstrained request with a thinking
+bound gets the same guide over free text (EOS allowed while thinking).
 """
 
 from __future__ import annotations
@@ -53,15 +54,75 @@ def reasoning_tokens(cfg, tokenizer) -> ThinkTokens | None:
     return ThinkTokens.from_tokenizer(reasoning_format(cfg.reasoning_parser), tokenizer, cfg.max_thinking_tokens)
 
 
+class FreeText(Guide):
+    """The answer of an unconstrained request whose thinking is bounded: every token, EOS included."""
+
+    def __init__(self, info):
+        self.info, self.initial_state = info, 0
+        words = (info.vocab_size + 31) // 32
+        every = np.full(words, 0xFFFFFFFF, dtype=np.uint32)
+        if info.vocab_size % 32:  # no bits past the vocabulary
+            every[-1] = np.uint32((1 << (info.vocab_size % 32)) - 1)
+        self._all = every.view(np.int32)
+        self._all.setflags(write=False)
+
+    def allowed(self, state) -> np.ndarray:
+        return self._all
+
+    def advance(self, state, token_id: int):
+        return 0
+
+    def advance_bytes(self, state, data: bytes):
+        return 0
+
+    def is_final(self, state) -> bool:
+        return True
+
+    def can_continue(self, state) -> bool:
+        return True
+
+    def is_terminated(self, state) -> bool:
+        return False
+
+    def forced_bytes(self, state) -> bytes:
+        return b""
+
+    def forced_string(self, state) -> str:
+        return ""
+
+    def jump_tokens(self, state, generated_token_ids, forced: str | None = None, tokenizer: Any = None, **kw):
+        return JumpResult(0, [], state)
+
+
+def bounded_thinking_guide(think: ThinkTokens, info, prompt_text: str, max_thinking_tokens: int | None):
+    """The guide of an unconstrained request on a reasoning model when a thinking bound applies (the request's, else
+    the engine's) and its prompt leaves the thinking open: free thinking (EOS allowed: nothing is owed), `</think>`
+    forced past the bound, then free text. None when no bound applies."""
+    think = think.bounded(max_thinking_tokens)
+    if think.max_thinking_tokens is None or not think.starts_thinking(prompt_text):
+        return None
+    return ThinkingGuide(FreeText(info), think, eos_while_thinking=True)
+
+
+def attach_thinking_bound(constrained, req, max_thinking_tokens: int | None) -> None:
+    """Give an unconstrained request its bounded-thinking guide when one applies (engine loop, at admission)."""
+    from .constrained import GuideState
+
+    prompt = constrained.tokenizer.decode(req.input_ids[-16:])
+    guide = bounded_thinking_guide(constrained.think, constrained.info, prompt, max_thinking_tokens)
+    if guide is not None:
+        req.grammar = GuideState(guide, guide.initial_state)
+
+
 class ThinkingGuide(Guide):
     """States: ("think", tokens so far) until the end token, then ("answer", inner state)."""
 
-    def __init__(self, inner: Guide, think: ThinkTokens):
+    def __init__(self, inner: Guide, think: ThinkTokens, eos_while_thinking: bool = False):
         self.inner, self.think, self.info = inner, think, inner.info
         self.initial_state = ("think", 0)
         words = (inner.info.vocab_size + 31) // 32
-        free = np.full(words, 0xFFFFFFFF, dtype=np.uint32)  # every token but EOS
-        for t in inner.info.eos_token_ids:
+        free = np.full(words, 0xFFFFFFFF, dtype=np.uint32)  # every token but EOS (a constrained answer is owed)
+        for t in () if eos_while_thinking else inner.info.eos_token_ids:
             free[t >> 5] &= ~np.uint32(1 << (t & 31))
         only = np.zeros(words, dtype=np.uint32)
         only[think.end_id >> 5] = np.uint32(1 << (think.end_id & 31))

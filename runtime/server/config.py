@@ -60,8 +60,8 @@ ENGINE_FLAG_HELP = {
     "CUDA, off on CPU; --no-disable-overlap-schedule forces it on, e.g. on CPU for tests)",
     "reasoning_parser": "thinking section of reasoning models: qwen3 or deepseek-r1; chat responses then carry "
     "reasoning_content, and constraints (json_schema, regex, ebnf, tools) start after </think>",
-    "max_thinking_tokens": "with --reasoning-parser: a constrained request thinks at most this many tokens, then "
-    "</think> is forced",
+    "max_thinking_tokens": "with --reasoning-parser: a request thinks at most this many tokens, then </think> is "
+    "forced (per request: max_thinking_tokens, custom_params.thinking_budget)",
     "enable_deterministic_inference": "a request's output does not depend on what it is batched with, on the radix "
     "cache or on the prefill chunking (batch-invariant kernels; see docs/determinism.md for the cost)",
     "speculative_algorithm": "speculative decoding: NGRAM (prompt lookup) or STANDALONE (a draft model from "

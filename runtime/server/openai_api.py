@@ -137,6 +137,12 @@ async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, 
     exp = expand_inputs(prompts, [sp] * k, [logprob] * k, [key] * k,
                         lambda i, j, m: job_id if k * m == 1 else f"{job_id}-{i}-{j}", n=[n] * k, make=request_input)
     items, prompt_of = [e.inp for e in exp], [e.prompt for e in exp]
+    budget = (f.get("custom_params") or {}).get("thinking_budget")
+    if budget is not None:  # SGLang's per-request thinking budget
+        if state.config.engine.reasoning_parser is None:
+            raise ApiError(400, "custom_params.thinking_budget needs a reasoning model served with --reasoning-parser",
+                           param="custom_params")
+        items = [dataclasses.replace(inp, max_thinking_tokens=budget) for inp in items]
     job = _Job(job_id, chat, items, prompt_of, want, top, tools=tool_job, reasoning=reasoning)
     if not chat and f.get("echo"):
         job.echo_texts = [p["text"] if "text" in p else await state.engine.call(DetokenizeReq(p["input_ids"]))

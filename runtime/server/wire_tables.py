@@ -36,6 +36,9 @@ LOGIT_BIAS = dict_of(Check(lambda k: k.lstrip("-").isdigit(), "token id"), NUM,
 STR_OR_OPT_LIST = one_of(STR, list_of(Check(lambda v: v is None or isinstance(v, str), "a string or null",
                                              "strings or nulls")))
 DICT_OR_LIST = one_of(DICT, list_of(DICT))
+THINKING_BUDGET = Check(lambda v: isinstance(v, dict) and set(v) <= {"thinking_budget"} and (
+    v.get("thinking_budget") is None or (type(v["thinking_budget"]) is int and v["thinking_budget"] >= 0)),
+    "an object {\"thinking_budget\": an int >= 0} (no custom logit processors)")
 
 # ------------------------------------------------------------------ POST /generate sampling_params
 SAMPLING = Schema("sampling_params", tuple([
@@ -125,8 +128,8 @@ GENERATE = Schema("request", tuple([
     F("background", BOOL, False, DEFAULT_ONLY, "background responses are not implemented (sglang-router sends "
       "false)"),
     F("require_reasoning", BOOL, False, DEFAULT_ONLY, "no reasoning parser"),
-    F("max_thinking_tokens", int_range(0), None, IMPL, "with --reasoning-parser: this constrained request thinks at "
-      "most this many tokens, then </think> is forced (default: --max-thinking-tokens)"),
+    F("max_thinking_tokens", int_range(0), None, IMPL, "with --reasoning-parser: this request thinks at most this "
+      "many tokens, then </think> is forced (default: --max-thinking-tokens)"),
     F("priority", INT, None, NOOP, "SGLang's default server (no --enable-priority-scheduling) ignores it too"),
     F("extra_key", STR_OR_LIST, None, IMPL, "prefix-cache namespace: only requests with the same key share "
       "cached prefixes"),
@@ -197,7 +200,8 @@ def _openai_common(chat: bool) -> list[WireField]:
         F("session_params", DICT, None, DEFAULT_ONLY, "sessions are not implemented"),
         F("response_format", DICT, None, IMPL, "text, json_object, json_schema or structural_tag "
       "{structures, triggers}"),
-        F("custom_params", DICT, None, DEFAULT_ONLY, "custom logit processors are not supported"),
+        F("custom_params", THINKING_BUDGET, None, IMPL, "thinking_budget only (SGLang's per-request budget): with "
+          "--reasoning-parser this request thinks at most that many tokens, then </think> is forced"),
         F("custom_logit_processor", one_of(STR, LIST), None, DEFAULT_ONLY, "custom logit processors are not "
           "supported"),
         F("watermark", DICT, None, DEFAULT_ONLY, "watermarking is not implemented"),

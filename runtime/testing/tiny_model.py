@@ -197,9 +197,18 @@ THINKING_TEMPLATE = (
     "{% else %}<think>\n{% endif %}{% endif %}")
 
 
-def make_reasoning_model(path: str | os.PathLike, seed: int = 0) -> str:
+# THINKING_TEMPLATE plus a tools block in Qwen3's layout (<tools> signatures, calls in <tool_call> tags: the hermes
+# format the tool-format detection finds in Qwen3's own template)
+QWEN3_TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n\nYou may call one or more functions. Their signatures:\n<tools>"
+    "{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools>\n\nReturn each call as a JSON object in "
+    "<tool_call></tool_call> tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
+    "\n</tool_call><|im_end|>\n{% endif %}" + THINKING_TEMPLATE)
+
+
+def make_reasoning_model(path: str | os.PathLike, seed: int = 0, template: str = THINKING_TEMPLATE) -> str:
     """A tiny random Qwen3 folder whose tokenizer has `<think>` / `</think>` as single (non-special) tokens and
-    whose chat template opens the thinking section."""
+    whose chat template (THINKING_TEMPLATE, or QWEN3_TOOLS_TEMPLATE with tools) opens the thinking section."""
     from transformers import AutoTokenizer
 
     path = pathlib.Path(path)
@@ -209,7 +218,7 @@ def make_reasoning_model(path: str | os.PathLike, seed: int = 0) -> str:
                                          extra=dict(vocab_size=49160)))
     tok = AutoTokenizer.from_pretrained(tmp)
     tok.add_tokens(["<think>", "</think>"])
-    tok.chat_template = THINKING_TEMPLATE
+    tok.chat_template = template
     for name in TOKENIZER_FILES:
         (tmp / name).unlink(missing_ok=True)
     tok.save_pretrained(tmp)
