@@ -17,6 +17,7 @@ from .api import (  # noqa: F401
     get_server_info,
     image,
     select,
+    separate_reasoning,
     set_default_backend,
     system,
     system_begin,

@@ -8,7 +8,8 @@ from typing import Any, Callable, List, Optional, Union
 from .choices import ChoicesSamplingMethod, token_length_normalized
 from .function import SglFunction
 from .global_config import global_config
-from .ir import GenParams, SamplingParams, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect, validate_regex
+from .ir import (GenParams, SamplingParams, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect,
+                 SglSeparateReasoning, validate_regex)
 
 
 def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int] = None):
@@ -183,6 +184,16 @@ def image(source: Any):
 def video(path: Any, num_frames: int = 0):
     """Videos are not supported: sglpy's runtime serves text-only models."""
     raise NotImplementedError("sgl.video: sglpy's runtime serves text-only models (no video understanding)")
+
+
+def separate_reasoning(expr=None, model_type: Optional[str] = None):
+    """`expr` (a named gen/select, or a list of them), then its thinking split off: the variable keeps the answer,
+    `<name>_reasoning_content` the thinking, the program text the answer. model_type: a reasoning parser name
+    (qwen3, deepseek-r1); None takes the backend's (sgl.Engine(reasoning_parser=...)). Skipped when streaming."""
+    if isinstance(expr, (list, tuple)):
+        expr = SglExprList(list(expr))
+    node = SglSeparateReasoning(model_type, expr)
+    return SglExprList([node] if expr is None else [expr, node])
 
 
 def _role_common(role: str, expr=None):

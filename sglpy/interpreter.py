@@ -22,10 +22,13 @@ from .ir import (
     SglRoleBegin,
     SglRoleEnd,
     SglSelect,
+    SglSeparateReasoning,
     SglVarScopeBegin,
     SglVarScopeEnd,
+    reasoning_name,
     wrap,
 )
+from .separate_reasoning import model_type_of, separate
 from .spec_exec import SpecTerm, check_speculable, run_spec_turn, speculable_completion_gen, speculated_gen
 
 
@@ -72,6 +75,8 @@ class StreamExecutor:
         self.cur_role: Optional[str] = None
         self.cur_role_begin_pos = 0
         self.var_scope_begin: dict[str, int] = {}
+        self.var_spans: dict[str, tuple[int, int]] = {}  # a gen/select's output in text_ (separate_reasoning)
+        self.separating: set[str] = set()  # variables whose event waits for their separate_reasoning
         self.fork_start_text_pos = 0
         self.error_: Optional[BaseException] = None
         self.is_finished = False
@@ -94,6 +99,12 @@ class StreamExecutor:
             name = getattr(node, "name", None)
             if isinstance(node, (SglGen, SglSelect, SglVarScopeEnd)) and name is not None:
                 self.variable_event[name] = threading.Event()
+            if isinstance(node, SglSeparateReasoning):  # the targets are ready once split (not when generated)
+                if not self.stream:
+                    model_type_of(self, node)  # no parser known: the caller's error, now
+                    self.separating.update(node.targets)
+                for target in node.targets:
+                    self.variable_event[reasoning_name(target)] = threading.Event()
             if isinstance(node, SglRoleBegin):
                 self._caller_role = node.role
             elif isinstance(node, SglRoleEnd):
@@ -210,6 +221,13 @@ class StreamExecutor:
                 self.stream_buffers[var] = self.stream_buffers.get(var, "") + text
             self.cond.notify_all()
 
+    def _append_output(self, text: str, var: Optional[str]) -> None:
+        """A gen's or select's whole output, its span in the text remembered."""
+        start = len(self.text_)
+        self._append(text, var)
+        if var is not None:
+            self.var_spans[var] = (start, start + len(text))
+
     def _reset_buffer(self, name: Optional[str]) -> None:
         if name is not None:
             with self.cond:
@@ -222,7 +240,8 @@ class StreamExecutor:
             self.variables[name] = value
             self.meta_info[name] = meta
             self.cond.notify_all()
-        self.variable_event.setdefault(name, threading.Event()).set()
+        if name not in self.separating:
+            self.variable_event.setdefault(name, threading.Event()).set()
 
     def _execute(self, node: SglExpr) -> None:
         if self.spec_turn is not None and not isinstance(node, (SglConstantText, SglGen, SglRoleEnd)):
@@ -242,7 +261,7 @@ class StreamExecutor:
             else:
                 decision = self.backend.select(self.text_, node.choices, node.temperature, node.choices_method)
             self._reset_buffer(node.name)
-            self._append(decision.decision, node.name)
+            self._append_output(decision.decision, node.name)
             self._finish_var(node.name, decision.decision, decision.meta_info)
         elif isinstance(node, SglRoleBegin):
             if self.cur_role is not None:
@@ -270,6 +289,8 @@ class StreamExecutor:
         elif isinstance(node, SglCommitLazy):
             if self.text_:
                 self.backend.cache_prefix(self.text_)
+        elif isinstance(node, SglSeparateReasoning):
+            separate(self, node)
         elif isinstance(node, SglImage):
             raise ValueError("sglpy serves text-only models: images are not supported")
         else:
@@ -315,7 +336,7 @@ class StreamExecutor:
         else:
             res = self.backend.generate(self.text_, params)
         self.spec_text = ""
-        self._append(res.text, node.name)
+        self._append_output(res.text, node.name)
         value = list(res.texts) if n > 1 else res.text
         self._finish_var(node.name, _tool_value(node, value), res.meta_info)
 

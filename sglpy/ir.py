@@ -195,6 +195,40 @@ class SglImage(SglExpr):
 
 
 @dataclass(eq=False)
+class SglSeparateReasoning(SglExpr):
+    """After the named gen/select(s) in `expr` ran: each variable keeps the answer, `<name>_reasoning_content` gets
+    the thinking, and the program text keeps only the answer (SGLang's sgl.separate_reasoning)."""
+
+    model_type: Optional[str]
+    expr: Any = None
+
+    def __post_init__(self):
+        if self.model_type is not None:
+            from sglpy.runtime.reasoning import reasoning_format
+
+            reasoning_format(self.model_type)  # ValueError names the known parsers
+        for name in self.targets:
+            if name is None:
+                raise ValueError("separate_reasoning needs named gen/select expressions (gen('name', ...))")
+
+    @property
+    def targets(self) -> list:
+        """The names of the gens/selects whose output is split."""
+        return [n.name for n in (self.expr.flatten() if isinstance(self.expr, SglExpr) else [])
+                if isinstance(n, (SglGen, SglSelect))]
+
+    @property
+    def name(self) -> Optional[str]:
+        """The first target's reasoning variable (SGLang's process_name_for_reasoning)."""
+        return reasoning_name(self.targets[0]) if self.targets else None
+
+
+def reasoning_name(name: str) -> str:
+    """The variable holding a gen's thinking after separate_reasoning."""
+    return f"{name}_reasoning_content"
+
+
+@dataclass(eq=False)
 class SglFork(SglExpr):
     """Only appears in traced graphs: the state forked into `size` branches here."""
 
