@@ -1,7 +1,7 @@
 """JSON extraction on the default model: unconstrained vs constrained vs constrained + jump-forward.
 
 python benchmarks/json_decode.py [--requests 64] [--threads 2] [--model PATH|preset:smollm2-135m] [--device cuda]
-                                 [--jump-min-tokens auto,1,4,8]
+                                 [--jump-min-tokens auto,1,4,8] [--extend-graphs on,off]
 
 In the spirit of the SGLang paper's JSON benchmark: a schema with many fixed keys and short values,
 64 requests submitted at once. Reports model forward steps, output tokens/s, latency, validity and
@@ -53,22 +53,25 @@ def prompts(tok, n):
     return out
 
 
-def run_mode(eng, texts, mode, min_jump=None):
-    """One mode; min_jump sets the shortest jump applied (None: the engine's own choice)."""
+def run_mode(eng, texts, mode, min_jump=None, extend_graphs=True):
+    """One mode; min_jump sets the shortest jump applied (None: the engine's own choice); extend_graphs False
+    runs jumped spans eagerly (the multi-token CUDA-graph steps of runtime/model/extend_graph.py set aside)."""
     sp = {"max_new_tokens": 160, "temperature": 0}
     if mode != "unconstrained":
         sp["json_schema"] = json.dumps(SCHEMA)
     eng.constrained.jump_forward_enabled = mode.startswith("constrained+jump")
-    auto = eng.constrained.min_jump_tokens
+    auto, graphs = eng.constrained.min_jump_tokens, eng.runner.extend_graphs
     if min_jump is not None:
         eng.constrained.min_jump_tokens = min_jump
+    if not extend_graphs:
+        eng.runner.extend_graphs = None
     eng.flush_cache()
     before = eng.get_server_info()
     t0 = time.perf_counter()
     outs = eng.generate(texts, [sp] * len(texts))
     dt = time.perf_counter() - t0
     after = eng.get_server_info()
-    eng.constrained.min_jump_tokens = auto
+    eng.constrained.min_jump_tokens, eng.runner.extend_graphs = auto, graphs
     valid = 0
     for o in outs:
         try:
@@ -96,6 +99,8 @@ def main():
     ap.add_argument("--dtype", default=None, help="default float32 (CPU), bfloat16 on CUDA")
     ap.add_argument("--jump-min-tokens", default="auto", help="comma list of shortest jumps to compare "
                     "(auto = the engine's choice: 1 on CPU, more under CUDA graphs), e.g. auto,1,4,8")
+    ap.add_argument("--extend-graphs", default="on", help="on, off or on,off: jumped spans through the captured "
+                    "multi-token steps, or eagerly (only differs under CUDA graphs)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from sglpy.runtime.engine import Engine
@@ -111,19 +116,20 @@ def main():
     print(f"schema compile (cold, in a compile worker): {time.perf_counter() - t:.2f}s")
     rows = [run_mode(eng, texts, m) for m in ("unconstrained", "constrained")]
     print(f"jump-forward's shortest jump under this engine (auto): {eng.constrained.min_jump_tokens}")
-    for j in args.jump_min_tokens.split(","):
-        label = "constrained+jump" + ("" if j == "auto" else f" min{j}")
-        rows.append(run_mode(eng, texts, label, None if j == "auto" else int(j)))
+    for x in args.extend_graphs.split(","):
+        for j in args.jump_min_tokens.split(","):
+            label = "constrained+jump" + ("" if j == "auto" else f" min{j}") + (" eager" if x == "off" else "")
+            rows.append(run_mode(eng, texts, label, None if j == "auto" else int(j), x == "on"))
     eng.shutdown()
     try:
         import outlines  # noqa: F401
         print("outlines is installed but not wired into this benchmark yet")
     except ImportError:
         print("outlines not installed: skipped (optional)")
-    print(f"\n{'mode':<23}{'steps':>7}{'sec':>8}{'out tok':>9}{'jumped':>8}{'tok/s':>8}{'lat p50':>9}"
+    print(f"\n{'mode':<29}{'steps':>7}{'sec':>8}{'out tok':>9}{'jumped':>8}{'tok/s':>8}{'lat p50':>9}"
           f"{'valid':>8}{'grammar %':>11}")
     for r in rows:
-        print(f"{r['mode']:<23}{r['steps']:>7}{r['seconds']:>8.1f}{r['out_tokens']:>9}{r['jumped']:>8}"
+        print(f"{r['mode']:<29}{r['steps']:>7}{r['seconds']:>8.1f}{r['out_tokens']:>9}{r['jumped']:>8}"
               f"{r['tok_s']:>8.1f}{r['lat_p50']:>8.1f}s{r['valid']:>5}/{r['n']:<3}{100 * r['grammar_share']:>9.1f}%")
     c = rows[1]
     for j in rows[2:]:

@@ -54,6 +54,9 @@ class EngineConfig:
     # the same padded-bucket decode path eagerly (tests); True = off everywhere
     disable_cuda_graph: bool | None = None
     cuda_graph_max_bs: int = 160  # largest captured decode batch (capped by max_running_requests)
+    # tokens per request of the captured multi-token steps (runtime/model/extend_graph.py): a step where requests
+    # extend by up to this many tokens (jump-forward spans, speculative drafts) stays on a graph; 1 = off
+    cuda_graph_extend_tokens: int = 8
     # overlap scheduling (engine/overlap.py): None = on for CUDA, off on CPU; False forces it on (CPU tests)
     disable_overlap_schedule: bool | None = None
     # thinking section of reasoning models (runtime/reasoning.py): qwen3 or deepseek-r1 (SGLang's --reasoning-parser);
@@ -92,6 +95,9 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
+        t = self.cuda_graph_extend_tokens
+        if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= 64:
+            raise ValueError(f"cuda_graph_extend_tokens must be an int in [1, 64], got {t!r}")
         for name in ("max_running_requests", "max_prefill_tokens", "chunked_prefill_size", "cuda_graph_max_bs"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")

@@ -42,12 +42,13 @@ class GuideState:
 
 
 def jump_min_tokens(cfg, graphs_captured: bool) -> int:
-    """The configured shortest jump, or auto: 1 for eager decode, JUMP_MIN_TOKENS_GRAPHS under CUDA graphs."""
+    """The configured shortest jump, or auto: 1 for eager decode or where multi-token steps are captured too
+    (cuda_graph_extend_tokens > 1: a jumped span rides the next step's graph), else JUMP_MIN_TOKENS_GRAPHS."""
     if cfg.jump_forward_min_tokens is not None:
         return cfg.jump_forward_min_tokens
     from ..config import JUMP_MIN_TOKENS_GRAPHS
 
-    return JUMP_MIN_TOKENS_GRAPHS if graphs_captured else 1
+    return JUMP_MIN_TOKENS_GRAPHS if graphs_captured and cfg.cuda_graph_extend_tokens < 2 else 1
 
 
 class ConstrainedDecoding:

@@ -14,6 +14,7 @@ from ..device_io import to_device
 from ..memory.kv_manager import KVBuffers
 from ..memory.kv_pool import KVPool, kv_cache_torch_dtype
 from .cuda_graph import DecodeGraphRunner, DecodeInputs, capture_buckets, resolve_future_ids
+from .extend_graph import MAX_BS as EXTEND_GRAPH_MAX_BS, ExtendGraphRunner
 from .forward_batch import ForwardBatch, build_host_batch
 from .families import check_feature, fit_quantization
 from .loader import load_model
@@ -71,6 +72,7 @@ class ModelRunner:
         self.num_layers, self.num_kv_heads, self.head_dim = hf.num_hidden_layers, self.model.num_kv_heads, \
             self.model.head_dim
         self.graphs: DecodeGraphRunner | None = None
+        self.extend_graphs: ExtendGraphRunner | None = None  # multi-token steps (jump-forward, drafts)
 
     def _start_group(self, cfg: EngineConfig, model_path: str) -> None:
         """Rank 0: check the split, start this node's other ranks, and join the group."""
@@ -150,6 +152,10 @@ class ModelRunner:
                 return
         buckets = capture_buckets(cfg.max_running_requests, cfg.cuda_graph_max_bs)
         self.graphs = DecodeGraphRunner(lambda fb: self.model(fb, kv), kv, padding, buckets, self.device, capture)
+        if cfg.cuda_graph_extend_tokens > 1:
+            small = capture_buckets(cfg.max_running_requests, min(cfg.cuda_graph_max_bs, EXTEND_GRAPH_MAX_BS))
+            self.extend_graphs = ExtendGraphRunner(lambda fb: self.model(fb, kv), kv, padding, small,
+                                                   cfg.cuda_graph_extend_tokens, self.device, capture)
 
     def forward(self, entries: list[BatchEntry], num_decode: int, kv: KVBuffers,
                 future_tokens: torch.Tensor | None = None) -> ForwardOutput:
@@ -162,6 +168,9 @@ class ModelRunner:
                 and not any(e.req.wants_input_logprobs() for e in entries):
             return self._decode_graph(entries, future_tokens)
         hb = build_host_batch(entries)
+        if self.extend_graphs is not None and self.extend_graphs.accepts(hb, num_decode):
+            return ForwardOutput(self.extend_graphs.run(hb, future_tokens), hb.input_rows, hb.input_first_pos,
+                                 hb.sample_row)
         ids, pos, loc, rows = hb.input_ids, hb.positions, hb.out_cache_loc, hb.logits_rows
         input_rows, input_first, sample_row = hb.input_rows, hb.input_first_pos, hb.sample_row
         if self.group is not None:

@@ -56,6 +56,8 @@ ENGINE_FLAG_HELP = {
     "--no-disable-cuda-graph on CPU runs the padded-bucket decode path eagerly, for tests)",
     "cuda_graph_max_bs": "largest decode batch captured in a CUDA graph (buckets 1, 2, 4, 8, 16, 24, ...; capped "
     "by max_running_requests); larger batches run eagerly",
+    "cuda_graph_extend_tokens": "tokens per request of the captured multi-token steps (jump-forward spans, "
+    "speculative drafts stay on a CUDA graph when no request extends by more); 1 = off",
     "disable_overlap_schedule": "do not prepare step n+1 on the CPU while the GPU runs step n (default: overlap on "
     "CUDA, off on CPU; --no-disable-overlap-schedule forces it on, e.g. on CPU for tests)",
     "reasoning_parser": "thinking section of reasoning models: qwen3 or deepseek-r1; chat responses then carry "

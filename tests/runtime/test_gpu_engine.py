@@ -116,6 +116,19 @@ def test_cuda_graph_equals_eager(model_path, n):
     _free()
 
 
+def test_multi_token_graph_steps_equal_eager(model_path):
+    """Jumped spans ride captured multi-token steps (runtime/model/extend_graph.py): outputs equal the eager run."""
+    rx = r"[0-9] is the answer, and [a-z]{2} is all\."
+    prompts = [f"Q{i}:" for i in range(5)]
+    sp = {"regex": rx, "max_new_tokens": 40, "temperature": 0}
+    graph_outs, graph_eng = _run(model_path, prompts, sp)
+    assert graph_eng.runner.extend_graphs is not None and graph_eng.runner.extend_graphs.graphs
+    assert graph_eng.runner.extend_graphs.replays > 0
+    eager_outs, _ = _run(model_path, prompts, sp, disable_cuda_graph=True)
+    assert [o["output_ids"] for o in graph_outs] == [o["output_ids"] for o in eager_outs]
+    _free()
+
+
 def test_overlap_equals_plain_on_cuda(model_path):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 5}},
               "required": ["a", "b"]}

@@ -20,9 +20,11 @@ def engine(tiny_model_path):
     eng.shutdown()
 
 
-def test_auto_is_one_for_eager_decode_and_more_under_graphs():
+def test_auto_is_one_unless_a_jump_would_take_the_step_off_the_graphs():
     assert jump_min_tokens(EngineConfig(), graphs_captured=False) == 1
-    assert jump_min_tokens(EngineConfig(), graphs_captured=True) == JUMP_MIN_TOKENS_GRAPHS > 1
+    assert jump_min_tokens(EngineConfig(), graphs_captured=True) == 1  # jumped spans ride the multi-token graphs
+    no_extend_graphs = EngineConfig(cuda_graph_extend_tokens=1)
+    assert jump_min_tokens(no_extend_graphs, graphs_captured=True) == JUMP_MIN_TOKENS_GRAPHS > 1
     assert jump_min_tokens(EngineConfig(jump_forward_min_tokens=3), graphs_captured=True) == 3
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="jump_forward_min_tokens"):
