@@ -50,6 +50,7 @@ SIGNATURES = {
                                       _I64, _I64, _I64, _I64, _F32, _I32]),
     "sglpy_gemv_int8": (_I64, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I32]),
     "sglpy_gemv_int4": (_I64, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I32]),
+    "sglpy_gemv_f32": (_I64, [_P, _I64, _I64, _P, _P, _P, _I64, _I32]),
     "sglpy_gemv_int8_activations": (_I32, []),
 }
 

@@ -20,7 +20,7 @@ def _decode_split_kernel(
     stride_r2t,
     stride_mo_b, stride_mo_h, stride_mo_s,
     stride_ml_b, stride_ml_h,
-    group, head_dim, num_splits,
+    group, head_dim, num_splits, fixed_split,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Stage 1: one (request, kv head, split) per program; all query heads of the group share each K/V tile."""
@@ -32,6 +32,8 @@ def _decode_split_kernel(
     # Each request cuts its own length into num_splits pieces (aligned to BLOCK_N): no host sync on lengths.
     # At least one tile, so an (invalid, unchecked on CUDA) zero length yields NaN rather than a division by 0.
     split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N), 1) * BLOCK_N
+    if fixed_split > 0:  # deterministic inference: split points at multiples of fixed_split, whatever the batch
+        split_len = fixed_split
     start = sid * split_len
     end = tl.minimum(start + split_len, seq_len)
 
@@ -76,7 +78,7 @@ def _decode_merge_kernel(
     stride_mo_b, stride_mo_h, stride_mo_s,
     stride_ml_b, stride_ml_h,
     stride_o_b, stride_o_h,
-    head_dim, num_splits,
+    head_dim, num_splits, fixed_split,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Stage 2: merge the non-empty splits of one (request, head) by their log-sum-exp weights."""
@@ -84,6 +86,8 @@ def _decode_merge_kernel(
     h = tl.program_id(1)
     seq_len = tl.load(SeqLens + bid).to(tl.int32)
     split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N), 1) * BLOCK_N
+    if fixed_split > 0:
+        split_len = fixed_split
     used = tl.cdiv(seq_len, split_len)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < head_dim
@@ -113,6 +117,13 @@ def choose_num_splits(batch: int, kv_heads: int, max_context: int, block_n: int,
     return max(1, min(want, 32, triton.cdiv(max_context, block_n)))
 
 
+def fixed_split_len(max_context: int, block_n: int = 64) -> int:
+    """Deterministic inference's split length: a multiple of block_n fixed by the table width alone (>= 256 keys,
+    at most 64 splits), so a request's split points never depend on its batch."""
+    per = triton.cdiv(triton.cdiv(max_context, 64), block_n) * block_n
+    return max(256, per)
+
+
 def decode_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -123,8 +134,10 @@ def decode_attention_triton(
     sm_scale: float,
     num_splits: int | None = None,
     block_n: int = 64,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
-    """Launch split + merge; arguments already checked by decode_attention.decode_attention."""
+    """Launch split + merge; arguments already checked by decode_attention.decode_attention.
+    batch_invariant: fixed split points (fixed_split_len), the same for any batch (deterministic inference)."""
     # q: [b, heads, head_dim]; caches: [slots, kv_heads, head_dim]; returns o: [b, heads, head_dim]
     # The kernels read 1-D metadata as Ptr + i; these are no-ops for the runtime's own tensors.
     req_pool_indices, seq_lens = req_pool_indices.contiguous(), seq_lens.contiguous()
@@ -133,7 +146,11 @@ def decode_attention_triton(
     group = heads // kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_h = max(16, triton.next_power_of_2(group))  # tl.dot needs M >= 16
-    if num_splits is None:
+    fixed = 0
+    if batch_invariant:
+        fixed = fixed_split_len(req_to_token.shape[1], block_n)
+        num_splits = triton.cdiv(req_to_token.shape[1], fixed)
+    elif num_splits is None:
         sms = _sm_count(q.device.index or 0) if q.is_cuda else 132
         num_splits = choose_num_splits(b, kv_heads, req_to_token.shape[1], block_n, sms)
     mid_o = torch.empty(b, heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
@@ -148,7 +165,7 @@ def decode_attention_triton(
         req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
-        group, head_dim, num_splits,
+        group, head_dim, num_splits, fixed,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, DOT_PRECISION=precision,
     )
     _decode_merge_kernel[(b, heads)](
@@ -156,7 +173,7 @@ def decode_attention_triton(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         o.stride(0), o.stride(1),
-        head_dim, num_splits,
+        head_dim, num_splits, fixed,
         BLOCK_N=block_n, BLOCK_D=block_d,
     )
     return o

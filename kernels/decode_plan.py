@@ -13,6 +13,7 @@ from ._checks import FLOAT_DTYPES, check_dim, check_tensor
 from ._dispatch import on_device, triton_module
 from .cpu_native import native_lib
 from .decode_attention_cpu import decode_attention_cpu, supports
+from .extend_attention_cpu import extend_attention_cpu
 from .decode_attention import (_check_seq_len_values, check_decode_attention_args, decode_attention_reference,
                                length_groups)
 
@@ -45,6 +46,12 @@ class DecodePlan:
     views: tuple[tuple[int, int, int], ...]  # (batch position, first slot, length) of requests read in place
     groups: tuple[GatherGroup, ...]  # the other requests (CPU), gathered per length group
     native: ctypes.CDLL | None = None  # the native CPU kernels' library: one call reads the whole batch in place
+    # deterministic inference: every request's keys in fixed blocks from position 0, whatever the batch (CPU: the
+    # extend kernel with one new token, so a token's attention is the same in decode and in extend; Triton: fixed
+    # split points). prefix_lens = seq_lens - 1 and ones, for the extend kernel.
+    batch_invariant: bool = False
+    prefix_lens: torch.Tensor | None = None
+    extend_lens: torch.Tensor | None = None
 
     @property
     def batch(self) -> int:
@@ -74,8 +81,9 @@ def _gather_group(req_to_token, rows: torch.Tensor, seq_lens: torch.Tensor, max_
 
 
 def plan_decode_attention(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
-                          seq_lens: torch.Tensor) -> DecodePlan:
-    """Check the decode metadata once and precompute how every layer reads K/V (views, or gathers by length)."""
+                          seq_lens: torch.Tensor, batch_invariant: bool = False) -> DecodePlan:
+    """Check the decode metadata once and precompute how every layer reads K/V (views, or gathers by length).
+    batch_invariant: a request's result must not depend on its batch (deterministic inference; DecodePlan)."""
     check_tensor("req_to_token", req_to_token, 2, (torch.int32, torch.int64), last_dim_contiguous=True)
     check_tensor("req_pool_indices", req_pool_indices, 1, (torch.int32, torch.int64))
     check_tensor("seq_lens", seq_lens, 1, (torch.int32, torch.int64))
@@ -83,8 +91,14 @@ def plan_decode_attention(req_to_token: torch.Tensor, req_pool_indices: torch.Te
     # the Triton kernel reads lengths on the device; only the torch path (CPU, or CUDA with SGLPY_DISABLE_TRITON=1)
     # needs the views/gathers planned here (testing is_cuda instead left that path with an empty plan)
     if triton_module("decode_attention_triton", req_to_token) is not None or req_pool_indices.numel() == 0:
-        return DecodePlan(req_to_token, req_pool_indices, seq_lens, (), ())
+        return DecodePlan(req_to_token, req_pool_indices, seq_lens, (), (), batch_invariant=batch_invariant)
     lib = native_lib() if req_to_token.device.type == "cpu" else None
+    if batch_invariant:
+        # the extend kernel (csrc/extend_attention.cpp) reads keys in blocks of 64 from position 0 and never splits
+        # a request: the same order in every batch, and the same as when the token was part of an extend
+        _check_seq_len_values(seq_lens, req_to_token.shape[1])
+        rows, lens = req_pool_indices.to(torch.int64).contiguous(), seq_lens.to(torch.int64).contiguous()
+        return DecodePlan(req_to_token, rows, lens, (), (), lib, True, lens - 1, torch.ones_like(lens))
     if lib is not None and req_to_token.dtype == torch.int32 and req_to_token.is_contiguous():
         # the kernel checks lengths, rows and slot ids itself; int64 copies once here, not once per layer
         return DecodePlan(req_to_token, req_pool_indices.to(torch.int64).contiguous(),
@@ -149,7 +163,9 @@ def decode_attention_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         check_decode_attention_args(q, k_cache, v_cache, plan.req_to_token, plan.req_pool_indices, plan.seq_lens)
         with on_device(q):
             return impl.decode_attention_triton(q, k_cache, v_cache, plan.req_to_token, plan.req_pool_indices,
-                                                plan.seq_lens, sm_scale)
+                                                plan.seq_lens, sm_scale, batch_invariant=plan.batch_invariant)
+    if plan.batch_invariant:
+        return _decode_invariant(q, k_cache, v_cache, plan, sm_scale)
     if k_cache.shape[1:] != v_cache.shape[1:] or k_cache.shape[2] != q.shape[2] or q.shape[1] % k_cache.shape[1]:
         raise ValueError(f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)} "
                          "do not fit: head_dim must agree and heads must be a multiple of kv_heads")
@@ -173,3 +189,16 @@ def decode_attention_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     for g in plan.groups:
         o[g.index] = _sdpa_gathered(q[g.index], k_cache, v_cache, g, sm_scale).to(q.dtype)
     return o
+
+
+def _decode_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan,
+                      sm_scale: float) -> torch.Tensor:
+    """Deterministic inference on CPU: each decode token as a one-token extend (the native extend kernel), or,
+    without the native kernels, one reference call per request (its result then depends on that request alone)."""
+    # q: [b, heads, d] -> [b, heads, d]
+    if plan.native is not None and supports(q, k_cache, v_cache, plan.req_to_token):
+        return extend_attention_cpu(plan.native, q, k_cache, v_cache, plan.req_to_token, plan.req_pool_indices,
+                                    plan.prefix_lens, plan.extend_lens, sm_scale)
+    return torch.cat([decode_attention_reference(q[i:i + 1], k_cache, v_cache, plan.req_to_token,
+                                                 plan.req_pool_indices[i:i + 1], plan.seq_lens[i:i + 1], sm_scale)
+                      for i in range(q.shape[0])])

@@ -61,6 +61,22 @@ def quant_linear_cpu(lib: ctypes.CDLL, x: torch.Tensor, kind: str, qweight: torc
     return y
 
 
+def linear_f32_cpu(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight^T (+ bias) in float32 through csrc/quant_gemv.cpp: row m of the result depends on row m of x
+    alone, never on how many rows share the call (torch's float32 GEMM picks its blocking by M)."""
+    # x: [M, K], weight: float32 [N, K] contiguous, bias: float32 [N] or None -> [M, N] float32
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        x = x.to(torch.float32).contiguous()
+    m, k = x.shape
+    n = weight.shape[0]
+    if weight.dtype != torch.float32 or not weight.is_contiguous() or weight.shape[1] != k:
+        raise ValueError(f"weight must be contiguous float32 [N, {k}], got {weight.dtype} {tuple(weight.shape)}")
+    y = torch.empty((m, n), dtype=torch.float32)
+    lib.sglpy_gemv_f32(x.data_ptr(), m, k, weight.data_ptr(), None if bias is None else bias.data_ptr(),
+                       y.data_ptr(), n, torch.get_num_threads())
+    return y
+
+
 def native_error_bound(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """[M, N] bound on |native GEMV - float32 x @ weight^T| (weight: the dequantized float32 [N, K]): float32
     rounding, plus, where the build quantizes activations to int8 per block of 32 (csrc/q8_dot.h),

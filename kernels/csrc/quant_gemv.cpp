@@ -52,6 +52,37 @@ void int8_rows(const float* x, int64_t K, const int8_t* q, const float* scale, c
   }
 }
 
+// float32 weights [N, K] (quantization none under deterministic inference): the same two chains per row as int8_rows,
+// so a row's result never depends on how many rows share the call. K's last K % 16 inputs run as a scalar tail.
+template <int MR>
+void f32_rows(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N, int64_t n0,
+              int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* wn = w + n * K;
+    vf acc[MR][2];
+    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = vf{};
+    int64_t k = 0;
+    for (; k + 2 * W <= K; k += 2 * W) {
+      const vf w0 = load(wn + k), w1 = load(wn + k + W);
+      for (int m = 0; m < MR; ++m) {
+        acc[m][0] += w0 * load(x + m * K + k);
+        acc[m][1] += w1 * load(x + m * K + k + W);
+      }
+    }
+    if (k + W <= K) {
+      const vf w0 = load(wn + k);
+      for (int m = 0; m < MR; ++m) acc[m][0] += w0 * load(x + m * K + k);
+      k += W;
+    }
+    const float add = bias != nullptr ? bias[n] : 0.f;
+    for (int m = 0; m < MR; ++m) {
+      float tail = 0.f;
+      for (int64_t j = k; j < K; ++j) tail += wn[j] * x[m * K + j];
+      y[m * N + n] = (hsum(acc[m][0] + acc[m][1]) + tail) + add;
+    }
+  }
+}
+
 // A vectorized pre-pass per output row turns its bf16 (scale, zero) planes into float32 with the code offset folded
 // in, W = code * s + (z - 8 s); the inner loop then dequantizes 32 weights with two FMAs (shared by the MR rows)
 // and accumulates with two FMAs per row.
@@ -185,25 +216,42 @@ void for_row_blocks(int64_t N, int32_t nthreads, Rows rows) {
 }
 
 // Passes of up to eight rows over the weights (each pass reads every weight once), output rows split across
-// threads; Kernel::rows<MR>(m0, n0, n1) computes rows m0 .. m0 + MR of outputs n0 .. n1.
+// threads; Kernel::rows<MR>(m0, n0, n1) computes rows m0 .. m0 + MR of outputs n0 .. n1. Above eight rows each
+// thread runs every pass over its block of output rows while those weights are in cache (prefill and big
+// batches). Either way output (m, n) is the same call on the same data: its value never depends on M.
 template <typename Kernel>
-void passes(const Kernel& k, int64_t M, int64_t N, int32_t nthreads) {
-  for (int64_t m0 = 0; m0 < M; m0 += 8) {
-    const int64_t mr = std::min<int64_t>(8, M - m0);
-    for_row_blocks(N, nthreads, [&](int64_t n0, int64_t n1) {
-      switch (mr) {
-        case 1: k.template rows<1>(m0, n0, n1); break;
-        case 2: k.template rows<2>(m0, n0, n1); break;
-        case 3: k.template rows<3>(m0, n0, n1); break;
-        case 4: k.template rows<4>(m0, n0, n1); break;
-        case 5: k.template rows<5>(m0, n0, n1); break;
-        case 6: k.template rows<6>(m0, n0, n1); break;
-        case 7: k.template rows<7>(m0, n0, n1); break;
-        default: k.template rows<8>(m0, n0, n1); break;
-      }
-    });
+void run_rows(const Kernel& k, int64_t m0, int64_t mr, int64_t n0, int64_t n1) {
+  switch (mr) {
+    case 1: k.template rows<1>(m0, n0, n1); break;
+    case 2: k.template rows<2>(m0, n0, n1); break;
+    case 3: k.template rows<3>(m0, n0, n1); break;
+    case 4: k.template rows<4>(m0, n0, n1); break;
+    case 5: k.template rows<5>(m0, n0, n1); break;
+    case 6: k.template rows<6>(m0, n0, n1); break;
+    case 7: k.template rows<7>(m0, n0, n1); break;
+    default: k.template rows<8>(m0, n0, n1); break;
   }
 }
+
+template <typename Kernel>
+void passes(const Kernel& k, int64_t M, int64_t N, int32_t nthreads) {
+  for_row_blocks(N, nthreads, [&](int64_t n0, int64_t n1) {
+    for (int64_t m0 = 0; m0 < M; m0 += 8) run_rows(k, m0, std::min<int64_t>(8, M - m0), n0, n1);
+  });
+}
+
+struct F32Kernel {
+  const float* x;
+  int64_t K;
+  const float* w;
+  const float* bias;
+  float* y;
+  int64_t N;
+  template <int MR>
+  void rows(int64_t m0, int64_t n0, int64_t n1) const {
+    f32_rows<MR>(x + m0 * K, K, w, bias, y + m0 * N, N, n0, n1);
+  }
+};
 
 #if defined(SGLPY_Q8_ACT)
 struct Int8Kernel {
@@ -295,6 +343,14 @@ extern "C" int64_t sglpy_gemv_int4(const float* x, int64_t M, int64_t K, const u
 #else
   passes(Int4Kernel{x, K, q, sz, bias, y, N}, M, N, nthreads);
 #endif
+  return 0;
+}
+
+// x float32 [M, K], w float32 [N, K] (row-major), y float32 [M, N]; any K. Row m of y depends on row m of x alone
+// (the same reduction order for every M: docs/determinism.md). Returns 0.
+extern "C" int64_t sglpy_gemv_f32(const float* x, int64_t M, int64_t K, const float* w, const float* bias, float* y,
+                                  int64_t N, int32_t nthreads) {
+  passes(F32Kernel{x, K, w, bias, y, N}, M, N, nthreads);
   return 0;
 }
 

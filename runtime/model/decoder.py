@@ -166,7 +166,8 @@ class FamilyForCausalLM(LlamaForCausalLM):
             x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
         nd = fb.num_decode
         plan = FamilyStepPlan({k: gather_rows(t, fb.positions) for k, t in self.rope_tables.items()},
-                              plan_decode_attention(fb.req_to_token, fb.req_pool_indices[:nd], fb.seq_lens[:nd])
+                              plan_decode_attention(fb.req_to_token, fb.req_pool_indices[:nd], fb.seq_lens[:nd],
+                                                    self.batch_invariant)
                               if nd else None,
                               plan_window_attention(fb) if self.windowed else None)
         residual = None

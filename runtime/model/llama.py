@@ -150,6 +150,8 @@ class LlamaForCausalLM(nn.Module):
     Other families (runtime/model/decoder.py) subclass it through build_decoder and forward.
     """
 
+    batch_invariant = False  # deterministic inference: attention in fixed key blocks (set by the runner)
+
     def __init__(self, config, shard=None):
         super().__init__()
         self.config = config
@@ -205,7 +207,8 @@ class LlamaForCausalLM(nn.Module):
         nd = fb.num_decode
         # metadata checked and index tensors built once here, not once per layer
         plan = StepPlan(plan_rotary(fb.positions, self.rope_cache),
-                        plan_decode_attention(fb.req_to_token, fb.req_pool_indices[:nd], fb.seq_lens[:nd])
+                        plan_decode_attention(fb.req_to_token, fb.req_pool_indices[:nd], fb.seq_lens[:nd],
+                                             self.batch_invariant)
                         if nd else None)
         ns = native_step(native_lib(), fb, kv, plan.decode, self.rope_cache) if self.native_layers else None
         fused = run_native_layers(self.native_layers, ns, x) if ns is not None else None  # one call per layer

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sglpy.kernels.cpu_native import native_isa
+from sglpy.kernels.cpu_native import native_isa, native_lib
 from sglpy.kernels.quant_linear import (PackedLinear, dequantize_int4, dequantize_int8, pack_linear,
                                         quant_linear_unchecked, quantize_int4, quantize_int8)
+from sglpy.kernels.quant_linear_cpu import linear_f32_cpu
 from ..config import QUANTIZATION_MODES
 
 INT4_GROUP_SIZE = 32  # GGUF Q4_1's block: the embedded model's weights sit exactly on this grid
@@ -34,7 +35,8 @@ def resolve_quantization(mode: str, device: torch.device, model: nn.Module | Non
 
 def _projections(layer: nn.Module) -> list[nn.Linear]:
     """The fused projections of one decoder layer (what quantize_model replaces)."""
-    return [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj]
+    mlp = [layer.mlp.gate_up_proj, layer.mlp.down_proj] if hasattr(layer.mlp, "gate_up_proj") else []  # MoE: none
+    return [layer.self_attn.qkv_proj, layer.self_attn.o_proj] + mlp
 
 
 def int4_loses_nothing(model: nn.Module) -> bool:
@@ -94,6 +96,75 @@ class QuantizedLinear(nn.Module):
         return f"{p.kind}, in={p.in_features}, out={p.out_features}, dense_copy={p.dense is not None}"
 
 
+class RowByRowLinear(nn.Module):
+    """A linear layer whose row m depends on input row m alone (deterministic inference, docs/determinism.md).
+
+    Wraps a float nn.Linear (quantization none) or a packed QuantizedLinear. Float32 weights on CPU run the native
+    kernel (csrc/quant_gemv.cpp, one reduction order for every row count); natively packed weights already do (no
+    dense copy is kept). Without the native kernels each row is its own call: slow, but never batch-dependent."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.in_features, self.out_features = inner.in_features, inner.out_features
+        w = getattr(inner, "weight", None)
+        self.native_f32 = (w is not None and w.device.type == "cpu" and w.dtype == torch.float32
+                           and w.is_contiguous() and native_lib() is not None)
+        packed = getattr(inner, "packed", None)
+        self.native_packed = packed is not None and packed.native and packed.dense is None and native_lib() is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [M, in] -> [M, out]
+        if self.native_f32:
+            b = self.inner.bias
+            y = linear_f32_cpu(native_lib(), x, self.inner.weight, None if b is None else b.detach())
+            return y if x.dtype == torch.float32 else y.to(x.dtype)
+        if self.native_packed or x.shape[0] <= 1:
+            return self.inner.forward(x)
+        return torch.cat([self.inner.forward(x[i:i + 1]) for i in range(x.shape[0])])
+
+
+class _HeadWeight(nn.Module):
+    """The (tied) output projection's weight as a bias-free linear layer, for RowByRowLinear."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.weight, self.bias = weight, None
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.t()  # x: [M, in] -> [M, out]
+
+
+def make_batch_invariant(model: nn.Module) -> int:
+    """Route every linear layer of a loaded (and quantized) model on CPU through RowByRowLinear, the lm_head
+    included, so that no row's logits depend on the other rows of its forward; returns how many were wrapped.
+    Off CPU nothing changes (CUDA matmuls are not batch-invariant: docs/determinism.md)."""
+    if model.model.embed_tokens.weight.device.type != "cpu":
+        return 0
+    def needs_wrap(m: nn.Module) -> bool:
+        if isinstance(m, QuantizedLinear):  # natively packed without a dense copy: one kernel for every M already
+            return not (m.packed.native and m.packed.dense is None and native_lib() is not None)
+        return isinstance(m, nn.Linear)
+
+    count = 0
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for parent in list(layer.modules()):
+                for name, child in list(parent.named_children()):
+                    if needs_wrap(child):
+                        setattr(parent, name, RowByRowLinear(child))
+                        count += 1
+        head = model.logits_head
+        if head is None:  # the float (tied) head: its own module now, the weight is shared, not copied
+            model.set_lm_head(RowByRowLinear(_HeadWeight(model.lm_head_weight().detach())))
+            count += 1
+        elif needs_wrap(head):
+            model.logits_head = RowByRowLinear(head)
+            count += 1
+    return count
+
+
 def _replace(parent: nn.Module, name: str, mode: str, dense: torch.dtype | None) -> int:
     lin = getattr(parent, name)
     if hasattr(lin, "linear"):  # a tensor-parallel RowParallel wrapper: quantize this rank's shard inside it
@@ -103,7 +174,7 @@ def _replace(parent: nn.Module, name: str, mode: str, dense: torch.dtype | None)
     return q.packed.nbytes
 
 
-def quantize_model(model: nn.Module, mode: str, dense: bool = True) -> int:
+def quantize_model(model: nn.Module, mode: str, dense: bool = True, batch_invariant: bool = False) -> int:
     """Replace every projection of a loaded, fused LlamaForCausalLM by its quantized form; returns weight bytes.
 
     The lm_head gets its own quantized copy (int8 per channel in both modes: the embedded model's
@@ -113,17 +184,24 @@ def quantize_model(model: nn.Module, mode: str, dense: bool = True) -> int:
     there; float32 above 16 rows elsewhere); dense=False keeps only the packed weights.
     Under tensor parallelism each rank quantizes its own shards: per output channel, a column-parallel shard
     gets exactly the numbers of tp=1; a row-parallel shard's channel scale covers its own input columns.
+    batch_invariant=True (deterministic inference) keeps no dense copy, so every row count runs the same packed
+    kernel, and wraps every linear layer in RowByRowLinear (make_batch_invariant).
     """
     if mode not in ("none", "int8", "int4"):
         raise ValueError(f"quantize_model takes none, int8 or int4 (resolve 'auto' first), got {mode!r}")
     if mode == "none":
+        if batch_invariant:
+            make_batch_invariant(model)
         return 0
-    dense = dense_copy_dtype() if dense else None
+    dense = dense_copy_dtype() if dense and not batch_invariant else None
     total = 0
     with torch.no_grad():
         for layer in model.model.layers:
             for name in ("qkv_proj", "o_proj"):
                 total += _replace(layer.self_attn, name, mode, dense)
+            if hasattr(layer.mlp, "quantize_experts"):  # a mixture of experts packs each expert (moe.py)
+                total += layer.mlp.quantize_experts(mode)
+                continue
             for name in ("gate_up_proj", "down_proj"):
                 total += _replace(layer.mlp, name, mode, dense)
         vocab_parallel = model.logits_head is not None and hasattr(model.logits_head, "inner")
@@ -134,4 +212,6 @@ def quantize_model(model: nn.Module, mode: str, dense: bool = True) -> int:
         else:
             model.set_lm_head(head)
         total += head.packed.nbytes
+    if batch_invariant:
+        make_batch_invariant(model)
     return total
