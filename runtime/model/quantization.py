@@ -96,12 +96,17 @@ class QuantizedLinear(nn.Module):
         return f"{p.kind}, in={p.in_features}, out={p.out_features}, dense_copy={p.dense is not None}"
 
 
+CUDA_TILE_ROWS = 64  # deterministic inference on CUDA: every GEMM is [64, in] x [in, out] (rows zero-padded)
+
+
 class RowByRowLinear(nn.Module):
     """A linear layer whose row m depends on input row m alone (deterministic inference, docs/determinism.md).
 
     Wraps a float nn.Linear (quantization none) or a packed QuantizedLinear. Float32 weights on CPU run the native
     kernel (csrc/quant_gemv.cpp, one reduction order for every row count); natively packed weights already do (no
-    dense copy is kept). Without the native kernels each row is its own call: slow, but never batch-dependent."""
+    dense copy is kept). Without the native kernels each row is its own call: slow, but never batch-dependent.
+    On CUDA every call is cut into zero-padded tiles of CUDA_TILE_ROWS rows, so cuBLAS always sees one shape and
+    picks one kernel (the GPU check, tests/kernels/test_determinism_gpu.py, measures that rows then agree)."""
 
     def __init__(self, inner: nn.Module):
         super().__init__()
@@ -110,6 +115,7 @@ class RowByRowLinear(nn.Module):
         w = getattr(inner, "weight", None)
         self.native_f32 = (w is not None and w.device.type == "cpu" and w.dtype == torch.float32
                            and w.is_contiguous() and native_lib() is not None)
+        self.cuda_tiles = w is not None and w.device.type == "cuda"
         packed = getattr(inner, "packed", None)
         self.native_packed = packed is not None and packed.native and packed.dense is None and native_lib() is not None
 
@@ -119,6 +125,10 @@ class RowByRowLinear(nn.Module):
             b = self.inner.bias
             y = linear_f32_cpu(native_lib(), x, self.inner.weight, None if b is None else b.detach())
             return y if x.dtype == torch.float32 else y.to(x.dtype)
+        if self.cuda_tiles:
+            m, t = x.shape[0], CUDA_TILE_ROWS
+            xp = torch.nn.functional.pad(x, (0, 0, 0, (-m) % t)) if m % t else x
+            return torch.cat([self.inner.forward(xp[i:i + t]) for i in range(0, xp.shape[0], t)])[:m]
         if self.native_packed or x.shape[0] <= 1:
             return self.inner.forward(x)
         return torch.cat([self.inner.forward(x[i:i + 1]) for i in range(x.shape[0])])
@@ -137,10 +147,9 @@ class _HeadWeight(nn.Module):
 
 
 def make_batch_invariant(model: nn.Module) -> int:
-    """Route every linear layer of a loaded (and quantized) model on CPU through RowByRowLinear, the lm_head
-    included, so that no row's logits depend on the other rows of its forward; returns how many were wrapped.
-    Off CPU nothing changes (CUDA matmuls are not batch-invariant: docs/determinism.md)."""
-    if model.model.embed_tokens.weight.device.type != "cpu":
+    """Route every linear layer of a loaded (and quantized) model through RowByRowLinear, the lm_head included,
+    so that no row's logits depend on the other rows of its forward; returns how many were wrapped."""
+    if model.model.embed_tokens.weight.device.type not in ("cpu", "cuda"):
         return 0
     def needs_wrap(m: nn.Module) -> bool:
         if isinstance(m, QuantizedLinear):  # natively packed without a dense copy: one kernel for every M already
