@@ -26,7 +26,6 @@ class Family:
 _NO_TP = "tensor parallelism shards only the Llama family's layers (runtime/model/parallel.py)"
 _NO_NATIVE = "the native CPU decode layer has no {}"
 _NO_GRAPHS = "its per-op path reads lengths on the host each step (rope rows, windows, expert groups)"
-_MOE_QUANT = "quantization packs dense projections only; the experts stay float (no int8/int4 MoE kernel yet)"
 
 FAMILIES = {
     "Qwen3ForCausalLM": Family("qwen3", qk_norm=True, unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
@@ -36,10 +35,10 @@ FAMILIES = {
                                 unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
     "Phi3ForCausalLM": Family("phi3", window_all_layers=True,
                               unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
-    "MixtralForCausalLM": Family("mixtral", moe=True, window_all_layers=True, unsupported={"tp": _NO_TP, "quantization": _MOE_QUANT,
-                                                                   "cuda_graph": _NO_GRAPHS}),
+    "MixtralForCausalLM": Family("mixtral", moe=True, window_all_layers=True,
+                                 unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
     "Qwen3MoeForCausalLM": Family("qwen3_moe", qk_norm=True, moe=True, window_all_layers=True,
-                                  unsupported={"tp": _NO_TP, "quantization": _MOE_QUANT, "cuda_graph": _NO_GRAPHS}),
+                                  unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
 }
 SUPPORTED_ARCHITECTURES = LLAMA_ARCHITECTURES + tuple(FAMILIES)
 

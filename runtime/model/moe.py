@@ -1,7 +1,8 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen3-MoE): top-k routing with each model's renormalisation, and
 a torch reference that runs only the chosen experts (tokens grouped per expert, one GEMM pair per active expert).
 
-There is no fused MoE kernel yet (Triton or native CPU): this reference is the only path, float weights only.
+There is no fused MoE kernel yet (Triton or native CPU): the experts run as one GEMM pair per active expert, float
+or (CPU) int8/int4 packed per expert through the quantized linear kernels.
 """
 
 from __future__ import annotations
@@ -31,17 +32,15 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> Routing
     return Routing(ids, w.to(router_logits.dtype))
 
 
-def moe_reference(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, routing: Routing) -> torch.Tensor:
-    """x: [tokens, hidden]; w_gate_up: [experts, 2 inter, hidden]; w_down: [experts, hidden, inter] -> [tokens, hidden].
-
-    Only experts some token chose are read (a decode step touches top_k experts per token, not all of them)."""
+def _run_grouped(x: torch.Tensor, routing: Routing, num_experts: int, run) -> torch.Tensor:
+    """Tokens grouped per chosen expert; run(e, xs [c, hidden]) -> [c, hidden] once per expert some token chose."""
     t, k = routing.ids.shape
     out = torch.zeros_like(x)
     if t == 0:
         return out
     flat = routing.ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=w_gate_up.shape[0]).tolist()
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
     weights = routing.weights.reshape(-1)
     start = 0
     for e, c in enumerate(counts):
@@ -50,9 +49,22 @@ def moe_reference(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
         sel = order[start:start + c]
         start += c
         tok = sel // k
-        h = silu_and_mul((x[tok] @ w_gate_up[e].t()).contiguous()) @ w_down[e].t()  # [c, hidden]
-        out.index_add_(0, tok, h * weights[sel, None])
+        out.index_add_(0, tok, run(e, x[tok]) * weights[sel, None])
     return out
+
+
+def moe_reference(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, routing: Routing) -> torch.Tensor:
+    """x: [tokens, hidden]; w_gate_up: [experts, 2 inter, hidden]; w_down: [experts, hidden, inter] -> [tokens, hidden].
+
+    Only experts some token chose are read (a decode step touches top_k experts per token, not all of them)."""
+    return _run_grouped(x, routing, w_gate_up.shape[0],
+                        lambda e, xs: silu_and_mul((xs @ w_gate_up[e].t()).contiguous()) @ w_down[e].t())
+
+
+def moe_experts(x: torch.Tensor, routing: Routing, gate_up, down) -> torch.Tensor:
+    """moe_reference over per-expert linear modules (the quantized experts): gate_up[e]: hidden -> 2 inter,
+    down[e]: inter -> hidden. x: [tokens, hidden] -> [tokens, hidden]; only the chosen experts run."""
+    return _run_grouped(x, routing, len(gate_up), lambda e, xs: down[e](silu_and_mul(gate_up[e](xs).contiguous())))
 
 
 class Expert(nn.Module):
@@ -85,5 +97,19 @@ class MoEBlock(nn.Module):
         self.w_down = nn.Parameter(torch.stack([e.down_proj.weight for e in ex]), requires_grad=False)
         del self.experts
 
+    def quantize_experts(self, mode: str) -> int:
+        """Pack every expert's gate_up and down weights int8/int4 (CPU, weight-only; no dense copy: the packed
+        kernels run every row count, so an expert holds 1 or 0.5 bytes per weight); returns the packed bytes."""
+        from .quantization import QuantizedLinear
+
+        with torch.no_grad():
+            self.q_gate_up = nn.ModuleList(QuantizedLinear.from_weight(w, None, mode, None) for w in self.w_gate_up)
+            self.q_down = nn.ModuleList(QuantizedLinear.from_weight(w, None, mode, None) for w in self.w_down)
+        del self.w_gate_up, self.w_down
+        return sum(q.packed.nbytes for q in (*self.q_gate_up, *self.q_down))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return moe_reference(x, self.w_gate_up, self.w_down, route(self.gate(x), self.top_k, self.renormalize))
+        routing = route(self.gate(x), self.top_k, self.renormalize)
+        if hasattr(self, "q_gate_up"):
+            return moe_experts(x, routing, self.q_gate_up, self.q_down)
+        return moe_reference(x, self.w_gate_up, self.w_down, routing)

@@ -78,7 +78,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_engine_json_schema_prefix_cache_chunked_prefill(family_paths, family):
-    """Default quantization (int8 for the dense families, none for MoE), chunks of 16 tokens, the radix cache."""
+    """Default quantization (int8 on CPU: the MoE experts packed per expert), chunks of 16 tokens, the radix cache."""
     path = family_paths[family]
     eng = Engine(path, max_total_tokens=2048, chunked_prefill_size=16, debug_invariants=True)
     try:
@@ -160,14 +160,11 @@ def test_gguf_of_an_unknown_tensor_is_named(tmp_path):
 
 
 def test_refusals_name_the_combination(family_paths):
-    with pytest.raises(ValueError, match=r"quantization='int8' is not supported with MixtralForCausalLM"):
-        make_runner(family_paths["mixtral"], quantization="int8", max_total_tokens=64)
     with pytest.raises(ValueError, match=r"tensor parallelism \(tp_size=2\) is not supported with Qwen3ForCausalLM"):
         make_runner(family_paths["qwen3"], tp_size=2, max_total_tokens=64)
     with pytest.raises(ValueError, match=r"CUDA graphs \(disable_cuda_graph=False\) is not supported with "
                                          r"Gemma2ForCausalLM"):
         Engine(family_paths["gemma2"], quantization="none", disable_cuda_graph=False, max_total_tokens=256)
-    assert make_runner(family_paths["qwen3-moe"], quantization="auto", max_total_tokens=64).quantization == "none"
     assert set(FAMILIES) >= {"Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
                              "MixtralForCausalLM", "Qwen3MoeForCausalLM"}
 
@@ -207,3 +204,37 @@ def test_moe_reads_only_the_chosen_experts():
     raw = route(logits, k, renormalize=False)
     assert torch.allclose(raw.weights, torch.softmax(logits, -1).topk(k).values)
     assert moe_reference(x[:0], w_gu, w_d, Routing(r.ids[:0], r.weights[:0])).shape == (0, h)
+
+
+@pytest.mark.parametrize("mode,tol", [("int8", 0.03), ("int4", 0.2)])
+def test_quantized_experts_run_only_the_chosen_ones(mode, tol):
+    """int8/int4 experts (packed per expert, CPU) follow the float reference within the quantization error, and
+    only the experts some token chose are called."""
+    from sglpy.runtime.model.moe import moe_experts
+    from sglpy.runtime.model.quantization import QuantizedLinear
+
+    torch.manual_seed(0)
+    e, h, i, t = 8, 64, 32, 6
+    w_gu, w_d = torch.randn(e, 2 * i, h) * 0.1, torch.randn(e, h, i) * 0.1
+    x, r = torch.randn(t, h), route(torch.randn(t, e), 2, renormalize=True)
+    called = []
+    gate_up = [QuantizedLinear.from_weight(w, None, mode, None) for w in w_gu]
+    for j, q in enumerate(gate_up):
+        q.register_forward_hook(lambda m, a, o, j=j: called.append(j))
+    down = [QuantizedLinear.from_weight(w, None, mode, None) for w in w_d]
+    out, ref = moe_experts(x, r, gate_up, down), moe_reference(x, w_gu, w_d, r)
+    assert ((out - ref).norm() / ref.norm()).item() < tol
+    assert sorted(called) == sorted(set(r.ids.flatten().tolist()))  # each chosen expert once, no other
+
+
+def test_moe_models_quantize_their_experts(family_paths):
+    """auto is int8 on CPU for MoE models too; the packed experts replace the float stacks."""
+    for fam in ("qwen3-moe", "mixtral"):
+        runner = make_runner(family_paths[fam], quantization="auto", max_total_tokens=128)
+        block = runner.model.model.layers[0].mlp
+        assert runner.quantization == "int8" and not hasattr(block, "w_gate_up")
+        assert len(block.q_gate_up) == block.num_experts and block.q_down[0].packed.kind == "int8"
+        ours = our_logits(runner, PROMPTS[:2])
+        ref = our_logits(make_runner(family_paths[fam], quantization="none", max_total_tokens=128), PROMPTS[:2])
+        for a, b in zip(ours, ref):
+            assert ((a - b).norm() / b.norm()).item() < 0.1  # int8 weights and activations: a few percent
