@@ -37,8 +37,8 @@ class FamilyStepPlan:
 
 
 class FamilyAttention(LlamaAttention):
-    def __init__(self, config, fam: Family, layer_id: int, window: int | None, rope_key: str | None):
-        super().__init__(config, layer_id)
+    def __init__(self, config, fam: Family, layer_id: int, window: int | None, rope_key: str | None, shard=None):
+        super().__init__(config, layer_id, shard)  # shard: this tensor-parallel rank's heads (q/k norms are per head)
         if fam.qk_norm:  # Qwen3 / Gemma 3: RMSNorm over each head's q and k before rotary
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -78,8 +78,8 @@ def _attention(q, k_cache, v_cache, fb: ForwardBatch, decode: DecodePlan | None,
 
 
 class FamilyMLP(LlamaMLP):
-    def __init__(self, config, act: str):
-        super().__init__(config)
+    def __init__(self, config, act: str, shard=None):
+        super().__init__(config, shard)
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -91,11 +91,12 @@ class FamilyMLP(LlamaMLP):
 
 
 class FamilyDecoderLayer(nn.Module):
-    def __init__(self, config, fam: Family, layer_id: int, window: int | None, rope_key: str | None, moe: bool):
+    def __init__(self, config, fam: Family, layer_id: int, window: int | None, rope_key: str | None, moe: bool,
+                 shard=None):
         super().__init__()
         eps = config.rms_norm_eps
-        self.self_attn = FamilyAttention(config, fam, layer_id, window, rope_key)
-        self.mlp = MoEBlock(config, fam.name) if moe else FamilyMLP(config, fam.act)
+        self.self_attn = FamilyAttention(config, fam, layer_id, window, rope_key, shard)
+        self.mlp = MoEBlock(config, fam.name) if moe else FamilyMLP(config, fam.act, shard)
         self.input_layernorm = RMSNorm(config.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
         self.sandwich = fam.gemma_norms
@@ -115,11 +116,11 @@ class FamilyDecoderLayer(nn.Module):
 
 
 class FamilyModel(nn.Module):
-    def __init__(self, config, fam: Family):
+    def __init__(self, config, fam: Family, shard=None):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         windows, keys, moe = layer_windows(config), layer_rope_keys(config), moe_layers(config)
-        self.layers = nn.ModuleList(FamilyDecoderLayer(config, fam, i, windows[i], keys[i], fam.moe and moe[i])
+        self.layers = nn.ModuleList(FamilyDecoderLayer(config, fam, i, windows[i], keys[i], fam.moe and moe[i], shard)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -128,14 +129,14 @@ class FamilyForCausalLM(LlamaForCausalLM):
     """A non-Llama family's model; the same interface as LlamaForCausalLM (loader, runner, quantization)."""
 
     def build_decoder(self, config, shard) -> nn.Module:
-        if shard is not None:
-            raise ValueError(f"tensor parallelism is not supported with {config.architectures[0]}")
         self.family = family_of(config)
+        if shard is not None and self.family.moe:  # the loader refuses it first (families.py), naming why
+            raise ValueError(f"tensor parallelism is not supported with {config.architectures[0]}")
         self.final_softcap = getattr(config, "final_logit_softcapping", None) or None
         self.windowed = any(w is not None for w in layer_windows(config)) \
             or bool(getattr(config, "attn_logit_softcapping", None))
         self.rope_tables = {}
-        return FamilyModel(config, self.family)
+        return FamilyModel(config, self.family, shard)
 
     def fuse_projections(self) -> None:
         """Fuse projections, stack experts, and fold Gemma's (1 + w) into the norm weights (once, after loading)."""

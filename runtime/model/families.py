@@ -23,18 +23,17 @@ class Family:
     unsupported: dict[str, str] = field(default_factory=dict)
 
 
-_NO_TP = "tensor parallelism shards only the Llama family's layers (runtime/model/parallel.py)"
+_NO_TP = "tensor parallelism does not shard the experts yet (runtime/model/parallel.py shards dense layers)"
 _NO_NATIVE = "the native CPU decode layer has no {}"
 _NO_GRAPHS = "its per-op path reads lengths on the host each step (rope rows, windows, expert groups)"
 
 FAMILIES = {
-    "Qwen3ForCausalLM": Family("qwen3", qk_norm=True, unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
+    "Qwen3ForCausalLM": Family("qwen3", qk_norm=True, unsupported={"cuda_graph": _NO_GRAPHS}),
     "Gemma2ForCausalLM": Family("gemma2", gemma_norms=True, embed_scale=True, act="gelu_tanh",
-                                unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
+                                unsupported={"cuda_graph": _NO_GRAPHS}),
     "Gemma3ForCausalLM": Family("gemma3", qk_norm=True, gemma_norms=True, embed_scale=True, act="gelu_tanh",
-                                unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
-    "Phi3ForCausalLM": Family("phi3", window_all_layers=True,
-                              unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
+                                unsupported={"cuda_graph": _NO_GRAPHS}),
+    "Phi3ForCausalLM": Family("phi3", window_all_layers=True, unsupported={"cuda_graph": _NO_GRAPHS}),
     "MixtralForCausalLM": Family("mixtral", moe=True, window_all_layers=True,
                                  unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
     "Qwen3MoeForCausalLM": Family("qwen3_moe", qk_norm=True, moe=True, window_all_layers=True,

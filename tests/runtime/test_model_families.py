@@ -160,8 +160,10 @@ def test_gguf_of_an_unknown_tensor_is_named(tmp_path):
 
 
 def test_refusals_name_the_combination(family_paths):
-    with pytest.raises(ValueError, match=r"tensor parallelism \(tp_size=2\) is not supported with Qwen3ForCausalLM"):
-        make_runner(family_paths["qwen3"], tp_size=2, max_total_tokens=64)
+    with pytest.raises(ValueError, match=r"tensor parallelism \(tp_size=2\) is not supported with "
+                                         r"Qwen3MoeForCausalLM \(qwen3_moe\): tensor parallelism does not shard the "
+                                         r"experts"):
+        make_runner(family_paths["qwen3-moe"], tp_size=2, max_total_tokens=64)
     with pytest.raises(ValueError, match=r"CUDA graphs \(disable_cuda_graph=False\) is not supported with "
                                          r"Gemma2ForCausalLM"):
         Engine(family_paths["gemma2"], quantization="none", disable_cuda_graph=False, max_total_tokens=256)
@@ -238,3 +240,21 @@ def test_moe_models_quantize_their_experts(family_paths):
         ref = our_logits(make_runner(family_paths[fam], quantization="none", max_total_tokens=128), PROMPTS[:2])
         for a, b in zip(ours, ref):
             assert ((a - b).norm() / b.norm()).item() < 0.1  # int8 weights and activations: a few percent
+
+
+@pytest.mark.parametrize("family", ["gemma3", "phi3"])
+def test_tensor_parallel_equals_one_rank(family_paths, family):
+    """tp=2 (gloo, CPU) gives tp=1's greedy tokens and logprobs: Gemma 3 (q/k norms per head, one KV head shared
+    by both ranks, windows, two rope tables), Phi-3 (fused qkv/gate_up split before sharding, LongRoPE).
+    Qwen3, Gemma 2 and Phi-4-mini run the same sharding (checked the same way when it was built)."""
+    kw = dict(num_threads=1, max_total_tokens=2048, chunked_prefill_size=8, grammar_workers=0, quantization="none")
+    prompts = [[1, 17, 300, 4000], list(range(500, 530))]  # 30 tokens: past the 8-token windows
+    sp = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    outs = {}
+    for tp in (1, 2):
+        with Engine(family_paths[family], tp_size=tp, **kw) as eng:
+            outs[tp] = eng.generate(input_ids=prompts, sampling_params=sp, return_logprob=True)
+    for a, b in zip(outs[1], outs[2]):
+        assert a["output_ids"] == b["output_ids"]
+        la = [t[0] for t in a["meta_info"]["output_token_logprobs"]]
+        assert la == pytest.approx([t[0] for t in b["meta_info"]["output_token_logprobs"]], abs=1e-4)
