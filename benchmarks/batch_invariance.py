@@ -4,6 +4,7 @@ with and without --enable-deterministic-inference? And what does the flag cost? 
 python benchmarks/batch_invariance.py [--modes none,int8,int4,auto] [--flags off,on] [--requests 20] [--tokens 32]
                                       [--temperature 0.8] [--model PATH|preset:NAME[:LAYERS]]
 python benchmarks/batch_invariance.py --cost [--modes none,int8,int4] [--reps 2] [--batch 64] [--batch-tokens 32]
+                                      [--threads N]
 
 Matrix (default): per mode and flag, N seeded sampled requests and the same N prompts greedy (all prompts share a
 ~70-token prefix), each alone (cache flushed before each: the reference), then all together, then all together over
@@ -12,8 +13,8 @@ a rerun of the same seeded batch). Prints, per scenario, how many of the 2N requ
 ids and, in brackets, in ids and every output logprob bit for bit.
 
 --cost: per mode, the flag off and on in alternation (same process, engines rebuilt): one request alone (128 greedy
-tokens) and a batch of 64 requests (prompts 50-500 tokens, --batch-tokens new tokens each, ignore_eos); best of
---reps wall seconds, and the on/off ratio.
+tokens) and a batch of 64 requests (prompts 50-500 tokens, --batch-tokens new tokens each, ignore_eos); each run's
+wall and CPU seconds, then the best of --reps wall seconds and the on/off ratio.
 """
 
 from __future__ import annotations
@@ -81,6 +82,13 @@ def matrix(args, model) -> None:
             print(f"{mode:<8}{flag:<6}" + "".join(f"{c:>16}" for c in cells), flush=True)
 
 
+def _timed(fn) -> tuple[float, float]:
+    """(wall, process CPU) seconds of one call."""
+    t, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t, time.process_time() - c
+
+
 def cost(args, model) -> None:
     from sglpy.runtime.engine import Engine
 
@@ -95,27 +103,27 @@ def cost(args, model) -> None:
         batch_p.append(" ".join(words[start:start + n]))
         batch_sp.append({"max_new_tokens": args.batch_tokens, "temperature": 0.8, "seed": i, "ignore_eos": True})
     print(f"one request: 128 greedy tokens; batch: {args.batch} requests, prompts ~50-500 tokens, "
-          f"{args.batch_tokens} new tokens each; best of {args.reps}, wall seconds")
+          f"{args.batch_tokens} new tokens each; threads {args.threads or 'default'}; best of {args.reps}, wall s")
     print(f"{'mode':<8}{'single off':>12}{'single on':>12}{'ratio':>8}{'batch off':>12}{'batch on':>12}{'ratio':>8}",
           flush=True)
     for mode in args.modes.split(","):
-        best = {}
+        runs: dict[str, list] = {}
         for rep in range(args.reps):
             for flag in ("off", "on"):  # alternated: drift on a shared box hits both alike
                 with Engine(model, quantization=mode, enable_deterministic_inference=flag == "on",
-                            max_total_tokens=65536, max_running_requests=max(64, args.batch)) as eng:
+                            max_total_tokens=65536, max_running_requests=max(64, args.batch),
+                            num_threads=args.threads or None) as eng:
                     eng.generate("warm up", {"max_new_tokens": 4})
-                    t = time.perf_counter()
-                    eng.generate(*single)
-                    s = time.perf_counter() - t
+                    s = _timed(lambda: eng.generate(*single))
                     eng.flush_cache()
-                    t = time.perf_counter()
-                    eng.generate(batch_p, batch_sp)
-                    b = time.perf_counter() - t
-                old = best.get(flag, (1e9, 1e9))
-                best[flag] = (min(old[0], s), min(old[1], b))
-        (s0, b0), (s1, b1) = best["off"], best["on"]
-        print(f"{mode:<8}{s0:>12.2f}{s1:>12.2f}{s1 / s0:>7.2f}x{b0:>12.2f}{b1:>12.2f}{b1 / b0:>7.2f}x", flush=True)
+                    b = _timed(lambda: eng.generate(batch_p, batch_sp))
+                runs.setdefault(flag, []).append((s, b))
+                print(f"  {mode} {flag} rep {rep}: single {s[0]:.2f} s ({s[1]:.2f} CPU-s), batch {b[0]:.2f} s "
+                      f"({b[1]:.2f} CPU-s)", flush=True)
+        s0, s1 = min(r[0] for r in runs["off"]), min(r[0] for r in runs["on"])
+        b0, b1 = min(r[1] for r in runs["off"]), min(r[1] for r in runs["on"])
+        print(f"{mode:<8}{s0[0]:>12.2f}{s1[0]:>12.2f}{s1[0] / s0[0]:>7.2f}x{b0[0]:>12.2f}{b1[0]:>12.2f}"
+              f"{b1[0] / b0[0]:>7.2f}x", flush=True)
 
 
 def main() -> None:
@@ -132,6 +140,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--batch-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=0, help="--cost: engine num_threads (0 = the default)")
     args = ap.parse_args()
     from sglpy.runtime.testing.tiny_model import model_from_spec
 

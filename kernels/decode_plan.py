@@ -13,7 +13,7 @@ from ._checks import FLOAT_DTYPES, check_dim, check_tensor
 from ._dispatch import on_device, triton_module
 from .cpu_native import native_lib
 from .decode_attention_cpu import decode_attention_cpu, supports
-from .extend_attention_cpu import extend_attention_cpu
+from .extend_attention_cpu import extend_attention_cpu_packed
 from .decode_attention import (_check_seq_len_values, check_decode_attention_args, decode_attention_reference,
                                length_groups)
 
@@ -48,10 +48,11 @@ class DecodePlan:
     native: ctypes.CDLL | None = None  # the native CPU kernels' library: one call reads the whole batch in place
     # deterministic inference: every request's keys in fixed blocks from position 0, whatever the batch (CPU: the
     # extend kernel with one new token, so a token's attention is the same in decode and in extend; Triton: fixed
-    # split points). prefix_lens = seq_lens - 1 and ones, for the extend kernel.
+    # split points). prefix_lens = seq_lens - 1, ones, and each request's q row, for the extend kernel.
     batch_invariant: bool = False
     prefix_lens: torch.Tensor | None = None
     extend_lens: torch.Tensor | None = None
+    starts: torch.Tensor | None = None
 
     @property
     def batch(self) -> int:
@@ -98,7 +99,8 @@ def plan_decode_attention(req_to_token: torch.Tensor, req_pool_indices: torch.Te
         # a request: the same order in every batch, and the same as when the token was part of an extend
         _check_seq_len_values(seq_lens, req_to_token.shape[1])
         rows, lens = req_pool_indices.to(torch.int64).contiguous(), seq_lens.to(torch.int64).contiguous()
-        return DecodePlan(req_to_token, rows, lens, (), (), lib, True, lens - 1, torch.ones_like(lens))
+        return DecodePlan(req_to_token, rows, lens, (), (), lib, True, lens - 1, torch.ones_like(lens),
+                          torch.arange(lens.shape[0], device=lens.device))
     if lib is not None and req_to_token.dtype == torch.int32 and req_to_token.is_contiguous():
         # the kernel checks lengths, rows and slot ids itself; int64 copies once here, not once per layer
         return DecodePlan(req_to_token, req_pool_indices.to(torch.int64).contiguous(),
@@ -197,8 +199,9 @@ def _decode_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     without the native kernels, one reference call per request (its result then depends on that request alone)."""
     # q: [b, heads, d] -> [b, heads, d]
     if plan.native is not None and supports(q, k_cache, v_cache, plan.req_to_token):
-        return extend_attention_cpu(plan.native, q, k_cache, v_cache, plan.req_to_token, plan.req_pool_indices,
-                                    plan.prefix_lens, plan.extend_lens, sm_scale)
+        return extend_attention_cpu_packed(plan.native, q, k_cache, v_cache, plan.req_to_token,
+                                           plan.req_pool_indices, plan.prefix_lens, plan.extend_lens, plan.starts,
+                                           sm_scale)
     return torch.cat([decode_attention_reference(q[i:i + 1], k_cache, v_cache, plan.req_to_token,
                                                  plan.req_pool_indices[i:i + 1], plan.seq_lens[i:i + 1], sm_scale)
                       for i in range(q.shape[0])])

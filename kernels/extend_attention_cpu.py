@@ -17,14 +17,24 @@ def extend_attention_cpu(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tenso
     """o [n, heads, head_dim] in q.dtype for q packed request by request (n = sum(extend_lens)). Bad lengths, rows
     or slot ids raise ValueError (checked by the kernel before or while reading; nothing is read out of bounds)."""
     # q: [n, heads, d]; k_cache, v_cache: [slots, kv_heads, d]; rows, prefix_lens, extend_lens: [b]
-    n, heads, d = q.shape
-    in_place = q.dtype == torch.float32 and q.stride(2) == 1 and q.stride(1) == d
-    qf = q if in_place else q.to(torch.float32).contiguous()
+    n = q.shape[0]
     rows, prefix, ext = (t.to(torch.int64).contiguous() for t in (rows, prefix_lens, extend_lens))
     start = torch.cumsum(ext, 0) - ext
     total = int(ext.sum()) if ext.numel() else 0
     if total != n or (ext.numel() and int(ext.min()) < 0):
         raise ValueError(f"sum(extend_lens) ({total}) must equal q.shape[0] ({n}), every length >= 0")
+    return extend_attention_cpu_packed(lib, q, k_cache, v_cache, req_to_token, rows, prefix, ext, start, sm_scale)
+
+
+def extend_attention_cpu_packed(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                req_to_token: torch.Tensor, rows: torch.Tensor, prefix: torch.Tensor,
+                                ext: torch.Tensor, start: torch.Tensor, sm_scale: float) -> torch.Tensor:
+    """extend_attention_cpu for metadata already int64 and contiguous, with each request's first q row (`start`)
+    given and sum(ext) == q.shape[0] known (a decode step's one-token extends: planned once per forward)."""
+    # q: [n, heads, d]; rows, prefix, ext, start: int64 [b]
+    n, heads, d = q.shape
+    in_place = q.dtype == torch.float32 and q.stride(2) == 1 and q.stride(1) == d
+    qf = q if in_place else q.to(torch.float32).contiguous()
     out = torch.empty((n, heads, d), dtype=torch.float32)
     rc = lib.sglpy_extend_attention(
         qf.data_ptr(), qf.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), DTYPE_CODES[k_cache.dtype],
