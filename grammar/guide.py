@@ -81,10 +81,22 @@ class Guide:
         return 0 <= token_id < self.info.vocab_size and bool((int(m[token_id >> 5]) >> (token_id & 31)) & 1)
 
     def jump_tokens(self, state, generated_token_ids, forced: str | None = None, tokenizer: Any = None, **kw):
-        """Canonical tokens for a jump over the forced string; see `sglpy.grammar.jump.jump_tokens`."""
-        from .jump import jump_tokens
+        """Canonical tokens for a jump over the forced string; see `sglpy.grammar.jump.jump_tokens`.
 
-        return jump_tokens(self, state, generated_token_ids, forced, tokenizer, **kw)
+        Memoized per guide: the result depends only on the state, the forced text and the last 8 generated ids
+        (<= 4 re-tokenized plus <= 4 of context), and requests of one schema often repeat all three."""
+        from .jump import _MEMO_MAX, jump_tokens
+
+        if kw or tokenizer is None:
+            return jump_tokens(self, state, generated_token_ids, forced, tokenizer, **kw)
+        memo = self.__dict__.get("_jump_memo")
+        if memo is None or len(memo) > _MEMO_MAX:
+            memo = self.__dict__["_jump_memo"] = {}
+        key = (state, forced, tuple(generated_token_ids[-8:]), id(tokenizer))
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = jump_tokens(self, state, generated_token_ids, forced, tokenizer)
+        return JumpResult(hit.rollback, list(hit.new_token_ids), hit.new_state)
 
 
 class RegexGuide(Guide):

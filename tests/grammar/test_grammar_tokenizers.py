@@ -265,3 +265,41 @@ def test_byte_level_vocabulary_with_an_odd_token():
     g = GrammarCompiler(info).compile_regex("▁+")  # U+2581 = e2 96 81, reachable via split tokens
     s = g.advance(g.advance(g.initial_state, vocab[enc[0xE2] + enc[0x96]]), vocab[enc[0x81]])
     assert g.is_final(s)
+
+
+def test_jump_memo_returns_what_a_fresh_jump_computes(spm):
+    """Guide.jump_tokens memoizes per (state, forced, last 8 ids): hits equal fresh results, and are not shared."""
+    from sglpy.grammar.jump import jump_tokens
+
+    tok, info = spm
+    g = GrammarCompiler(info).compile_json_schema(SCHEMA)
+    calls = []
+    orig = g.jump_tokens
+
+    def spy(state, out, forced, t, **kw):
+        r = orig(state, out, forced, t, **kw)
+        calls.append((state, list(out), forced, r))
+        return r
+
+    g.jump_tokens = spy
+    for _ in range(2):  # the second pass is served from the memo
+        simulate_jumps(g, tok, json.dumps({"name": "Alice", "age": 12}, separators=(", ", ": ")), "JSON:\n")
+    assert len(g.__dict__["_jump_memo"]) * 2 <= len(calls)
+    for state, out, forced, r in calls:
+        assert r == jump_tokens(g, state, out, forced, tok)
+    calls[0][3].new_token_ids.append(-1)  # a caller's list is its own
+    assert -1 not in orig(*calls[0][:3], tok).new_token_ids
+
+
+def test_fast_tokenizer_backend_encodes_like_the_wrapper(spm):
+    from transformers import PreTrainedTokenizerFast
+
+    from sglpy.grammar.jump import make_encoder
+
+    tok, _ = spm
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tok)
+    enc = make_encoder(wrapped)
+    rng = random.Random(1)
+    for _ in range(300):
+        s = "".join(rng.choice(' "{}:,Alice12orderIdé\n') for _ in range(rng.randint(0, 20)))
+        assert enc(s) == wrapped.encode(s, add_special_tokens=False), s
