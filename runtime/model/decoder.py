@@ -155,7 +155,13 @@ class FamilyForCausalLM(LlamaForCausalLM):
         return False
 
     def init_rope(self, max_pos: int, device, dtype) -> None:
-        """Build every rope table this model's layers read."""
+        """Build every rope table this model's layers read; drop the windows no sequence within max_pos exceeds
+        (they never apply; without them the step can be captured in a CUDA graph: families.graph_blocker)."""
+        for layer in self.model.layers:
+            if layer.self_attn.window is not None and layer.self_attn.window >= max_pos:
+                layer.self_attn.window = None
+        self.windowed = any(layer.self_attn.window is not None for layer in self.model.layers) \
+            or bool(getattr(self.config, "attn_logit_softcapping", None))
         self.rope_tables = {k: type(t)(t.cache.to(device=device, dtype=dtype), t.rot_dim)
                             for k, t in rope_tables(self.config, self.head_dim, max_pos).items()}
         self.rope_cache = next(iter(self.rope_tables.values())).cache

@@ -25,19 +25,15 @@ class Family:
 
 _NO_TP = "tensor parallelism does not shard the experts yet (runtime/model/parallel.py shards dense layers)"
 _NO_NATIVE = "the native CPU decode layer has no {}"
-_NO_GRAPHS = "its per-op path reads lengths on the host each step (rope rows, windows, expert groups)"
 
 FAMILIES = {
-    "Qwen3ForCausalLM": Family("qwen3", qk_norm=True, unsupported={"cuda_graph": _NO_GRAPHS}),
-    "Gemma2ForCausalLM": Family("gemma2", gemma_norms=True, embed_scale=True, act="gelu_tanh",
-                                unsupported={"cuda_graph": _NO_GRAPHS}),
-    "Gemma3ForCausalLM": Family("gemma3", qk_norm=True, gemma_norms=True, embed_scale=True, act="gelu_tanh",
-                                unsupported={"cuda_graph": _NO_GRAPHS}),
-    "Phi3ForCausalLM": Family("phi3", window_all_layers=True, unsupported={"cuda_graph": _NO_GRAPHS}),
-    "MixtralForCausalLM": Family("mixtral", moe=True, window_all_layers=True,
-                                 unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
+    "Qwen3ForCausalLM": Family("qwen3", qk_norm=True),
+    "Gemma2ForCausalLM": Family("gemma2", gemma_norms=True, embed_scale=True, act="gelu_tanh"),
+    "Gemma3ForCausalLM": Family("gemma3", qk_norm=True, gemma_norms=True, embed_scale=True, act="gelu_tanh"),
+    "Phi3ForCausalLM": Family("phi3", window_all_layers=True),
+    "MixtralForCausalLM": Family("mixtral", moe=True, window_all_layers=True, unsupported={"tp": _NO_TP}),
     "Qwen3MoeForCausalLM": Family("qwen3_moe", qk_norm=True, moe=True, window_all_layers=True,
-                                  unsupported={"tp": _NO_TP, "cuda_graph": _NO_GRAPHS}),
+                                  unsupported={"tp": _NO_TP}),
 }
 SUPPORTED_ARCHITECTURES = LLAMA_ARCHITECTURES + tuple(FAMILIES)
 
@@ -58,12 +54,29 @@ def family_of(config) -> Family | None:
     return FAMILIES.get(architecture(config))
 
 
-def check_feature(config, feature: str, what: str) -> None:
-    """ValueError naming the combination when this model's family refuses `feature` (tp, cuda_graph, quantization)."""
+def check_feature(config, feature: str, what: str, max_context: int | None = None) -> None:
+    """ValueError naming the combination when this model refuses `feature` (tp, cuda_graph, quantization); CUDA
+    graphs depend on the model's layers within `max_context` (default: max_position_embeddings)."""
     fam = family_of(config)
-    if fam is not None and feature in fam.unsupported:
-        raise ValueError(f"{what} is not supported with {architecture(config)} ({fam.name}): "
-                         f"{fam.unsupported[feature]}")
+    why = fam.unsupported.get(feature) if fam is not None else None
+    if feature == "cuda_graph" and fam is not None:
+        why = graph_blocker(config, max_context)
+    if why is not None:
+        raise ValueError(f"{what} is not supported with {architecture(config)} ({fam.name}): {why}")
+
+
+def graph_blocker(config, max_context: int | None = None) -> str | None:
+    """Why this model's decode step cannot be captured in a CUDA graph (None: it can). Windows, soft-capped
+    attention and expert groups run in torch reading lengths or counts on the host each step; a window no sequence
+    within max_context can exceed never applies (runtime/model/decoder.py drops it)."""
+    limit = max_context or int(getattr(config, "max_position_embeddings", 0) or 0)
+    if any(moe_layers(config)):
+        return "its experts are grouped on the host each step (runtime/model/moe.py)"
+    if getattr(config, "attn_logit_softcapping", None):
+        return "soft-capped attention runs in torch reading lengths on the host (runtime/model/window_attention.py)"
+    if any(w is not None and w < limit for w in layer_windows(config)):
+        return "sliding-window attention runs in torch reading lengths on the host (runtime/model/window_attention.py)"
+    return None
 
 
 def fit_quantization(config, requested: str) -> str:

@@ -80,8 +80,10 @@ class RopeRows:
 
 
 def gather_rows(table: RopeTable, positions: torch.Tensor) -> RopeRows:
-    """cos/sin of `positions` (checked against the table's length)."""
-    if positions.numel():
+    """cos/sin of `positions` (checked against the table's length on CPU; on CUDA the check would sync with the host,
+    which a CUDA-graph capture forbids: the scheduler keeps positions inside the context, as for Llama's Triton
+    rotary)."""
+    if positions.numel() and not positions.is_cuda:
         lo, hi = int(positions.min()), int(positions.max())
         if lo < 0 or hi >= table.cache.shape[0]:
             raise ValueError(f"positions must lie in [0, {table.cache.shape[0]}), got min {lo} max {hi}")

@@ -139,9 +139,9 @@ class ModelRunner:
         if cfg.disable_cuda_graph or (cfg.disable_cuda_graph is None and not cuda):
             return
         if cfg.disable_cuda_graph is False:  # asked for explicitly: a family that cannot is refused
-            check_feature(self.hf_config, "cuda_graph", "CUDA graphs (disable_cuda_graph=False)")
+            check_feature(self.hf_config, "cuda_graph", "CUDA graphs (disable_cuda_graph=False)", self.max_context)
         try:
-            check_feature(self.hf_config, "cuda_graph", "CUDA graphs")
+            check_feature(self.hf_config, "cuda_graph", "CUDA graphs", self.max_context)
         except ValueError as e:
             logger.warning("%s; decode runs eagerly", e)
             return

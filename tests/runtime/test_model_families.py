@@ -258,3 +258,40 @@ def test_tensor_parallel_equals_one_rank(family_paths, family):
         assert a["output_ids"] == b["output_ids"]
         la = [t[0] for t in a["meta_info"]["output_token_logprobs"]]
         assert la == pytest.approx([t[0] for t in b["meta_info"]["output_token_logprobs"]], abs=1e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen3"])
+def test_graph_decode_path_equals_eager(family_paths, family):
+    """Families without windows, soft-caps or experts take the CUDA-graph decode path (padded buckets, static
+    buffers: run eagerly on CPU here, captured on CUDA): the same greedy tokens as eager decode. (Phi-3's tiny model
+    qualifies too: its 2048-token window is as long as its context, so it never applies and is dropped.)"""
+    prompts = [[1, 17, 300, 4000], list(range(500, 530)), [9, 9, 9]]
+    sp = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
+    outs = {}
+    for disable in (True, False):
+        eng = Engine(family_paths[family], max_total_tokens=2048, max_running_requests=4, cuda_graph_max_bs=4,
+                     disable_cuda_graph=disable, quantization="none", grammar_workers=0)
+        try:
+            outs[disable] = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=sp)]
+            if not disable:
+                assert eng.runner.graphs is not None and eng.runner.graphs.replays > 0
+        finally:
+            eng.shutdown()
+    assert outs[True] == outs[False]
+
+
+def test_graph_blockers_name_the_layer_feature(family_paths, tmp_path):
+    from transformers import AutoConfig
+
+    from sglpy.runtime.model.families import graph_blocker
+
+    assert graph_blocker(AutoConfig.from_pretrained(family_paths["gemma2"])).startswith("soft-capped attention")
+    assert graph_blocker(AutoConfig.from_pretrained(family_paths["gemma3"])).startswith("sliding-window attention")
+    assert graph_blocker(AutoConfig.from_pretrained(family_paths["mixtral"])).startswith("its experts")
+    assert graph_blocker(AutoConfig.from_pretrained(family_paths["phi3"])) is None  # window = context: never applies
+    assert graph_blocker(AutoConfig.from_pretrained(family_paths["phi3"]), max_context=4096) is not None
+    windowed = make_family_model(tmp_path / "q3w", "qwen3", extra=dict(sliding_window=8, use_sliding_window=True,
+                                                                          max_window_layers=0))
+    with pytest.raises(ValueError, match=r"CUDA graphs \(disable_cuda_graph=False\) is not supported with "
+                                         r"Qwen3ForCausalLM \(qwen3\): sliding-window attention"):
+        Engine(windowed, quantization="none", disable_cuda_graph=False, max_total_tokens=256)
