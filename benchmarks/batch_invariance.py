@@ -8,8 +8,8 @@ python benchmarks/batch_invariance.py --cost [--modes none,int8,int4] [--reps 2]
 
 Matrix (default): per mode and flag, N seeded sampled requests and the same N prompts greedy (all prompts share a
 ~70-token prefix), each alone (cache flushed before each: the reference), then all together, then all together over
-the cached prefix, then all together under chunked_prefill_size=64 (a second engine), then the batch again (item:
-a rerun of the same seeded batch). Prints, per scenario, how many of the 2N requests equal their lone run in token
+the cached prefix, then all together under chunked_prefill_size=64 (a second engine), then the batch again on a flushed cache and
+once more with every prompt cached (a rerun of the same seeded batch). Prints, per scenario, how many of the 2N requests equal their lone run in token
 ids and, in brackets, in ids and every output logprob bit for bit.
 
 --cost: per mode, the flag off and on in alternation (same process, engines rebuilt): one request alone (128 greedy
@@ -56,10 +56,10 @@ def matrix(args, model) -> None:
     from sglpy.runtime.engine import Engine
 
     prompts, params = _requests(args.requests, args.tokens, args.temperature)
-    cols = ["together", "cached prefix", "chunked 64", "batch rerun"]
+    cols = ["together", "cached prefix", "chunked 64", "batch rerun", "rerun cached"]
     print(f"{len(prompts)} requests ({args.requests} seeded sampled, {args.requests} greedy), {args.tokens} tokens; "
           "cells: ids equal to the lone run (ids and logprobs bit-identical); 'batch rerun' compares the batch "
-          "with itself run again")
+          "with itself run again on a flushed cache, 'rerun cached' with a third run that finds every prompt cached")
     print(f"{'mode':<8}{'flag':<6}" + "".join(f"{c:>16}" for c in cols), flush=True)
     for mode in args.modes.split(","):
         for flag in args.flags.split(","):
@@ -76,9 +76,11 @@ def matrix(args, model) -> None:
                 cached = [_res(o) for o in eng.generate(prompts, params, return_logprob=True)]
                 eng.flush_cache()
                 again = [_res(o) for o in eng.generate(prompts, params, return_logprob=True)]
+                kept = [_res(o) for o in eng.generate(prompts, params, return_logprob=True)]  # prompts now cached
             with Engine(model, chunked_prefill_size=64, **kw) as eng:
                 chunked = [_res(o) for o in eng.generate(prompts, params, return_logprob=True)]
-            cells = [_score(alone, together), _score(alone, cached), _score(alone, chunked), _score(together, again)]
+            cells = [_score(alone, together), _score(alone, cached), _score(alone, chunked), _score(together, again),
+                     _score(together, kept)]
             print(f"{mode:<8}{flag:<6}" + "".join(f"{c:>16}" for c in cells), flush=True)
 
 

@@ -1,5 +1,6 @@
 """Decode attention planned once per forward: the native CPU kernel or Triton read K/V in place; the torch path reads
-contiguous requests as views and gathers the rest."""
+contiguous requests as views and gathers the rest. Under deterministic inference each decode token runs as a one-token
+extend (CPU) or with fixed split points (Triton)."""
 
 from __future__ import annotations
 

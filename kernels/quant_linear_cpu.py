@@ -1,5 +1,5 @@
 """Native CPU weight-only GEMV (csrc/quant_gemv.cpp) for a few rows: float32 activations, the weights in the native
-layout; quant_linear_reference is its oracle.
+layout; quant_linear_reference is its oracle. Also the float32 GEMV of deterministic inference (linear_f32_cpu).
 
 Native layout (the same quantized values as torch's packed kernels read, arranged for 16-lane loads):
   int8: qweight int8 [N, K], scales float32 [N].

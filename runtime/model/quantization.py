@@ -1,4 +1,5 @@
-"""Quantize-at-load of our model: weight-only int8/int4 linear layers and the lm_head's own quantized copy."""
+"""Quantize-at-load of our model: weight-only int8/int4 linear layers and the lm_head's own quantized copy; the
+batch-invariant linear layers of deterministic inference (RowByRowLinear)."""
 
 from __future__ import annotations
 
