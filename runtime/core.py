@@ -96,6 +96,7 @@ class Req:
     grammar: Any = None  # per-request guide state holder (constrained decoding)
     generator: Any = None  # torch.Generator of a seeded request (created on first sample)
     sampler_state: Any = None  # engine/penalties.RowState: the sampler's per-request arrays (built on first sample)
+    spec: Any = None  # engine/spec_ngram.SpecState under speculative decoding (draft length, counters); else None
 
     @property
     def all_ids(self) -> list[int]:
@@ -142,6 +143,7 @@ class BatchEntry:
     prefix_len: int
     extend_len: int
     sample: bool  # this forward reaches the sequence end: sample the next token
+    draft: tuple[int, ...] = ()  # speculative tokens after the sequence end (KV slots taken; verified after the forward)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from .request_builder import RequestLimits, build_request
 from .sampler import Sampler
 from .scheduler import Scheduler
 from .admission import Admission, SubmitMsg
+from .spec_verify import check_speculation, make_drafter
 from .step import Stepper
 from .step_loop import CallMsg, EngineLoop
 from .tokenizer_ops import TokenizerOps
@@ -104,6 +105,8 @@ class Engine(OfflineAPI):
         self.limits = RequestLimits(r.vocab_size, self.max_context, total)
         self.scheduler = Scheduler(cfg, self.kv, self.max_context)
         self.eos_ids = self._eos_ids()
+        check_speculation(cfg)  # settings it does not honour are refused by name
+        self.scheduler.drafter = make_drafter(cfg, self.eos_ids)
         from .constrained import ConstrainedDecoding, jump_min_tokens
 
         self.isolation = Isolation()  # per-request failures in the step; `.hook` injects faults in tests
@@ -118,8 +121,8 @@ class Engine(OfflineAPI):
                                          self.isolation)
         cuda = r.device.type == "cuda"
         overlap = cfg.disable_overlap_schedule is False or (cfg.disable_overlap_schedule is None and cuda)
-        if cfg.tp_size > 1:
-            overlap = False  # future-token placeholders would travel to the other ranks unresolved
+        if cfg.tp_size > 1 or cfg.speculative_algorithm:
+            overlap = False  # placeholders would travel to other ranks unresolved; drafts are verified in order
         stepper = Stepper(scheduler=self.scheduler, runner=r, kv=self.kv, processor=self.processor,
                           constrained=self.constrained, isolation=self.isolation, tokenizer=self.tokenizer,
                           stats=self.stats, reqs={}, overlap=overlap, max_running_requests=cfg.max_running_requests,
@@ -302,6 +305,8 @@ class Engine(OfflineAPI):
         })
         info.update(self.stats)
         info["grammar"] = {**self.constrained.stats, **self.constrained.service.stats}
+        if self.scheduler.drafter is not None:
+            info.update(self.scheduler.drafter.stats)
         info["isolated_failures"] = dict(self.isolation.failures)
         info["tp_rank_pids"] = self.runner.rank_pids()  # this node's ranks 1..; operators (and tests) watch them
         return info

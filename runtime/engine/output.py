@@ -36,6 +36,8 @@ def build_output(req: Req, tokenizer) -> ReqOutput:
         "e2e_latency": time.perf_counter() - req.created,
         "ttft": None if req.first_token_time is None else req.first_token_time - req.created,
     }
+    if req.spec is not None:  # speculative decoding: its verify forwards (SGLang's name)
+        meta["spec_verify_ct"] = req.spec.verify_ct
     if req.return_logprob:
         # one entry per prompt position from the start on (the rule SGLang's frontend select was written for):
         # position 0 has nothing to be scored against, and -1 gives one null entry for the last prompt token

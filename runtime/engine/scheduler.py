@@ -9,6 +9,7 @@ from ..config import EngineConfig
 from ..memory.kv_manager import KVManager
 from ..core import BatchEntry, FinishReason, Req, ReqStatus, ScheduledBatch
 from .schedule_policy import order_waiting, split_in_batch_sharing
+from .spec_ngram import draft_limit
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class Scheduler:
         self.waiting: list[Req] = []
         self.running = RunningSet()
         self.total_retractions = 0
+        self.drafter = None  # engine/spec_ngram.NgramDrafter under speculative decoding (set by the engine)
 
     # -------------------------------------------------------------- queue ops
     def add(self, req: Req) -> None:
@@ -122,11 +124,32 @@ class Scheduler:
         """Pick this step's work: every decodable running request plus prefill chunks within budget."""
         aborted: list[Req] = []
         decode = self._schedule_decode(aborted)
+        drafted = self._draft(decode) if self.drafter is not None and decode else []
+        if drafted:  # one-token entries stay first: the forward runs them as decode rows
+            spec = {d.req for d in drafted}
+            decode = [e for e in decode if e.req not in spec]
         extend = self._schedule_extend(aborted)
-        entries = decode + extend
+        entries = decode + drafted + extend
         if not entries and not aborted:
             return None
         return ScheduledBatch(entries, len(decode), aborted)
+
+    def _draft(self, decode: list[BatchEntry]) -> list[BatchEntry]:
+        """Speculative decoding: decode entries that got a draft, grown by its KV slots (taken from free slots only,
+        never by evicting or preempting); they extend [last token + draft] and are verified after the forward."""
+        budget = self.drafter.budget(len(decode))
+        out = []
+        for e in decode:
+            r = e.req
+            if budget <= 0:
+                break
+            if r.wants_input_logprobs():
+                continue
+            draft = self.drafter.propose(r, min(draft_limit(r, self.max_context), budget))
+            if draft and self.kv.free_slots() >= len(draft) and self.kv.grow(r, len(draft)):
+                out.append(BatchEntry(r, e.prefix_len, 1 + len(draft), sample=True, draft=draft))
+                budget -= len(draft)
+        return out
 
     def _schedule_decode(self, aborted: list[Req]) -> list[BatchEntry]:
         # r.pending == 1, inlined: this runs over every running request every step

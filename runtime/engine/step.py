@@ -27,6 +27,7 @@ from ..model.parallel import TPGroupError
 from .output import aborted_output, build_output
 from .overlap import HostTokens, PinnedIds, drop_placeholder, placeholder
 from .processor import SampleLaunch
+from .spec_verify import drop_draft, verify_drafts
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,8 @@ class Stepper:
                 finished += self.processor.prepare(entries, cur.out)
                 cur.prepared = True
                 valid = None  # plain: nothing changed a request since its forward (finished rows are skipped)
+                if any(e.draft for e in entries[cur.batch.num_decode:]):  # drafted rows: verified when resolved
+                    valid = [not e.draft for e in entries]
             else:  # a request that finished or jumped since its forward was launched has its row discarded
                 valid = [not e.req.finished and e.req.seq_len == e.prefix_len + e.extend_len
                          and e.req.num_jumped_tokens == cur.jumped[i] for i, e in enumerate(entries)]
@@ -176,6 +179,8 @@ class Stepper:
                 res.finished += self.processor.prepare(entries, s.out)
             if launch is not None:
                 res.finished += self.processor.complete(launch, tokens)
+            if self.scheduler.drafter is not None and any(e.draft for e in entries[s.batch.num_decode:]):
+                res.finished += verify_drafts(entries, s.out, self.processor, self.kv, self.scheduler.drafter)
             # jump-forward right after a sampled token. Overlapped, only over the rows just appended: a request
             # whose row was discarded has just jumped, and its jumped tokens are being extended now
             jump = launch.reqs if self.overlap and launch is not None else [e.req for e in entries]
@@ -203,6 +208,8 @@ class Stepper:
     def _abort(self, entries, exc: Exception, finished: list[Req]) -> None:
         for entry in entries:
             r = entry.req
+            if entry.draft:
+                drop_draft(r, self.kv)
             if not r.finished:
                 drop_placeholder(r, self.kv)
                 r.finish_reason = FinishReason("abort", message=f"internal error: {exc}")

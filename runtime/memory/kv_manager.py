@@ -74,6 +74,10 @@ class KVManager:
         """Slots obtainable now: free plus evictable."""
         return self._pool.available() + self._cache.evictable_size
 
+    def free_slots(self) -> int:
+        """Slots free now, without evicting cached KV (speculative drafts take only these)."""
+        return self._pool.available()
+
     def has_free_row(self) -> bool:
         """Whether another request can get a row in the request-to-token table."""
         return self._rows.available() > 0

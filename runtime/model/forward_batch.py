@@ -40,12 +40,13 @@ class HostBatch:
     positions: list[int]  # [tokens]
     out_cache_loc: list[int]  # [tokens] KV slot of each token
     logits_rows: list[int]  # [m] packed token positions whose logits are computed
-    req_rows: list[int]  # [b] request rows in req_to_token
-    prefix_lens: list[int]  # [b]
-    extend_lens: list[int]  # [b]
+    req_rows: list[int]  # [s] request rows in req_to_token, per attention sequence (a drafted entry has k + 1)
+    prefix_lens: list[int]  # [s]
+    extend_lens: list[int]  # [s]
     input_rows: list[range]  # [b] logits rows scoring prompt positions (empty range when not requested)
     input_first_pos: list[int]  # [b] absolute prompt position scored by the first input row
-    sample_row: list[int | None]  # [b] logits row to sample from, or None
+    sample_row: list[int | None]  # [b] logits row to sample from, or None (drafted: k + 1 rows from it)
+    num_decode: int  # the first num_decode sequences are one token each (decode rows)
 
 
 def _ids(req, a: int, b: int) -> list[int]:
@@ -58,17 +59,43 @@ def _ids(req, a: int, b: int) -> list[int]:
     return req.input_ids[a:] + req.output_ids[:b - n]
 
 
-def build_host_batch(entries) -> HostBatch:
-    """The host lists of one forward over BatchEntry's (decode entries first).
+def build_host_batch(entries, num_decode_entries: int | None = None) -> HostBatch:
+    """The host lists of one forward over BatchEntry's (decode entries first, then drafted ones, then extends).
 
     A one-token entry without prompt logprobs (every decode entry) costs a few appends; only prefill chunks and
-    prompt-logprob entries take the general path."""
+    prompt-logprob entries take the general path. The first num_decode_entries entries are decode entries (the
+    scheduler's count; None: the one-token entries up to the first longer one). A drafted entry (speculative
+    decoding) becomes k + 1 decode rows of its request: row j holds token p + j and attends to positions 0 .. p + j, whose K/V this forward
+    writes before any attention reads it, so the rows are exactly the causal extend of [last token + draft], run
+    by the decode kernels (one row computes what a plain decode step of that sequence would)."""
     ids, pos, loc, rows = [], [], [], []
     input_rows, input_first, sample_row = [], [], []
+    seq_rows, seq_prefix, seq_ext = [], [], []
     m = offset = 0
-    for e in entries:
+    nd = len(entries) if num_decode_entries is None else num_decode_entries  # one-token entries at the front
+    num_decode, lead = 0, True
+    for i, e in enumerate(entries):
         r = e.req
         p = e.prefix_len
+        if e.draft:
+            if not lead:
+                raise ValueError("a drafted entry must come before every multi-token extend entry")
+            n = 1 + len(e.draft)
+            ids.append(r.input_ids[p] if p < len(r.input_ids) else r.output_ids[p - len(r.input_ids)])
+            ids.extend(e.draft)
+            pos.extend(range(p, p + n))
+            loc.extend(r.slots[p:p + n])
+            seq_rows.extend([r.row] * n)
+            seq_prefix.extend(range(p, p + n))
+            seq_ext.extend([1] * n)
+            input_rows.append(_NO_ROWS)
+            input_first.append(1)
+            rows.extend(range(offset, offset + n))
+            sample_row.append(m)
+            m += n
+            offset += n
+            num_decode += n
+            continue
         if e.extend_len == 1 and not (r.return_logprob and r.wants_input_logprobs()):
             n = len(r.input_ids)
             ids.append(r.input_ids[p] if p < n else r.output_ids[p - n])
@@ -83,7 +110,18 @@ def build_host_batch(entries) -> HostBatch:
             else:
                 sample_row.append(None)
             offset += 1
+            seq_rows.append(r.row)
+            seq_prefix.append(p)
+            seq_ext.append(1)
+            if i < nd and lead:
+                num_decode += 1
+            else:
+                lead = False
             continue
+        lead = False
+        seq_rows.append(r.row)
+        seq_prefix.append(p)
+        seq_ext.append(e.extend_len)
         end = p + e.extend_len
         ids.extend(_ids(r, p, end))
         pos.extend(range(p, end))
@@ -106,5 +144,5 @@ def build_host_batch(entries) -> HostBatch:
         else:
             sample_row.append(None)
         offset += e.extend_len
-    return HostBatch(ids, pos, loc, rows, [e.req.row for e in entries], [e.prefix_len for e in entries],
-                     [e.extend_len for e in entries], input_rows, input_first, sample_row)
+    return HostBatch(ids, pos, loc, rows, seq_rows, seq_prefix, seq_ext, input_rows, input_first, sample_row,
+                     num_decode)

@@ -169,10 +169,12 @@ class ModelRunner:
         future_tokens: [k] int64 on the device, the previous step's sampled ids (overlap scheduling); an input
         id -1 - j stands for future_tokens[j], resolved on the device.
         """
-        if self.graphs is not None and num_decode == len(entries) and self.graphs.can_run(num_decode) \
+        # drafted entries (speculative decoding) after the decode entries run as k + 1 decode rows each
+        decode_rows = num_decode == len(entries) or all(e.draft for e in entries[num_decode:])
+        if self.graphs is not None and decode_rows and self.graphs.can_run(_num_rows(entries)) \
                 and not any(e.req.wants_input_logprobs() for e in entries):
             return self._decode_graph(entries, future_tokens)
-        hb = build_host_batch(entries)
+        hb = build_host_batch(entries, num_decode)
         if self.extend_graphs is not None and self.extend_graphs.accepts(hb, num_decode):
             return ForwardOutput(self.extend_graphs.run(hb, future_tokens), hb.input_rows, hb.input_first_pos,
                                  hb.sample_row)
@@ -187,12 +189,12 @@ class ModelRunner:
         if ids and min(ids) < 0:
             input_ids = resolve_future_ids(input_ids, future_tokens)
         fb = ForwardBatch(
-            input_ids=input_ids, positions=as_long(pos), out_cache_loc=as_long(loc), num_decode=num_decode,
+            input_ids=input_ids, positions=as_long(pos), out_cache_loc=as_long(loc), num_decode=hb.num_decode,
             req_pool_indices=as_long(hb.req_rows), prefix_lens=as_long(hb.prefix_lens),
             extend_lens=as_long(hb.extend_lens),
             seq_lens=as_long([a + b for a, b in zip(hb.prefix_lens, hb.extend_lens)]),
             req_to_token=kv.req_to_token, logits_indices=as_long(rows),
-            max_extend_len=max((e.extend_len for e in entries[num_decode:]), default=1),
+            max_extend_len=max(hb.extend_lens[hb.num_decode:], default=1),
         )
         logits = self.model(fb, kv)
         return ForwardOutput(logits, input_rows, input_first, sample_row)
@@ -250,15 +252,28 @@ class ModelRunner:
         self.group = None
 
     def _decode_graph(self, entries: list[BatchEntry], future_tokens: torch.Tensor | None) -> ForwardOutput:
-        """A decode-only step through the padded buckets (one new token per request, every row sampled)."""
-        reqs = [e.req for e in entries]
-        inp = DecodeInputs(input_ids=[_token_at(r, e.prefix_len) for r, e in zip(reqs, entries)],
-                           positions=[e.prefix_len for e in entries],
-                           out_cache_loc=[r.slots[e.prefix_len] for r, e in zip(reqs, entries)],
-                           req_pool_indices=[r.row for r in reqs], seq_lens=[e.prefix_len + 1 for e in entries])
-        logits = self.graphs.run(inp, future_tokens)  # [b, vocab]
+        """A decode-only step through the padded buckets (one new token per request, every row sampled; a drafted
+        entry is k + 1 rows of its request, as in build_host_batch)."""
+        if not any(e.draft for e in entries):
+            reqs = [e.req for e in entries]
+            inp = DecodeInputs(input_ids=[_token_at(r, e.prefix_len) for r, e in zip(reqs, entries)],
+                               positions=[e.prefix_len for e in entries],
+                               out_cache_loc=[r.slots[e.prefix_len] for r, e in zip(reqs, entries)],
+                               req_pool_indices=[r.row for r in reqs], seq_lens=[e.prefix_len + 1 for e in entries])
+            sample_row = list(range(len(entries)))
+        else:
+            inp, sample_row = DecodeInputs([], [], [], [], []), []
+            for e in entries:
+                r, p, n = e.req, e.prefix_len, 1 + len(e.draft)
+                sample_row.append(len(inp.input_ids))
+                inp.input_ids.extend([_token_at(r, p), *e.draft])
+                inp.positions.extend(range(p, p + n))
+                inp.out_cache_loc.extend(r.slots[p:p + n])
+                inp.req_pool_indices.extend([r.row] * n)
+                inp.seq_lens.extend(range(p + 1, p + n + 1))
+        logits = self.graphs.run(inp, future_tokens)  # [rows, vocab]
         n = len(entries)
-        return ForwardOutput(logits, [range(0)] * n, [1] * n, list(range(n)))
+        return ForwardOutput(logits, [range(0)] * n, [1] * n, sample_row)
 
 
 def kv_buffers_for(runner: ModelRunner, cfg: EngineConfig) -> KVBuffers:
@@ -267,6 +282,11 @@ def kv_buffers_for(runner: ModelRunner, cfg: EngineConfig) -> KVBuffers:
                   kv_cache_torch_dtype(cfg.kv_cache_dtype, runner.dtype), runner.device)
     mirror = torch.zeros(cfg.max_running_requests, runner.max_context, dtype=torch.int32, device=runner.device)
     return KVBuffers(pool.k_buffer, pool.v_buffer, mirror)
+
+
+def _num_rows(entries: list[BatchEntry]) -> int:
+    """Decode rows of a decode-only step (a drafted entry has k + 1)."""
+    return sum(1 + len(e.draft) for e in entries)
 
 
 def _token_at(req, pos: int) -> int:

@@ -1,0 +1,102 @@
+"""Speculative decoding's verification: a request's draft checked against the target's logits of one forward, the
+accepted tokens appended through the normal sampling path, the rejected tokens' KV slots freed.
+
+The forward ran [last token, d_0 .. d_{k-1}] as one extend per request (model/forward_batch.py: logits rows
+sample_row + j, j = 0..k), so row j is the target's next-token logits given the sequence and d_0 .. d_{j-1}.
+Verification runs rounds j = 0, 1, ..: each round samples row j of every request still going, with the ordinary
+sampler (penalties, logit bias, min_new_tokens, grammar mask, temperature and truncation, the request's own
+generator when seeded) and appends the token with the ordinary rules (logprobs, grammar advance, stop tokens and
+strings, max_new_tokens, detokenization). A request goes on to round j + 1 only while the sampled token equals d_j
+and it has not finished. So:
+- greedy: the accepted tokens are the longest draft prefix the target agrees with, plus the target's own next
+  token, exactly the tokens plain decoding would produce;
+- sampling: for a deterministic (n-gram) draft this is the standard rejection scheme: d_j is accepted with
+  probability p(d_j) under the processed distribution, and on rejection the token drawn is distributed as p with
+  d_j removed, renormalised (a draw from p conditioned on not being d_j); every token is a draw from the same
+  conditional distribution as without speculation, and a seeded request consumes one draw per token as before.
+After the rounds, the KV of the accepted draft tokens stays (it is exactly the KV of the appended tokens); the
+slots of the rejected ones go back to the pool (KVManager.rollback). They were never published to the radix cache.
+"""
+
+from __future__ import annotations
+
+from ..config import EngineConfig
+from ..core import BatchEntry, ForwardOutput, Req
+from ..memory.kv_manager import KVManager
+from .spec_ngram import NgramDrafter
+
+
+def check_speculation(cfg: EngineConfig) -> None:
+    """Refuse speculative settings this engine does not honour, by name (ValueError)."""
+    alg = cfg.speculative_algorithm
+    if alg is None:
+        return
+    if alg == "STANDALONE":
+        raise ValueError("speculative_algorithm STANDALONE (a draft model) is not supported yet; use NGRAM "
+                         "(prompt lookup), or unset speculative_algorithm")
+    if cfg.tp_size > 1:
+        raise ValueError(f"speculative_algorithm {alg} is not supported with tensor parallelism "
+                         f"(tp_size={cfg.tp_size}); unset one of them")
+    if cfg.disable_overlap_schedule is False:
+        raise ValueError(f"speculative_algorithm {alg} runs the plain step order: it cannot be combined with "
+                         "disable_overlap_schedule=False (leave it unset or true)")
+
+
+def make_drafter(cfg: EngineConfig, eos_ids: set[int]) -> NgramDrafter | None:
+    """The configured drafter (after check_speculation), or None without speculation."""
+    if cfg.speculative_algorithm != "NGRAM":
+        return None
+    return NgramDrafter(cfg.speculative_num_draft_tokens, cfg.speculative_ngram_min_match_window_size,
+                        cfg.speculative_ngram_max_match_window_size, eos_ids,
+                        jump_forward=not cfg.disable_jump_forward)
+
+
+def drop_draft(req: Req, kv: KVManager) -> None:
+    """Free the slots taken for a draft that will not be verified (the step failed): KV covers the sequence only."""
+    if req.kv_len > req.seq_len:
+        kv.rollback(req, req.seq_len)
+
+
+def _forced(req: Req) -> bool:
+    """The request's guide forces a string now: jump-forward appends it after this step, not the draft."""
+    g = req.grammar
+    return g is not None and bool(g.guide.forced_string(g.state))
+
+
+def verify_drafts(entries: list[BatchEntry], out: ForwardOutput, processor, kv: KVManager,
+                  drafter: NgramDrafter) -> list[Req]:
+    """Sample, accept and append the drafted entries' tokens (rounds above), free rejected KV; returns finished.
+
+    A constrained request also stops where its guide forces a string (with jump-forward on), so the forced span
+    is appended by jump-forward as without speculation (its canonical tokens, not the draft's)."""
+    spec = [(i, e) for i, e in enumerate(entries) if e.draft and out.sample_row[i] is not None]
+    finished: list[Req] = []
+    accepted = {id(e): 0 for _, e in spec}
+    active = [(i, e) for i, e in spec if not e.req.finished]
+    try:
+        j = 0
+        while active:
+            sub = [e for _, e in active]
+            n = len(sub)
+            # row j of each: the logits after the sequence and d_0 .. d_{j-1}
+            view = ForwardOutput(out.logits, [range(0)] * n, [1] * n, [out.sample_row[i] + j for i, _ in active])
+            launch = processor.launch(sub, view)
+            tokens = launch.host_tokens()
+            finished += processor.complete(launch, tokens)
+            got = {id(r): t for r, t in zip(launch.reqs, tokens)}
+            going = []
+            for i, e in active:
+                t = got.get(id(e.req))
+                if j < len(e.draft) and t == e.draft[j]:
+                    accepted[id(e)] += 1
+                    if not e.req.finished and not (drafter.jump_forward and _forced(e.req)):
+                        going.append((i, e))
+            active = going
+            j += 1
+    finally:  # also when a round failed: the step's requests are aborted with KV that covers their sequence
+        for _, e in spec:
+            r = e.req
+            if r.kv_len > r.seq_len - 1:  # positions up to seq_len - 2 hold the appended tokens' KV
+                kv.rollback(r, r.seq_len - 1)
+            drafter.record(r, len(e.draft), accepted[id(e)])
+    return finished
