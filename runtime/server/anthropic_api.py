@@ -7,18 +7,23 @@ prefill the answer continues), `max_tokens`, `stop_sequences`, `temperature`, `t
 single tool): the answer is then constrained to that tool's `input_schema` and returned as a `tool_use` block,
 which is how Anthropic's structured outputs reach JSON. `tool_choice` auto with tools (free choice between
 text and calls) is refused, as are tool_use / tool_result / image blocks in the conversation.
-Streaming sends Anthropic's events: message_start, content_block_start, content_block_delta (text_delta or
-input_json_delta), content_block_stop, message_delta (stop_reason, usage), message_stop.
+On a reasoning model (`--reasoning-parser`) the thinking comes back as a `thinking` block before the answer's
+block; `thinking: {"type": "enabled", "budget_tokens": N}` bounds it (then `</think>` is forced) and
+`{"type": "disabled"}` sets the template's enable_thinking to false.
+Streaming sends Anthropic's events: message_start, content_block_start, content_block_delta (thinking_delta,
+text_delta or input_json_delta), content_block_stop, message_delta (stop_reason, usage), message_stop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 
 from aiohttp import web
 
 from ..messages import ChatPromptReq, EngineError
+from ..reasoning import ReasoningStream, reasoning_format, split_reasoning, thinking_open
 from ..sampling_params import MAX_STOPS, LogprobOptions
 from .http_common import ApiError, read_json_object, request_id_header, start_sse
 from .native_api import build_sampling, first_item, request_input
@@ -48,7 +53,8 @@ MESSAGES = Schema("request", (
        "input_schema); {type: none} ignores the tools"),
     _f("metadata", DICT, None, NOOP, "bookkeeping; cannot change the output"),
     _f("service_tier", STR, None, NOOP, "bookkeeping; cannot change the output"),
-    _f("thinking", DICT, None, DEFAULT_ONLY, "no extended thinking"),
+    _f("thinking", DICT, None, IMPL, "with --reasoning-parser: {type: enabled, budget_tokens} bounds the thinking, "
+       "{type: disabled} turns it off in the template; the thinking is a `thinking` block"),
 ), "POST /v1/messages")
 
 
@@ -102,6 +108,33 @@ def _tool(f: dict) -> dict | None:
                         "({\"type\": \"tool\", \"name\": ...})", param="tool_choice")
 
 
+def _thinking(f: dict, state: ServerState) -> tuple[int | None, dict | None]:
+    """(the thinking budget, template variables) from the request's `thinking`."""
+    th = f.get("thinking")
+    if th is None:
+        return None, None
+    kind, budget = th.get("type"), th.get("budget_tokens")
+    if kind == "disabled" and set(th) == {"type"}:
+        return None, {"enable_thinking": False}
+    if kind != "enabled" or set(th) != {"type", "budget_tokens"} or type(budget) is not int or budget < 0:
+        raise ApiError(400, "thinking must be {\"type\": \"enabled\", \"budget_tokens\": an int >= 0} or "
+                            "{\"type\": \"disabled\"}", param="thinking")
+    if state.config.engine.reasoning_parser is None:
+        raise ApiError(400, "thinking needs a reasoning model served with --reasoning-parser", param="thinking")
+    return budget, None
+
+
+def _answer_block(text: str, tool: dict | None, msg_id: str, reason: str) -> tuple[dict, str]:
+    """The answer's content block (a tool_use when the tool's JSON parsed) and the stop reason."""
+    if tool is not None:
+        try:
+            block = {"type": "tool_use", "id": "toolu_" + msg_id[4:], "name": tool["name"], "input": json.loads(text)}
+            return block, ("tool_use" if reason == "end_turn" else reason)
+        except ValueError:  # cut by max_tokens before the JSON closed
+            pass
+    return {"type": "text", "text": text}, reason
+
+
 def _stop_reason(meta: dict, stops: list[str]) -> tuple[str, str | None]:
     fr = meta.get("finish_reason") or {}
     kind, matched = fr.get("type"), fr.get("matched")
@@ -133,9 +166,15 @@ async def messages(request: web.Request) -> web.StreamResponse:
     if tool is not None:
         fields["json_schema"] = json.dumps(tool["input_schema"])
     sp = build_sampling(fields, state.info.vocab_size, "request")
-    prompt = await state.engine.call(ChatPromptReq(msgs, True, prefill, None))
+    budget, kwargs = _thinking(f, state)
+    prompt = await state.engine.call(ChatPromptReq(msgs, True, prefill, kwargs))
     msg_id = "msg_" + new_rid()
     item = request_input(msg_id, {"text": prompt}, sp, LogprobOptions(), None)
+    if budget is not None:
+        item = dataclasses.replace(item, max_thinking_tokens=budget)
+    parser = state.config.engine.reasoning_parser
+    fmt = reasoning_format(parser) if parser is not None else None
+    prompt_open = thinking_open(fmt, prompt) if fmt is not None else None
     state.admit(1)
     stops = list(f.get("stop_sequences") or [])
     head = {"id": msg_id, "type": "message", "role": "assistant", "model": state.model_name}
@@ -143,21 +182,21 @@ async def messages(request: web.Request) -> web.StreamResponse:
         (out,) = await state.run_many([item], request.path)
         meta = out.get("meta_info", {})
         reason, seq = _stop_reason(meta, stops)
-        if tool is not None:
-            try:
-                block = {"type": "tool_use", "id": "toolu_" + msg_id[4:], "name": tool["name"],
-                         "input": json.loads(out.get("text", ""))}
-                reason = "tool_use" if reason == "end_turn" else reason
-            except ValueError:  # cut by max_tokens before the JSON closed
-                block = {"type": "text", "text": out.get("text", "")}
-        else:
-            block = {"type": "text", "text": out.get("text", "")}
-        return web.json_response({**head, "content": [block], "stop_reason": reason, "stop_sequence": seq,
+        text, blocks = out.get("text", ""), []
+        if fmt is not None:  # the thinking first, as Anthropic's extended thinking returns it
+            split = split_reasoning(fmt, text, prompt_open)
+            text = split.content
+            if split.reasoning is not None:
+                blocks.append({"type": "thinking", "thinking": split.reasoning, "signature": ""})
+        block, reason = _answer_block(text, tool, msg_id, reason)
+        return web.json_response({**head, "content": blocks + [block], "stop_reason": reason, "stop_sequence": seq,
                                   "usage": _usage(meta)}, headers=request_id_header(msg_id))
-    return await _stream(request, state, item, head, tool, stops)
+    stream = ReasoningStream(fmt, prompt_open) if fmt is not None else None
+    return await _stream(request, state, item, head, tool, stops, stream)
 
 
-async def _stream(request, state: ServerState, item, head: dict, tool: dict | None, stops: list[str]):
+async def _stream(request, state: ServerState, item, head: dict, tool: dict | None, stops: list[str],
+                  thinking: ReasoningStream | None):
     async with contextlib.aclosing(state.merge_streams([item], request.path)) as gen:
         _, chunk = await first_item(gen)
         resp = await start_sse(request, head["id"])
@@ -165,31 +204,65 @@ async def _stream(request, state: ServerState, item, head: dict, tool: dict | No
         await _event(resp, {"type": "message_start", "message": {
             **head, "content": [], "stop_reason": None, "stop_sequence": None,
             "usage": {"input_tokens": int(meta.get("prompt_tokens") or 0), "output_tokens": 0}}})
-        block = ({"type": "tool_use", "id": "toolu_" + head["id"][4:], "name": tool["name"], "input": {}}
-                 if tool is not None else {"type": "text", "text": ""})
-        await _event(resp, {"type": "content_block_start", "index": 0, "content_block": block})
+        blocks = _BlockStream(resp, head["id"], tool)
+        if thinking is None:
+            await blocks.answer("")  # the one block opens at once, as before
         sent = 0
         try:
             while True:
                 meta = chunk.get("meta_info", {})
                 text = chunk.get("text", "")
                 delta, sent = text[sent:], max(sent, len(text))
-                if delta:
-                    d = ({"type": "input_json_delta", "partial_json": delta} if tool is not None
-                         else {"type": "text_delta", "text": delta})
-                    await _event(resp, {"type": "content_block_delta", "index": 0, "delta": d})
+                last = False
                 try:
                     _, chunk = await anext(gen)
                 except StopAsyncIteration:
+                    last = True
+                r, c = thinking.feed(delta, final=last) if thinking is not None else ("", delta)
+                if r:
+                    await blocks.think(r)
+                if c:
+                    await blocks.answer(c)
+                if last:
                     break
         except EngineError as e:
             await _event(resp, {"type": "error", "error": {"type": "api_error", "message": e.message}})
             return resp
+        await blocks.answer("")  # an answer block even when the output was all thinking
         reason, seq = _stop_reason(meta, stops)
         if tool is not None and reason == "end_turn":
             reason = "tool_use"
-        await _event(resp, {"type": "content_block_stop", "index": 0})
+        await _event(resp, {"type": "content_block_stop", "index": blocks.index})
         await _event(resp, {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
                             "usage": {"output_tokens": int(meta.get("completion_tokens") or 0)}})
         await _event(resp, {"type": "message_stop"})
     return resp
+
+
+class _BlockStream:
+    """Content blocks of a streamed message: an optional thinking block, then the answer's text or tool_use block."""
+
+    def __init__(self, resp, msg_id: str, tool: dict | None):
+        self.resp, self.msg_id, self.tool = resp, msg_id, tool
+        self.index, self.open = -1, None  # the open block's index and kind (thinking / answer)
+
+    async def _start(self, kind: str, block: dict) -> None:
+        if self.open is not None:
+            await _event(self.resp, {"type": "content_block_stop", "index": self.index})
+        self.index, self.open = self.index + 1, kind
+        await _event(self.resp, {"type": "content_block_start", "index": self.index, "content_block": block})
+
+    async def think(self, text: str) -> None:
+        if self.open is None:
+            await self._start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+        await _event(self.resp, {"type": "content_block_delta", "index": self.index,
+                                 "delta": {"type": "thinking_delta", "thinking": text}})
+
+    async def answer(self, text: str) -> None:
+        if self.open != "answer":
+            await self._start("answer", {"type": "tool_use", "id": "toolu_" + self.msg_id[4:], "name": self.tool["name"],
+                                         "input": {}} if self.tool is not None else {"type": "text", "text": ""})
+        if text:
+            d = ({"type": "input_json_delta", "partial_json": text} if self.tool is not None
+                 else {"type": "text_delta", "text": text})
+            await _event(self.resp, {"type": "content_block_delta", "index": self.index, "delta": d})

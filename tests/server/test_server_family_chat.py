@@ -73,7 +73,8 @@ def test_qwen3_tool_calls_after_separated_thinking(qwen3):
     deltas = [e["choices"][0]["delta"] for e in events if e != "[DONE]" and e["choices"]]
     assert any(d.get("reasoning_content") for d in deltas)
     first_call = next(i for i, d in enumerate(deltas) if d.get("tool_calls"))
-    assert not any(d.get("reasoning_content") for d in deltas[first_call:]), deltas  # the thinking came first
+    # the thinking came first (the chunk that ends it may also open the call)
+    assert not any(d.get("reasoning_content") for d in deltas[first_call + 1:]), deltas
     args = "".join(c["function"].get("arguments", "") for d in deltas for c in d.get("tool_calls") or [])
     jsonschema.validate(json.loads(args), WEATHER)
 
@@ -114,6 +115,40 @@ def test_per_request_thinking_budget_on_the_openai_routes(qwen3):
         assert r.status_code == 400 and "custom_params" in r.text, r.text
 
 
+def _message(srv, **body):
+    r = srv.post("/v1/messages", json={"model": "m", "max_tokens": 80, "temperature": 0,
+                                       "messages": [{"role": "user", "content": "Weather in Paris?"}], **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_anthropic_messages_thinking_blocks(qwen3):
+    """/v1/messages on a reasoning model: a thinking block before the tool_use (its input valid), streamed as
+    thinking_delta then input_json_delta; thinking.budget_tokens bounds it, thinking disabled removes it."""
+    tool = {"tools": [{"name": "get_weather", "input_schema": WEATHER}],
+            "tool_choice": {"type": "tool", "name": "get_weather"}}
+    out = _message(qwen3, **tool)
+    kinds = [b["type"] for b in out["content"]]
+    assert kinds == ["thinking", "tool_use"] and out["content"][0]["thinking"] and out["stop_reason"] == "tool_use"
+    jsonschema.validate(out["content"][1]["input"], WEATHER)
+    zero = _message(qwen3, thinking={"type": "enabled", "budget_tokens": 0}, **tool)
+    assert zero["content"][0] == {"type": "thinking", "thinking": "", "signature": ""}
+    jsonschema.validate(zero["content"][1]["input"], WEATHER)
+    off = _message(qwen3, thinking={"type": "disabled"}, **tool)
+    assert [b["type"] for b in off["content"]] == ["tool_use"]
+    r = qwen3.post("/v1/messages", json={"model": "m", "max_tokens": 80, "temperature": 0, "stream": True,
+                                         "messages": [{"role": "user", "content": "Weather?"}], **tool})
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+    assert starts == ["thinking", "tool_use"] and deltas[0]["type"] == "thinking_delta"
+    args = "".join(d["partial_json"] for d in deltas if d["type"] == "input_json_delta")
+    jsonschema.validate(json.loads(args), WEATHER)
+    bad = qwen3.post("/v1/messages", json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+                                           "thinking": {"type": "enabled"}})
+    assert bad.status_code == 400 and "thinking must be" in bad.text
+
+
 @pytest.fixture(scope="module", params=["gemma2", "phi3"])
 def family_server(request, tmp_path_factory):
     path = pathlib.Path(make_family_model(tmp_path_factory.mktemp(request.param) / request.param, request.param))
@@ -138,3 +173,6 @@ def test_family_tools_json_and_prefix_cache(family_server):
     r = family_server.post("/v1/chat/completions", json={"model": "m", "messages": MSGS, "max_tokens": 4,
                                                          "custom_params": {"thinking_budget": 4}})
     assert r.status_code == 400 and "needs a reasoning model served with --reasoning-parser" in r.text
+    r = family_server.post("/v1/messages", json={"model": "m", "max_tokens": 4, "messages": MSGS[1:],
+                                                 "thinking": {"type": "enabled", "budget_tokens": 4}})
+    assert r.status_code == 400 and "thinking needs a reasoning model" in r.text
