@@ -98,12 +98,13 @@ static inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
 // live across an inner loop: GCC keeps an array of those in registers, but spills an array of 16-float vectors to
 // the stack wherever one spans two or four registers (AVX2's decode attention P V loop ran 2.5x slower for it).
 #if defined(__AVX512F__)
-constexpr int64_t NW = 16;
+#define SGLPY_NW 16
 #elif defined(__AVX__)
-constexpr int64_t NW = 8;
+#define SGLPY_NW 8
 #else
-constexpr int64_t NW = 4;
+#define SGLPY_NW 4
 #endif
+constexpr int64_t NW = SGLPY_NW;
 typedef float vn __attribute__((vector_size(NW * 4)));
 typedef uint32_t vnu __attribute__((vector_size(NW * 4)));
 typedef uint16_t vnh __attribute__((vector_size(NW * 2)));
@@ -132,6 +133,29 @@ static inline float hsum(vf x) {  // pairwise: 16 -> 8 -> 4 -> 1
                __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
   const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);
+}
+static inline float hsumn(vn x) {  // a fixed pairwise tree, as hsum
+#if SGLPY_NW == 16
+  return hsum(x);
+#else
+#if SGLPY_NW == 8
+  typedef float v4 __attribute__((vector_size(16)));
+  const v4 b = __builtin_shufflevector(x, x, 0, 1, 2, 3) + __builtin_shufflevector(x, x, 4, 5, 6, 7);
+#else
+  const vn b = x;
+#endif
+  return (b[0] + b[2]) + (b[1] + b[3]);
+#endif
+}
+// sum_j a[j] * b[j], j < n: NW lanes of partial sums, hsumn, then the tail in order. The order depends on n
+// alone. (GCC 12 compiled an `omp simd` reduction of this to a chain of scalar adds at the AVX-512 level.)
+static inline float dot_n(const float* a, const float* b, int64_t n) {
+  vn acc = vn{};
+  int64_t j = 0;
+  for (; j + NW <= n; j += NW) acc += loadn(a + j) * loadn(b + j);
+  float s = hsumn(acc);
+  for (; j < n; ++j) s += a[j] * b[j];
+  return s;
 }
 
 // exp(x), relative error ~2e-7, written without calls so that `omp simd` loops vectorize it (libm's expf is scalar

@@ -151,10 +151,7 @@ void int4_rows_q8(const Q8Row* a, int64_t K, const uint8_t* q, const uint16_t* s
     }
     const float add = bias != nullptr ? bias[n] : 0.f;
     for (int m = 0; m < MR; ++m) {
-      float zsum = 0.f;
-      const float* xs = a[m].sum;
-#pragma omp simd reduction(+ : zsum)
-      for (int64_t j = 0; j < groups; ++j) zsum += zf[j] * xs[j];
+      const float zsum = dot_n(zf, a[m].sum, groups);  // the zero-point term (cpu_common.h: why not omp simd)
       y[m * N + n] = facc_sum(acc[m][0] + acc[m][1]) + zsum + add;
     }
   }
