@@ -230,8 +230,9 @@ def test_quantized_experts_run_only_the_chosen_ones(mode, tol):
 
 
 def test_moe_models_quantize_their_experts(family_paths):
-    """auto is int8 on CPU for MoE models too; the packed experts replace the float stacks."""
-    for fam in ("qwen3-moe", "mixtral"):
+    """auto is int8 on CPU for MoE models too; the packed experts replace the float stacks (Mixtral's the same way:
+    the JSON-schema engine test runs it with auto)."""
+    for fam in ("qwen3-moe",):
         runner = make_runner(family_paths[fam], quantization="auto", max_total_tokens=128)
         block = runner.model.model.layers[0].mlp
         assert runner.quantization == "int8" and not hasattr(block, "w_gate_up")
@@ -242,11 +243,11 @@ def test_moe_models_quantize_their_experts(family_paths):
             assert ((a - b).norm() / b.norm()).item() < 0.1  # int8 weights and activations: a few percent
 
 
-@pytest.mark.parametrize("family", ["gemma3", "phi3"])
+@pytest.mark.parametrize("family", ["gemma3"])
 def test_tensor_parallel_equals_one_rank(family_paths, family):
     """tp=2 (gloo, CPU) gives tp=1's greedy tokens and logprobs: Gemma 3 (q/k norms per head, one KV head shared
-    by both ranks, windows, two rope tables), Phi-3 (fused qkv/gate_up split before sharding, LongRoPE).
-    Qwen3, Gemma 2 and Phi-4-mini run the same sharding (checked the same way when it was built)."""
+    by both ranks, windows, two rope tables). Qwen3, Gemma 2, Phi-3 (fused qkv/gate_up split before sharding) and
+    Phi-4-mini run the same sharding (checked the same way when it was built; ~15 s each on 2 cores)."""
     kw = dict(num_threads=1, max_total_tokens=2048, chunked_prefill_size=8, grammar_workers=0, quantization="none")
     prompts = [[1, 17, 300, 4000], list(range(500, 530))]  # 30 tokens: past the 8-token windows
     sp = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
@@ -280,18 +281,18 @@ def test_graph_decode_path_equals_eager(family_paths, family):
     assert outs[True] == outs[False]
 
 
-def test_graph_blockers_name_the_layer_feature(family_paths, tmp_path):
+def test_graph_blockers_name_the_layer_feature(family_paths):
     from transformers import AutoConfig
 
-    from sglpy.runtime.model.families import graph_blocker
+    from sglpy.runtime.model.families import check_feature, graph_blocker
 
     assert graph_blocker(AutoConfig.from_pretrained(family_paths["gemma2"])).startswith("soft-capped attention")
     assert graph_blocker(AutoConfig.from_pretrained(family_paths["gemma3"])).startswith("sliding-window attention")
     assert graph_blocker(AutoConfig.from_pretrained(family_paths["mixtral"])).startswith("its experts")
     assert graph_blocker(AutoConfig.from_pretrained(family_paths["phi3"])) is None  # window = context: never applies
     assert graph_blocker(AutoConfig.from_pretrained(family_paths["phi3"]), max_context=4096) is not None
-    windowed = make_family_model(tmp_path / "q3w", "qwen3", extra=dict(sliding_window=8, use_sliding_window=True,
-                                                                          max_window_layers=0))
-    with pytest.raises(ValueError, match=r"CUDA graphs \(disable_cuda_graph=False\) is not supported with "
-                                         r"Qwen3ForCausalLM \(qwen3\): sliding-window attention"):
-        Engine(windowed, quantization="none", disable_cuda_graph=False, max_total_tokens=256)
+    windowed = AutoConfig.from_pretrained(family_paths["qwen3"])
+    windowed.update(dict(sliding_window=8, layer_types=["sliding_attention"] * windowed.num_hidden_layers))
+    with pytest.raises(ValueError, match=r"CUDA graphs is not supported with Qwen3ForCausalLM \(qwen3\): "
+                                         r"sliding-window attention"):
+        check_feature(windowed, "cuda_graph", "CUDA graphs")
