@@ -90,3 +90,18 @@ def test_flag_reaches_the_model(tiny_model_path):
     with Engine(tiny_model_path, quantization="none", enable_deterministic_inference=True,
                 max_total_tokens=1024) as eng:
         assert isinstance(eng.runner.model.logits_head, RowByRowLinear)
+
+
+def test_deterministic_with_constraints_and_jump_forward(tiny_model_path):
+    """Regex-constrained seeded requests (jump-forward on: forced spans are appended as extends) alone vs together."""
+    prompts = [f"{PREFIX} record {i}:" for i in range(4)]
+    params = [{"max_new_tokens": 24, "temperature": 1.0, "seed": 70 + i, "ignore_eos": True,
+               "regex": r"\{\"id\": [0-9]{1,4}, \"tag\": \"[a-z]{2,6}\"\}"} for i in range(4)]
+    with Engine(tiny_model_path, quantization="int8", enable_deterministic_inference=True,
+                max_total_tokens=8192) as eng:
+        alone = [_result(o) for o in _run(eng, prompts, params, batched=False)]
+        together = [_result(o) for o in _run(eng, prompts, params, batched=True)]
+        jumped = sum(o["meta_info"].get("jump_forward_tokens", 0) for o in
+                     _run(eng, prompts, params, batched=True))
+    assert jumped > 0  # the forced spans ("{\"id\": ", ...) went through jump-forward
+    assert alone == together
