@@ -1,8 +1,8 @@
 """MoE decode cost tracks the active parameters: tiny random Qwen3-MoE models of one width with 4 or 64 experts
 (top-2), and 64 experts all active (top-64, what computing every expert would cost). Batch-1 greedy decode
-through the engine, float32 (quantization none: the experts have no quantized kernel yet).
+through the engine, float32 experts, or int8/int4 ones packed per expert (--quantization).
 
-python benchmarks/moe_step.py [--tokens 64] [--hidden 256] [--threads 2]
+python benchmarks/moe_step.py [--tokens 64] [--hidden 256] [--threads 2] [--quantization none|int8|int4]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quantization", default="none", choices=("none", "int8", "int4"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     h = args.hidden
@@ -41,7 +42,7 @@ def main() -> None:
         path = make_family_model(folder, "qwen3-moe", extra=dict(
             hidden_size=h, moe_intermediate_size=h, intermediate_size=2 * h, num_hidden_layers=args.layers,
             num_experts=e, num_experts_per_tok=k, num_attention_heads=4, num_key_value_heads=2, head_dim=h // 4))
-        engines[(e, k)] = Engine(path, quantization="none", max_total_tokens=4096)
+        engines[(e, k)] = Engine(path, quantization=args.quantization, max_total_tokens=4096)
     times = {c: [] for c in cases}
     sp = {"max_new_tokens": args.tokens, "temperature": 0, "ignore_eos": True}
     for _ in range(args.repeats):  # interleaved: the box's drift hits every case alike
@@ -53,7 +54,8 @@ def main() -> None:
     for eng in engines.values():
         eng.shutdown()
     base, base_min = statistics.median(times[cases[0]]), min(times[cases[0]])
-    print(f"hidden {h}, {args.layers} layers, expert width {h}; batch-1 decode, ms per token: median and min of "
+    print(f"hidden {h}, {args.layers} layers, expert width {h}, quantization {args.quantization}; batch-1 decode, "
+          f"ms per token: median and min of "
           f"{args.repeats} interleaved runs (max), ratio to the 4-expert model by median / by min")
     for (e, k), ts in times.items():
         total, active = _params(h, h, e, k, args.layers)
