@@ -122,9 +122,10 @@ def _gguf_tensors(state: dict, cfg: dict, arch: str, rope: dict) -> dict:
     return out
 
 
-def write_family_gguf(hf_folder: str | os.PathLike, out: str | os.PathLike) -> str:
+def write_family_gguf(hf_folder: str | os.PathLike, out: str | os.PathLike, quantize: str | None = None) -> str:
     """A float32 GGUF of a tiny HF folder (Qwen3, Qwen3-MoE, Gemma 2/3, Phi-3, Mixtral) in llama.cpp's names and
     layouts, with the default tokenizer cut to the folder's vocab_size (build it small, e.g. 512); returns its path.
+    quantize="Q8_0": the matrices (experts included) stored as llama.cpp's Q8_0 blocks, norms and vectors float32.
 
     What llama.cpp cannot store is the caller's to avoid: Gemma's query_pre_attn_scalar other than head_dim,
     Gemma 3 layer patterns other than every 6th layer global, per-layer windows other than Gemma's."""
@@ -143,8 +144,12 @@ def write_family_gguf(hf_folder: str | os.PathLike, out: str | os.PathLike) -> s
     w = gguf.GGUFWriter(str(out), arch)
     _write_metadata(w, cfg, arch, head_dim, rope)
     _add_tokenizer(w, cfg["vocab_size"])
+    qtype = getattr(gguf.GGMLQuantizationType, quantize) if quantize else None
     for name, array in _gguf_tensors(state, cfg, arch, rope).items():
-        w.add_tensor(name, array)
+        if qtype is not None and array.ndim >= 2 and array.shape[-1] % 32 == 0:
+            w.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
