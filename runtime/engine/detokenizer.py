@@ -19,6 +19,25 @@ CONTEXT_TOKENS = 5  # prompt tokens decoded along with outputs so leading spaces
 _single_token_text: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def backend_decode(tokenizer):
+    """The `tokenizers` library's decode(ids, skip_special_tokens=...) where tokenizer.decode is exactly that call
+    (a fast tokenizer that overrides no decode step and cleans up no spaces), else None: the same text without
+    ~4 us of Python per call."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    try:
+        from transformers import PreTrainedTokenizerFast
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+    except ImportError:
+        return None
+    cls = type(tokenizer)
+    if (not isinstance(tokenizer, PreTrainedTokenizerFast) or cls.decode is not PreTrainedTokenizerBase.decode
+            or cls._decode is not PreTrainedTokenizerFast._decode):
+        return None
+    return getattr(backend, "decode", None)
+
+
 def _single_token_cache(tokenizer, key: tuple) -> dict | None:
     try:
         per_tokenizer = _single_token_text.setdefault(tokenizer, {})
@@ -36,6 +55,7 @@ class IncrementalDetokenizer:
         self.kwargs = {"skip_special_tokens": skip_special_tokens,
                        "spaces_between_special_tokens": spaces_between_special_tokens}
         self.single = _single_token_cache(tokenizer, (skip_special_tokens, spaces_between_special_tokens))
+        self.fast = backend_decode(tokenizer)  # spaces_between_special_tokens means nothing to a fast tokenizer
         self.chunked = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
         self.broken = False
         self.ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:])
@@ -52,9 +72,14 @@ class IncrementalDetokenizer:
         if len(ids) == 1 and self.single is not None:
             text = self.single.get(ids[0])
             if text is None:
-                text = self.single[ids[0]] = self.tokenizer.decode(ids, **self.kwargs)
+                text = self.single[ids[0]] = self._decode_call(ids)
             return text
-        return self.tokenizer.decode(ids, **self.kwargs) if ids else ""
+        return self._decode_call(ids) if ids else ""
+
+    def _decode_call(self, ids: list[int]) -> str:
+        if self.fast is not None:
+            return self.fast(ids, skip_special_tokens=self.kwargs["skip_special_tokens"])
+        return self.tokenizer.decode(ids, **self.kwargs)
 
     def push(self, token_ids: list[int]) -> str:
         """Append tokens; return the newly completed text (maybe empty)."""

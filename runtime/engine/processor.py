@@ -71,7 +71,10 @@ class OutputProcessor:
     def prepare(self, entries: list[BatchEntry], out: ForwardOutput) -> list[Req]:
         """Prompt logprobs, and prefill-only requests (max_new_tokens 0) end when their prompt is done."""
         finished: list[Req] = []
+        hook = self.iso.hook is not None
         for i, e in enumerate(entries):
+            if not hook and not e.req.return_logprob and not len(out.input_rows[i]):
+                continue  # nothing to record (record_input_logprobs would do nothing)
             try:
                 self.iso.probe("input logprobs", e.req)
                 record_input_logprobs(e, out, i)
@@ -79,7 +82,7 @@ class OutputProcessor:
                 self._fail(e.req, "input logprobs", exc, finished)
         for e in entries:
             r = e.req
-            if not r.finished and r.sampling.max_new_tokens == 0 and e.prefix_len + e.extend_len >= r.seq_len:
+            if r.sampling.max_new_tokens == 0 and not r.finished and e.prefix_len + e.extend_len >= r.seq_len:
                 r.finish_reason = FinishReason("length", length=0)
                 finished.append(r)
         return finished
@@ -100,11 +103,29 @@ class OutputProcessor:
     def complete(self, launch: SampleLaunch, tokens: list[int | None]) -> list[Req]:
         """Append the sampled tokens (logprobs, grammar advance, stops, detokenization); returns finished ones."""
         finished = list(launch.failed)
-        lps = self._logprobs(launch, tokens, finished)
+        lps = self._logprobs(launch, tokens, finished) if launch.lp_index else None
         now = time.perf_counter()
-        for r, tok, lp in zip(launch.reqs, tokens, lps):
-            if tok is not None and not r.finished:
-                self._append(r, tok, lp, now, finished)
+        if self.iso.hook is not None or lps is not None:
+            for r, tok, lp in zip(launch.reqs, tokens, lps or [None] * len(tokens)):
+                if tok is not None and not r.finished:
+                    self._append(r, tok, lp, now, finished)
+            return finished
+        eos, max_context, append = self.eos_ids, self.max_context, self._append
+        for r, tok in zip(launch.reqs, tokens):
+            if tok is None or r.finish_reason is not None:
+                continue
+            s = r.sampling
+            out = r.output_ids
+            n = len(out) + 1
+            # the steady decode state in a few comparisons: a token that changes nothing but output_ids (no
+            # grammar, no text read before the finish, no stop or length rule fires); the rest takes _append
+            if (r.grammar is not None or r.stream or s.stop or s.stop_regex or r.first_token_time is None
+                    or (n >= s.min_new_tokens and (tok in s.stop_token_ids or (tok in eos and not s.ignore_eos)))
+                    or (s.max_new_tokens is not None and n >= s.max_new_tokens)
+                    or len(r.input_ids) + n >= max_context):
+                append(r, tok, None, now, finished)
+            else:
+                out.append(tok)
         return finished
 
     def _fail(self, req: Req, phase: str, exc: Exception, finished: list[Req]) -> None:

@@ -13,7 +13,8 @@ or the last candidate is below min_p. Rows where it does not are sampled by `sor
 The candidates come from `top_candidates`, a grouped top-k: the maximum of each group of c tokens, the K
 groups with the best maxima, then a top-k within them. It is exact: the K best maxima are K distinct elements
 at least as large as the K-th best element, so every one of the K best elements lies in one of those groups.
-`greedy` finds the argmax the same way (one vectorised max over the row instead of torch's argmax pass).
+`greedy` finds the argmax from the maxima of contiguous column groups (torch's CPU argmax is several times
+slower than a max reduction).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def _group_size(vocab: int, k: int) -> int:
 def top_candidates(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest values of each row of x [n, vocab], descending, and their column ids ([n, k] each)."""
     n, vocab = x.shape
+    if not x.is_cuda:
+        return _pyramid_top(x.contiguous(), k)
     c = _group_size(vocab, k)
     if not c:
         return x.topk(k, dim=-1)
@@ -46,24 +49,59 @@ def top_candidates(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     return vals, cols.gather(1, j)
 
 
+# torch's CPU topk costs ~8x more per element on rows wider than ~500 than on narrow ones, so on CPU every topk
+# runs on a narrow row: a pyramid of group maxima, walked down from its top
+PYRAMID_TOP = 384  # a level at most this wide (or 2k) is the pyramid's top
+FIRST_FACTOR = 8  # columns per group of the first level (a strided max over the logits: one pass)
+FACTOR = 4  # groups per group of the levels above
+
+
+def _pyramid_top(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """top_candidates on CPU for a contiguous x [n, vocab].
+
+    Level i+1 holds the maxima of level i's groups (group g: columns g, g + w, g + 2w, ... of the first f * w;
+    the few columns past them are candidates of their own). The k best of a level lie in the groups of the k best
+    maxima of the level above (or its extra columns), so each step down is a topk over k * f candidates."""
+    n = x.shape[0]
+    levels, factors, f = [x], [], FIRST_FACTOR
+    while levels[-1].shape[1] > max(PYRAMID_TOP, 2 * k) and levels[-1].shape[1] // f >= k:
+        a = levels[-1]
+        w = a.shape[1] // f
+        levels.append(a[:, :f * w].view(n, f, w).amax(dim=1))  # [n, w]
+        factors.append(f)
+        f = FACTOR
+    vals, idx = levels[-1].topk(k, dim=-1)  # [n, k]
+    for a, f in zip(reversed(levels[:-1]), reversed(factors)):
+        width = a.shape[1]
+        w = width // f
+        cols = (idx[:, :, None] + torch.arange(f) * w).view(n, k * f)
+        if f * w < width:
+            cols = torch.cat([cols, torch.arange(f * w, width).expand(n, -1)], dim=1)
+        vals, j = a.gather(1, cols).topk(k, dim=-1)  # [n, k]
+        idx = cols.gather(1, j)
+    return vals, idx
+
+
+GREEDY_GROUP = 128  # columns per group in greedy's max pass: long enough for a vectorised contiguous reduction
+
+
 def greedy(x: torch.Tensor) -> torch.Tensor:
-    """x.argmax(dim=-1) for x [n, vocab] (the first maximum), with one vectorised pass on CPU."""
+    """x.argmax(dim=-1) for x [n, vocab] (the first maximum, NaN counting as the largest), one pass on CPU.
+
+    The maxima of contiguous column groups (one vectorised reduction, at memory speed), the first group holding
+    the row's maximum (it holds the row's first maximum: the groups are in column order), the argmax within it."""
     n, vocab = x.shape
-    c = _group_size(vocab, 1)
-    if x.is_cuda or not c or n < 4:  # a few rows: the grouped pass's extra small ops cost more than it saves
+    c = GREEDY_GROUP
+    if x.is_cuda or n < 4 or vocab < 4 * c:  # a few rows: the grouped pass's extra small ops cost more than it saves
         return x.argmax(dim=-1)
     x = x.contiguous()
-    stride = vocab // c
-    group_max = x.view(n, c, stride).amax(dim=1)  # [n, stride]
-    g = group_max.argmax(dim=-1)  # [n] the first group holding the maximum
-    cols = g[:, None] + torch.arange(c, device=x.device) * stride  # [n, c] ascending columns
-    out = cols.gather(1, x.gather(1, cols).argmax(dim=-1, keepdim=True))[:, 0]
-    # the first maximum of the row is in group g unless another group holds the same value (a tie, or NaN)
-    tied = (group_max == group_max.gather(1, g[:, None])).sum(dim=-1) != 1
-    if bool(tied.any()):
-        rows = tied.nonzero()[:, 0]
-        out[rows] = x[rows].argmax(dim=-1)
-    return out
+    full = vocab // c
+    group_max = x[:, :full * c].view(n, full, c).amax(dim=-1)  # [n, full]
+    if full * c < vocab:  # the last columns: one shorter group
+        group_max = torch.cat([group_max, x[:, full * c:].amax(dim=-1, keepdim=True)], dim=1)
+    g = group_max.argmax(dim=-1)  # [n]
+    cols = (g[:, None] * c + torch.arange(c, device=x.device)).clamp_(max=vocab - 1)  # [n, c] ascending columns
+    return cols.gather(1, x.gather(1, cols).argmax(dim=-1, keepdim=True))[:, 0]
 
 
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -50,3 +50,31 @@ def test_catch_up_stops_at_an_unresolved_placeholder(tokenizer):
     d = IncrementalDetokenizer(tokenizer, [1])
     assert d.catch_up(ids + [-1]) == IncrementalDetokenizer(tokenizer, [1]).push(ids)
     assert d.consumed == len(ids)
+
+
+def test_backend_decode_gives_the_tokenizers_text(tokenizer):
+    """The shortcut past transformers' decode wrapper is taken only where it is the same call."""
+    from sglpy.runtime.engine.detokenizer import backend_decode
+
+    fast = backend_decode(tokenizer)
+    assert fast is not None  # the default tokenizer: a fast one without clean-up
+    rng = random.Random(1)
+    for ids in _sequences(tokenizer, 300, rng):
+        for skip in (True, False):
+            assert fast(ids, skip_special_tokens=skip) == tokenizer.decode(ids, skip_special_tokens=skip)
+
+    class Cleaning(type(tokenizer)):
+        def _decode(self, token_ids, **kwargs):  # a tokenizer that overrides a decode step: no shortcut
+            return super()._decode(token_ids, **kwargs).upper()
+
+    assert backend_decode(object()) is None
+    tokenizer.clean_up_tokenization_spaces = True
+    try:
+        assert backend_decode(tokenizer) is None
+    finally:
+        tokenizer.clean_up_tokenization_spaces = False
+    overriding = Cleaning.__new__(Cleaning)
+    overriding.__dict__.update(tokenizer.__dict__)
+    assert backend_decode(overriding) is None
+    d = IncrementalDetokenizer(overriding, [1])
+    assert d.push(tokenizer.encode(" hi", add_special_tokens=False)) == " HI"

@@ -89,6 +89,17 @@ def test_top_candidates_and_greedy_are_exact_with_ties():
     assert torch.equal(greedy(x[:1]), x[:1].argmax(dim=-1))
     y = torch.randn(300, 49152, generator=g)
     assert torch.equal(greedy(y), y.argmax(dim=-1))
+    # a vocabulary no group size divides (columns past the last full group) and a NaN among them
+    z = torch.randint(-30, 30, (8, 50257), generator=g).float()
+    z[5, 50250] = float("nan")
+    z[6, -3:] = 100.0
+    z[2, -1] = 1000.0  # the largest value of its row in the last column, outside every full group
+    assert torch.equal(greedy(z), z.argmax(dim=-1))
+    for k in (1, 50, 256):
+        vals, cols = top_candidates(z[:5], k)
+        assert torch.equal(vals, z[:5].topk(k, dim=-1).values)
+        assert torch.equal(z[:5].gather(1, cols), vals)
+        assert all(len(set(c.tolist())) == k for c in cols)
 
 
 CASES = [
