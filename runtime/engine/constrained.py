@@ -205,7 +205,7 @@ class ConstrainedDecoding:
         self.stats["jumps"] += 1
         self.stats["jumped_tokens"] += len(res.new_token_ids)
         g.state = res.new_state
-        reason = self._retext(req)
+        reason = self._retext(req) if res.rollback else self._text_after_append(req)
         if reason is None and g.guide.is_final(g.state) and not g.guide.can_continue(g.state):
             reason = FinishReason("stop", matched=None)
         if reason is None and len(req.output_ids) >= req.sampling.max_new_tokens:
@@ -217,6 +217,15 @@ class ConstrainedDecoding:
         if len(req.output_ids) - res.rollback + len(res.new_token_ids) >= req.sampling.max_new_tokens:
             return True
         return g.guide.is_final(res.new_state) and not g.guide.can_continue(res.new_state)
+
+    def _text_after_append(self, req: Req) -> FinishReason | None:
+        """Tokens were only appended: detokenize them like sampled ones (now if the text is read, else later)."""
+        s = req.sampling
+        if req.detok is None or req.detok.broken:
+            return self._retext(req)
+        if not (req.stream or s.stop or s.stop_regex):
+            return None  # nobody reads the text before the next output: output.sync_text catches up then
+        return append_text(req, req.detok.catch_up(req.output_ids))
 
     def _retext(self, req: Req) -> FinishReason | None:
         """Rebuild the detokenizer over the changed outputs; stop strings see only the new text."""
