@@ -96,7 +96,7 @@ class FamilyDecoderLayer(nn.Module):
         super().__init__()
         eps = config.rms_norm_eps
         self.self_attn = FamilyAttention(config, fam, layer_id, window, rope_key, shard)
-        self.mlp = MoEBlock(config, fam.name) if moe else FamilyMLP(config, fam.act, shard)
+        self.mlp = MoEBlock(config, fam.name, shard) if moe else FamilyMLP(config, fam.act, shard)
         self.input_layernorm = RMSNorm(config.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
         self.sandwich = fam.gemma_norms
@@ -130,8 +130,6 @@ class FamilyForCausalLM(LlamaForCausalLM):
 
     def build_decoder(self, config, shard) -> nn.Module:
         self.family = family_of(config)
-        if shard is not None and self.family.moe:  # the loader refuses it first (families.py), naming why
-            raise ValueError(f"tensor parallelism is not supported with {config.architectures[0]}")
         self.final_softcap = getattr(config, "final_logit_softcapping", None) or None
         self.windowed = any(w is not None for w in layer_windows(config)) \
             or bool(getattr(config, "attn_logit_softcapping", None))

@@ -23,7 +23,6 @@ class Family:
     unsupported: dict[str, str] = field(default_factory=dict)
 
 
-_NO_TP = "tensor parallelism does not shard the experts yet (runtime/model/parallel.py shards dense layers)"
 _NO_NATIVE = "the native CPU decode layer has no {}"
 
 FAMILIES = {
@@ -31,9 +30,8 @@ FAMILIES = {
     "Gemma2ForCausalLM": Family("gemma2", gemma_norms=True, embed_scale=True, act="gelu_tanh"),
     "Gemma3ForCausalLM": Family("gemma3", qk_norm=True, gemma_norms=True, embed_scale=True, act="gelu_tanh"),
     "Phi3ForCausalLM": Family("phi3", window_all_layers=True),
-    "MixtralForCausalLM": Family("mixtral", moe=True, window_all_layers=True, unsupported={"tp": _NO_TP}),
-    "Qwen3MoeForCausalLM": Family("qwen3_moe", qk_norm=True, moe=True, window_all_layers=True,
-                                  unsupported={"tp": _NO_TP}),
+    "MixtralForCausalLM": Family("mixtral", moe=True, window_all_layers=True),
+    "Qwen3MoeForCausalLM": Family("qwen3_moe", qk_norm=True, moe=True, window_all_layers=True),
 }
 SUPPORTED_ARCHITECTURES = LLAMA_ARCHITECTURES + tuple(FAMILIES)
 

@@ -77,14 +77,23 @@ class Expert(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
 
-class MoEBlock(nn.Module):
-    """Router (`gate`) and experts; Mixtral always renormalises the top k, Qwen3-MoE when norm_topk_prob."""
+def expert_intermediate_size(config) -> int:
+    """One expert's intermediate size (Qwen3-MoE: moe_intermediate_size; Mixtral: intermediate_size)."""
+    return getattr(config, "moe_intermediate_size", None) or config.intermediate_size
 
-    def __init__(self, config, family: str):
+
+class MoEBlock(nn.Module):
+    """Router (`gate`) and experts; Mixtral always renormalises the top k, Qwen3-MoE when norm_topk_prob.
+
+    Under tensor parallelism (`shard`) each rank holds every expert's slice of the intermediate dimension and the
+    router whole: its output is a partial sum that `group` (set by parallel.parallelize) all-reduces."""
+
+    def __init__(self, config, family: str, shard=None):
         super().__init__()
         self.num_experts = getattr(config, "num_local_experts", None) or config.num_experts
         self.top_k = config.num_experts_per_tok
-        inter = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+        inter = expert_intermediate_size(config) if shard is None else shard.expert_intermediate
+        self.group = None
         self.renormalize = True if family == "mixtral" else bool(getattr(config, "norm_topk_prob", False))
         self.gate = nn.Linear(config.hidden_size, self.num_experts, bias=False)
         self.experts = nn.ModuleList(Expert(config.hidden_size, inter) for _ in range(self.num_experts))
@@ -109,7 +118,11 @@ class MoEBlock(nn.Module):
         return sum(q.packed.nbytes for q in (*self.q_gate_up, *self.q_down))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        routing = route(self.gate(x), self.top_k, self.renormalize)
+        routing = route(self.gate(x), self.top_k, self.renormalize)  # every rank routes alike (the router is whole)
         if hasattr(self, "q_gate_up"):
-            return moe_experts(x, routing, self.q_gate_up, self.q_down)
-        return moe_reference(x, self.w_gate_up, self.w_down, routing)
+            y = moe_experts(x, routing, self.q_gate_up, self.q_down)
+        else:
+            y = moe_reference(x, self.w_gate_up, self.w_down, routing)
+        if self.group is not None:  # tensor parallel: the ranks' intermediate slices summed
+            self.group.all_reduce(y)
+        return y

@@ -35,6 +35,7 @@ class ShardShape:
     kv_start: int  # first global KV head of this rank
     intermediate: int  # MLP intermediate size per rank
     vocab: int  # lm_head rows per rank (padded)
+    expert_intermediate: int = 0  # each expert's intermediate size per rank (mixtures of experts)
 
 
 def shard_shape(config, size: int, rank: int) -> ShardShape:
@@ -48,10 +49,14 @@ def shard_shape(config, size: int, rank: int) -> ShardShape:
         raise ValueError(f"num_key_value_heads ({kv}) and tp_size ({size}): one must divide the other")
     if inter % size:
         raise ValueError(f"intermediate_size ({inter}) is not divisible by tp_size ({size})")
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    expert_inter = (getattr(config, "moe_intermediate_size", None) or inter) if experts else 0
+    if expert_inter % size:
+        raise ValueError(f"moe_intermediate_size ({expert_inter}) is not divisible by tp_size ({size})")
     h_local = heads // size
     group = heads // kv  # q heads per KV head
     return ShardShape(h_local, max(kv // size, 1), (rank * h_local) // group, inter // size,
-                      -(-config.vocab_size // size))
+                      -(-config.vocab_size // size), expert_inter // size)
 
 
 @dataclass
@@ -191,6 +196,10 @@ def shard_state(state: dict[str, torch.Tensor], config, group: TPGroup) -> dict[
             w = w[:, r * s.heads * hd:(r + 1) * s.heads * hd].clone()
         elif name.endswith(("o_proj.bias", "down_proj.bias")):
             w = w.clone() if r == 0 else torch.zeros_like(w)  # added once by the all_reduce
+        elif ".experts." in name and name.endswith(("gate_proj.weight", "up_proj.weight")):  # each expert's slice
+            w = _rows(w, r * s.expert_intermediate, s.expert_intermediate)
+        elif ".experts." in name and name.endswith("down_proj.weight"):
+            w = w[:, r * s.expert_intermediate:(r + 1) * s.expert_intermediate].clone()
         elif name.endswith(("gate_proj.weight", "up_proj.weight")):
             w = _rows(w, r * s.intermediate, s.intermediate)
         elif name.endswith("down_proj.weight"):
@@ -205,7 +214,10 @@ def parallelize(model: nn.Module, group: TPGroup) -> None:
     """Wrap a loaded, fused shard: row-parallel o/down projections and the vocab-parallel lm_head."""
     for layer in model.model.layers:
         layer.self_attn.o_proj = RowParallel(layer.self_attn.o_proj, group)
-        layer.mlp.down_proj = RowParallel(layer.mlp.down_proj, group)
+        if hasattr(layer.mlp, "down_proj"):
+            layer.mlp.down_proj = RowParallel(layer.mlp.down_proj, group)
+        else:  # a mixture of experts (runtime/model/moe.py) sums its experts' slices itself
+            layer.mlp.group = group
     s = shard_shape(model.config, group.size, group.rank)
     if model.tie_word_embeddings:  # a view of this rank's embedding rows (a copy only when padded)
         inner = ShardHead(_rows(model.model.embed_tokens.weight, group.rank * s.vocab, s.vocab)
