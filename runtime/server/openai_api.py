@@ -107,7 +107,8 @@ async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, 
             check_token_ids(f["input_ids"], vocab, "input_ids")
             prompts = [{"input_ids": f["input_ids"]}]
         else:
-            kwargs = {**(f.get("chat_template_kwargs") or {}), **extra}
+            effort = {"reasoning_effort": f["reasoning_effort"]} if f.get("reasoning_effort") is not None else {}
+            kwargs = {**effort, **(f.get("chat_template_kwargs") or {}), **extra}  # SGLang forwards reasoning_effort
             prompt = await state.engine.call(ChatPromptReq(messages, True, bool(f.get("continue_final_message")),
                                                            kwargs or None))
             prompts = [{"text": prompt}]

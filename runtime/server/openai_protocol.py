@@ -121,7 +121,7 @@ def chat_messages(messages: list[dict]) -> list[dict]:
                 texts.append(part["text"])
             content = "".join(texts)
         msg = {"role": f["role"].lower(), "content": content}
-        for name in ("name", "tool_call_id"):
+        for name in ("name", "tool_call_id", "reasoning_content"):
             if f.get(name):
                 msg[name] = f[name]
         if calls:

@@ -249,8 +249,9 @@ CHAT = Schema("request", tuple(_openai_common(chat=True) + [
     F("sampling_logprobs_mode", STR, None, DEFAULT_ONLY, "sampling-support logprobs are not implemented"),
     F("return_flat_raw_top_logprobs_b64", BOOL, True, NOOP, "only matters with "
       "return_flat_raw_output_top_logprobs"),
-    F("reasoning_effort", one_of(STR, NUM), None, DEFAULT_ONLY, "no reasoning parser"),
-    F("thinking", ANY, None, DEFAULT_ONLY, "no reasoning parser"),
+    F("reasoning_effort", one_of(STR, NUM), None, IMPL, "forwarded to the chat template as reasoning_effort (as "
+      "SGLang does; templates that do not use it ignore it)"),
+    F("thinking", ANY, None, DEFAULT_ONLY, "not supported: use chat_template_kwargs (enable_thinking, thinking)"),
     F("task", STR, None, DEFAULT_ONLY, "DeepSeek-V4 only"),
     F("continue_final_message", BOOL, False, IMPL, "continue the last (assistant) message instead of a new turn"),
     F("separate_reasoning", BOOL, True, IMPL, "with --reasoning-parser the thinking goes to reasoning_content "
@@ -275,7 +276,8 @@ CHAT_MESSAGE = Schema("message", (
     F("tool_call_id", STR, None, IMPL, "tool messages: the id of the call they answer (required)"),
     F("name", STR, None, IMPL, "passed to the chat template"),
     F("phase", STR, None, DEFAULT_ONLY, "not supported"),
-    F("reasoning_content", STR, None, DEFAULT_ONLY, "no reasoning parser"),
+    F("reasoning_content", STR, None, IMPL, "assistant messages: passed to the chat template (templates that render "
+      "earlier thinking use it)"),
     F("tool_calls", LIST, None, IMPL, "assistant messages: earlier calls [{id, type: function, function: {name, "
       "arguments}}]"),
     F("tools", LIST, None, DEFAULT_ONLY, "tools are not supported"),

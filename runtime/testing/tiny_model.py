@@ -191,7 +191,8 @@ def make_family_model(path: str | os.PathLike, family: str, seed: int = 0, max_s
 # A ChatML template that opens the thinking section (as DeepSeek-R1 and Qwen3-thinking templates do), closed
 # empty when enable_thinking is false (as Qwen3's template does).
 THINKING_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.reasoning_content %}<think>\n{{ m.reasoning_content }}"
+    "\n</think>\n\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
     "{% else %}<think>\n{% endif %}{% endif %}")
@@ -200,6 +201,7 @@ THINKING_TEMPLATE = (
 # THINKING_TEMPLATE plus a tools block in Qwen3's layout (<tools> signatures, calls in <tool_call> tags: the hermes
 # format the tool-format detection finds in Qwen3's own template)
 QWEN3_TOOLS_TEMPLATE = (
+    "{% if reasoning_effort is defined %}<|im_start|>system\nReasoning: {{ reasoning_effort }}<|im_end|>\n{% endif %}"
     "{% if tools %}<|im_start|>system\n# Tools\n\nYou may call one or more functions. Their signatures:\n<tools>"
     "{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools>\n\nReturn each call as a JSON object in "
     "<tool_call></tool_call> tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"

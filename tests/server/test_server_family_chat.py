@@ -94,6 +94,17 @@ def test_qwen3_json_after_thinking_and_thinking_switch(qwen3):
     _check_calls(calls["choices"][0]["message"])
 
 
+def test_reasoning_effort_and_earlier_thinking_reach_the_template(qwen3):
+    """reasoning_effort is a template variable (as SGLang forwards it) and an assistant message's reasoning_content
+    is passed to the template (this one renders both: the prompts grow)."""
+    base = _chat(qwen3, max_tokens=1)["usage"]["prompt_tokens"]
+    assert _chat(qwen3, max_tokens=1, reasoning_effort="high")["usage"]["prompt_tokens"] > base
+    history = MSGS + [{"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "And Rome?"}]
+    plain = _chat(qwen3, max_tokens=1, messages=history)["usage"]["prompt_tokens"]
+    history[2] = {**history[2], "reasoning_content": "Paris is in France, so look it up."}
+    assert _chat(qwen3, max_tokens=1, messages=history)["usage"]["prompt_tokens"] > plain
+
+
 def test_per_request_thinking_budget_on_the_openai_routes(qwen3):
     """custom_params.thinking_budget bounds this request (not the server's 6), constrained or not; the server's
     bound holds for an unconstrained request too."""

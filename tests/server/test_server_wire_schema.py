@@ -177,7 +177,7 @@ def test_cache_salt_namespaces_like_extra_key():
       "tool_choice": {"type": "function", "function": {"name": "g"}}}, ["tool_choice", "'g'"]),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "a b"}}]},
      ["tools[0].function.name"]),
-    ({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "high"}, ["reasoning_effort"]),
+    ({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled"}}, ["thinking"]),
     ({"messages": [{"role": "user", "content": "x"}], "stream_options": {"continuous_usage_stats": True}},
      ["continuous_usage_stats"]),
 ])
