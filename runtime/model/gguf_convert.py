@@ -79,6 +79,9 @@ def _config_fields(meta: dict, arch: str, tensors: dict, hf_arch: str) -> dict:
     rope = {"rope_type": "default", "rope_theta": theta}
     if get("rope.scaling.type") == "linear":
         rope = {"rope_type": "linear", "rope_theta": theta, "factor": float(get("rope.scaling.factor"))}
+    elif get("rope.scaling.type") == "yarn":  # Qwen3's long-context setting
+        rope = {"rope_type": "yarn", "rope_theta": theta, "factor": float(get("rope.scaling.factor")),
+                "original_max_position_embeddings": int(get("rope.scaling.original_context_length"))}
     window = get("attention.sliding_window")
     if hf_arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
         del f["tie_word_embeddings"]  # Gemma always ties

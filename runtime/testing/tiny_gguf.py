@@ -67,6 +67,10 @@ def _write_metadata(w, cfg: dict, arch: str, head_dim: int, rope: dict) -> None:
     if rope.get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(float(rope["factor"]))
+    if rope.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(rope["factor"]))
+        w.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
     if "local_theta" in rope:
         w.add_rope_freq_base_swa(float(rope["local_theta"]))
     if rope.get("rope_type") == "longrope":

@@ -110,7 +110,9 @@ def test_sharded_folder_loads_like_one_file(family_paths, tmp_path):
 
 # what llama.cpp's files cannot say is kept out of these models: Gemma 2's query_pre_attn_scalar is head_dim, Gemma 3
 # has llama.cpp's fixed pattern (every 6th layer global)
-GGUF_EXTRAS = {"gemma2": dict(query_pre_attn_scalar=32), "gemma3": dict(num_hidden_layers=6, layer_types=None)}
+GGUF_EXTRAS = {"gemma2": dict(query_pre_attn_scalar=32), "gemma3": dict(num_hidden_layers=6, layer_types=None),
+               "qwen3": dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+                                              "original_max_position_embeddings": 1024})}  # Qwen3's long context
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3-moe", "gemma2", "gemma3", "phi3", "phi4-mini", "mixtral"])
