@@ -104,6 +104,8 @@ class IncrementalDetokenizer:
 
     def _catch_up(self, output_ids: list[int]) -> str:
         pending = output_ids[self.consumed:]
+        if len(pending) == 1 and pending[0] >= 0:  # the per-token case (stop strings, streaming)
+            return self.push(pending)
         for i, t in enumerate(pending):
             if t < 0:
                 pending = pending[:i]

@@ -117,16 +117,32 @@ class OutputProcessor:
             s = r.sampling
             out = r.output_ids
             n = len(out) + 1
-            # the steady decode state in a few comparisons: a token that changes nothing but output_ids (no
-            # grammar, no text read before the finish, no stop or length rule fires); the rest takes _append
-            if (r.grammar is not None or r.stream or s.stop or s.stop_regex or r.first_token_time is None
+            # the steady decode state in a few comparisons: a token that changes nothing but output_ids and, with
+            # stop strings, the text (no grammar, no streaming, no stop or length rule fires); the rest takes _append
+            if (r.grammar is not None or r.stream or r.first_token_time is None
                     or (n >= s.min_new_tokens and (tok in s.stop_token_ids or (tok in eos and not s.ignore_eos)))
                     or (s.max_new_tokens is not None and n >= s.max_new_tokens)
                     or len(r.input_ids) + n >= max_context):
                 append(r, tok, None, now, finished)
-            else:
-                out.append(tok)
+                continue
+            out.append(tok)
+            if s.stop or s.stop_regex:
+                self._text_stop(r, finished)
         return finished
+
+    def _text_stop(self, r: Req, finished: list[Req]) -> None:
+        """_append's text phases for a token no other rule acted on: detokenize it, then the stop strings."""
+        phase = "detokenize"
+        try:
+            delta = r.detok.catch_up(r.output_ids)
+            phase = "stop string"
+            reason = append_text(r, delta)
+        except Exception as exc:  # noqa: BLE001 - isolated: this request alone ends
+            self._fail(r, phase, exc, finished)
+            return
+        if reason is not None:
+            r.finish_reason = reason
+            finished.append(r)
 
     def _fail(self, req: Req, phase: str, exc: Exception, finished: list[Req]) -> None:
         self.iso.fail(req, phase, exc)
