@@ -167,6 +167,8 @@ class FamilyForCausalLM(LlamaForCausalLM):
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, kv: KVBuffers) -> torch.Tensor:
         x = self.model.embed_tokens(fb.input_ids)  # x: [tokens, hidden]
+        if self.row_split is not None:  # deterministic inference: which rows hold generated tokens (quantization.py)
+            self.row_split.begin(fb.input_ids.shape[0], fb.logits_indices)
         if self.family.embed_scale:
             x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
         nd = fb.num_decode

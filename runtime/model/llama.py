@@ -151,6 +151,7 @@ class LlamaForCausalLM(nn.Module):
     """
 
     batch_invariant = False  # deterministic inference: attention in fixed key blocks (set by the runner)
+    row_split = None  # deterministic inference, quantized on CPU: the per-forward RowSplit of its linear layers
 
     def __init__(self, config, shard=None):
         super().__init__()
@@ -204,6 +205,8 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, kv: KVBuffers) -> torch.Tensor:
         x = self.model.embed_tokens(fb.input_ids)  # x: [tokens, hidden]
+        if self.row_split is not None:  # deterministic inference: which rows hold generated tokens (quantization.py)
+            self.row_split.begin(fb.input_ids.shape[0], fb.logits_indices)
         nd = fb.num_decode
         # metadata checked and index tensors built once here, not once per layer
         plan = StepPlan(plan_rotary(fb.positions, self.rope_cache),

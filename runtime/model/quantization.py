@@ -3,13 +3,15 @@ batch-invariant linear layers of deterministic inference (RowByRowLinear)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from sglpy.kernels.cpu_native import native_isa, native_lib
 from sglpy.kernels.quant_linear import (PackedLinear, dequantize_int4, dequantize_int8, pack_linear,
                                         quant_linear_unchecked, quantize_int4, quantize_int8)
-from sglpy.kernels.quant_linear_cpu import linear_f32_cpu
+from sglpy.kernels.quant_linear_cpu import linear_f32_cpu, quant_linear_cpu
 from ..config import QUANTIZATION_MODES
 
 INT4_GROUP_SIZE = 32  # GGUF Q4_1's block: the embedded model's weights sit exactly on this grid
@@ -98,6 +100,41 @@ class QuantizedLinear(nn.Module):
 
 
 CUDA_TILE_ROWS = 64  # deterministic inference on CUDA: every GEMM is [64, in] x [in, out] (rows zero-padded)
+TILE_ROWS = 64  # deterministic inference on CPU: prefill rows run the dense copy as [64, in] GEMMs (zero-padded)
+
+
+@dataclass
+class RowSplit:
+    """Deterministic inference, quantized weights on CPU: which rows of this forward hold generated tokens.
+    Generated tokens (decode rows, drafts, jump-forward spans) run the native GEMV, prompt tokens the dense copy in
+    fixed 64-row tiles: each row's kernel follows from its own token, never from the batch, the chunking or the
+    cache (a prompt's last token is a prompt row whether it ends a full prefill or a one-token chunk).
+    The runner `prepare`s each forward's rows; the model `begin`s the forward (no prepared rows: all generated, as
+    in a decode-only graph step)."""
+
+    prepared: torch.Tensor | None = None  # bool [tokens]: True = a generated token (set by prepare)
+    native: torch.Tensor | None = None  # the layers' rows of this forward (None: every row native)
+    head_native: torch.Tensor | None = None  # the lm_head's rows (logits_indices of `native`)
+
+    def prepare(self, entries) -> None:
+        """Mark the generated-token rows of a forward over BatchEntry's, in build_host_batch's row order."""
+        kinds: list[bool] = []
+        for e in entries:
+            if e.draft:
+                kinds.extend([True] * (1 + len(e.draft)))
+                continue
+            n = len(e.req.input_ids)
+            kinds.extend(p >= n for p in range(e.prefix_len, e.prefix_len + e.extend_len))
+        self.prepared = torch.tensor(kinds, dtype=torch.bool)
+
+    def begin(self, num_tokens: int, logits_indices: torch.Tensor) -> None:
+        """Start a forward of num_tokens rows: take the prepared rows (if they fit it), else all generated."""
+        mask, self.prepared = self.prepared, None
+        if mask is None or mask.shape[0] != num_tokens or bool(mask.all()):
+            self.native = self.head_native = None
+            return
+        self.native = mask
+        self.head_native = mask[logits_indices.to(mask.device)]
 
 
 class RowByRowLinear(nn.Module):
@@ -109,16 +146,18 @@ class RowByRowLinear(nn.Module):
     On CUDA every call is cut into zero-padded tiles of CUDA_TILE_ROWS rows, so cuBLAS always sees one shape and
     picks one kernel (the GPU check, tests/kernels/test_determinism_gpu.py, measures that rows then agree)."""
 
-    def __init__(self, inner: nn.Module):
+    def __init__(self, inner: nn.Module, split: RowSplit | None = None, head: bool = False):
         super().__init__()
-        self.inner = inner
+        self.inner, self.split, self.head = inner, split, head
         self.in_features, self.out_features = inner.in_features, inner.out_features
         w = getattr(inner, "weight", None)
         self.native_f32 = (w is not None and w.device.type == "cpu" and w.dtype == torch.float32
                            and w.is_contiguous() and native_lib() is not None)
         self.cuda_tiles = w is not None and w.device.type == "cuda"
         packed = getattr(inner, "packed", None)
-        self.native_packed = packed is not None and packed.native and packed.dense is None and native_lib() is not None
+        native = packed is not None and packed.native and native_lib() is not None
+        self.native_packed = native and packed.dense is None
+        self.split_dense = native and packed.dense is not None and split is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [M, in] -> [M, out]
@@ -130,9 +169,35 @@ class RowByRowLinear(nn.Module):
             m, t = x.shape[0], CUDA_TILE_ROWS
             xp = torch.nn.functional.pad(x, (0, 0, 0, (-m) % t)) if m % t else x
             return torch.cat([self.inner.forward(xp[i:i + t]) for i in range(0, xp.shape[0], t)])[:m]
+        if self.split_dense:
+            native = self.split.head_native if self.head else self.split.native
+            if native is None or native.shape[0] != x.shape[0]:
+                return self._native(x)
+            if not bool(native.any()):
+                return self._dense_tiles(x)
+            y = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
+            y[native] = self._native(x[native])
+            y[~native] = self._dense_tiles(x[~native])
+            return y
         if self.native_packed or x.shape[0] <= 1:
             return self.inner.forward(x)
         return torch.cat([self.inner.forward(x[i:i + 1]) for i in range(x.shape[0])])
+
+    def _native(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.inner.packed  # x: [m, in] -> [m, out], the native GEMV at any m
+        y = quant_linear_cpu(native_lib(), x, p.kind, p.qweight, p.scales, p.bias, p.out_features)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+
+    def _dense_tiles(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.inner.packed  # x: [m, in] -> [m, out]: [64, in] GEMMs on the dense copy, as quant_linear's dense path
+        m, t = x.shape[0], TILE_ROWS
+        if m == 0:
+            return x.new_empty((0, self.out_features))
+        xd = x if x.dtype == p.dense.dtype else x.to(p.dense.dtype)
+        xd = torch.nn.functional.pad(xd, (0, 0, 0, (-m) % t)) if m % t else xd
+        y = torch.cat([torch.nn.functional.linear(xd[i:i + t], p.dense) for i in range(0, xd.shape[0], t)])[:m]
+        y = y if y.dtype == x.dtype else y.to(x.dtype)
+        return y if p.bias is None else y + p.bias.to(x.dtype)
 
 
 class _HeadWeight(nn.Module):
@@ -157,21 +222,23 @@ def make_batch_invariant(model: nn.Module) -> int:
             return not (m.packed.native and m.packed.dense is None and native_lib() is not None)
         return isinstance(m, nn.Linear)
 
+    split = RowSplit() if model.model.embed_tokens.weight.device.type == "cpu" else None
     count = 0
     with torch.no_grad():
         for layer in model.model.layers:
             for parent in list(layer.modules()):
                 for name, child in list(parent.named_children()):
                     if needs_wrap(child):
-                        setattr(parent, name, RowByRowLinear(child))
+                        setattr(parent, name, RowByRowLinear(child, split))
                         count += 1
         head = model.logits_head
         if head is None:  # the float (tied) head: its own module now, the weight is shared, not copied
             model.set_lm_head(RowByRowLinear(_HeadWeight(model.lm_head_weight().detach())))
             count += 1
         elif needs_wrap(head):
-            model.logits_head = RowByRowLinear(head)
+            model.logits_head = RowByRowLinear(head, split, head=True)
             count += 1
+    model.row_split = split
     return count
 
 
@@ -194,8 +261,8 @@ def quantize_model(model: nn.Module, mode: str, dense: bool = True, batch_invari
     there; float32 above 16 rows elsewhere); dense=False keeps only the packed weights.
     Under tensor parallelism each rank quantizes its own shards: per output channel, a column-parallel shard
     gets exactly the numbers of tp=1; a row-parallel shard's channel scale covers its own input columns.
-    batch_invariant=True (deterministic inference) keeps no dense copy, so every row count runs the same packed
-    kernel, and wraps every linear layer in RowByRowLinear (make_batch_invariant).
+    batch_invariant=True (deterministic inference) wraps every linear layer in RowByRowLinear (make_batch_invariant):
+    decode rows run the native GEMV at any row count, prefill rows the dense copy in fixed 64-row tiles.
     """
     if mode not in ("none", "int8", "int4"):
         raise ValueError(f"quantize_model takes none, int8 or int4 (resolve 'auto' first), got {mode!r}")
@@ -203,7 +270,7 @@ def quantize_model(model: nn.Module, mode: str, dense: bool = True, batch_invari
         if batch_invariant:
             make_batch_invariant(model)
         return 0
-    dense = dense_copy_dtype() if dense and not batch_invariant else None
+    dense = dense_copy_dtype() if dense else None
     total = 0
     with torch.no_grad():
         for layer in model.model.layers:

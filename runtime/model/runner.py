@@ -196,6 +196,8 @@ class ModelRunner:
             req_to_token=kv.req_to_token, logits_indices=as_long(rows),
             max_extend_len=max(hb.extend_lens[hb.num_decode:], default=1),
         )
+        if self.model.row_split is not None:  # deterministic inference: prompt rows and generated rows
+            self.model.row_split.prepare(entries)
         logits = self.model(fb, kv)
         return ForwardOutput(logits, input_rows, input_first, sample_row)
 

@@ -133,3 +133,29 @@ def test_triton_decode_fixed_splits_are_batch_invariant():
         alone = decode_attention_triton(q[i:i + 1], *args, pb.req_pool_indices[i:i + 1], sl[i:i + 1], 0.25,
                                         batch_invariant=True)
         assert torch.equal(alone[0], batch[i])
+
+
+def test_row_split_linear_depends_on_row_kind_alone():
+    """Deterministic inference's quantized linear (runtime/model/quantization.py): generated-token rows run the
+    native GEMV, prompt rows the dense copy in 64-row tiles; a row's result depends on its kind and its own values,
+    never on the other rows, their kinds or how many there are."""
+    from sglpy.runtime.model.quantization import QuantizedLinear, RowByRowLinear, RowSplit
+
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(192, 96, generator=g) * 0.05
+    split = RowSplit()
+    lin = RowByRowLinear(QuantizedLinear(pack_linear(w, torch.randn(192, generator=g), "int4", 32,
+                                                     dense=torch.float32)), split)
+    x = torch.randn(150, 96, generator=g)
+
+    def run(kinds: torch.Tensor) -> torch.Tensor:
+        split.native, split.head_native = kinds, None
+        return lin(x[:kinds.shape[0]])
+
+    prompt = run(torch.zeros(150, dtype=torch.bool))  # every row a prompt row: three tiles, the last one padded
+    generated = run(torch.ones(150, dtype=torch.bool))
+    assert not torch.equal(prompt, generated)  # the two kinds do run different kernels
+    for seed, m in ((1, 1), (2, 5), (3, 64), (4, 70), (5, 150)):
+        kinds = torch.rand(m, generator=torch.Generator().manual_seed(seed)) < 0.5
+        got = run(kinds)
+        assert torch.equal(got[kinds], generated[:m][kinds]) and torch.equal(got[~kinds], prompt[:m][~kinds])
