@@ -14,6 +14,7 @@ from sglpy.kernels import apply_token_bitmask
 from ..core import Req, TokenLogprob
 from ..device_io import rows as take_rows
 from ..device_io import to_device
+from .host_memory import keep_freed_blocks
 from .penalties import Penalties
 from .truncation import CANDIDATES, candidate_sample, greedy, inverse_cdf, sorted_sample
 
@@ -51,6 +52,8 @@ class Sampler:
         self.device = device
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.penalties = Penalties()
+        if device.type == "cpu":  # the logits sampled here are freed every step: malloc keeps their blocks for reuse
+            keep_freed_blocks()
 
     def draw_uniforms(self, reqs: list[Req]) -> list[float | None]:
         """One uniform per sampled (non-greedy) request, None for greedy ones.
