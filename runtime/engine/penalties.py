@@ -132,8 +132,8 @@ class Penalties:
         if rep_rows:
             rows, toks = _flat(rep_rows, rep_parts)
             factor = np.repeat(np.asarray(rep_vals, dtype=np.float32), [len(p) for p in rep_parts])
-            rows, toks, factor = _to(rows, dev), _to(toks, dev), _to(factor, dev)
-            v = logits[rows, toks]
+            flat, rows, toks, factor = _to(rows * vocab + toks, dev), _to(rows, dev), _to(toks, dev), _to(factor, dev)
+            v = _gather(logits, flat, rows, toks)
             if undo is not None:
                 undo.append((rows, toks, v))
             logits[rows, toks] = torch.where(v > 0, v / factor, v * factor)  # repeats write equal values
@@ -142,24 +142,25 @@ class Penalties:
             lens = [len(p) for p in freq_parts]
             f = _to(np.repeat(np.asarray(freq_f, dtype=np.float32), lens), dev)
             p = _to(np.repeat(np.asarray(freq_p, dtype=np.float32), lens), dev)
-            rows, toks = _to(rows, dev), _to(toks, dev)
-            counts = self._counts(rows * vocab + toks, len(reqs) * vocab).to(logits.dtype)
-            v = logits[rows, toks]
+            flat, rows, toks = _to(rows * vocab + toks, dev), _to(rows, dev), _to(toks, dev)
+            counts = self._counts(flat, len(reqs) * vocab).to(logits.dtype)
+            v = _gather(logits, flat, rows, toks)
             if undo is not None:
                 undo.append((rows, toks, v))
             logits[rows, toks] = v - (f * counts + p * (counts > 0).to(logits.dtype))
         if bias_rows:
             rows, ids = _flat(bias_rows, bias_ids)
-            rows, ids, vals = _to(rows, dev), _to(ids, dev), _to(np.concatenate(bias_vals), dev)
-            v = logits[rows, ids]
+            flat, rows, ids = _to(rows * vocab + ids, dev), _to(rows, dev), _to(ids, dev)
+            vals = _to(np.concatenate(bias_vals), dev)
+            v = _gather(logits, flat, rows, ids)
             if undo is not None:
                 undo.append((rows, ids, v))
             logits[rows, ids] = v + vals.to(logits.dtype)
         if mask_rows:
             rows, ids = _flat(mask_rows, mask_ids)
-            rows, ids = _to(rows, dev), _to(ids, dev)
+            flat, rows, ids = _to(rows * vocab + ids, dev), _to(rows, dev), _to(ids, dev)
             if undo is not None:
-                undo.append((rows, ids, logits[rows, ids]))
+                undo.append((rows, ids, _gather(logits, flat, rows, ids)))
             logits[rows, ids] = float("-inf")
 
 
@@ -171,6 +172,14 @@ def restore(logits: torch.Tensor, undo: list) -> None:
             logits[rows] = old
         else:
             logits[rows, cols] = old  # a repeated position holds the same old value in every record
+
+
+def _gather(logits: torch.Tensor, flat: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """logits[rows, cols] ([m]); flat = rows * vocab + cols. On the flat view when logits is contiguous: an
+    index_select, where two-tensor advanced indexing costs ~40x more on CPU (~200 us for 4k entries)."""
+    if logits.is_contiguous():
+        return logits.view(-1).index_select(0, flat)
+    return logits[rows, cols]
 
 
 def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:
