@@ -1,7 +1,8 @@
 """Per native-kernel ISA level (forced with SGLPY_CPU_ISA), the default model vs llama.cpp, interleaved in one run.
 
 python benchmarks/isa_matrix.py [--levels avx512,avx2,baseline,neon] [--mode int4] [--rounds 2] [--reps 3]
-                                [--threads 2] [--mixed] [--llama-python .venv/bin/python] [--json out.json]
+                                [--threads 2] [--mixed] [--skip-peer] [--llama-python .venv/bin/python]
+                                [--json out.json] [--table a.json ...]
 
 Each round runs, per level, one child process of sglpy (the Engine on the default model, `--mode`):
   single: one request of 128 greedy tokens (tok/s, best of reps); json: one JSON-schema request (seconds);
@@ -14,7 +15,8 @@ so the whole sglpy process runs what an AVX2-only CPU runs (baseline caps torch 
 ONEDNN_MAX_CPU_ISA=SSE41, MKL_ENABLE_INSTRUCTIONS=SSE4_2); llama.cpp keeps the ISA it was built for (printed).
 The default --levels are every level this CPU runs, plus `neon` where g++-aarch64-linux-gnu is installed: no ARM CPU
 runs here, so that row is the aarch64 build's self-test under qemu-aarch64 (tests/kernels/native_selftest.cpp; pass or
-fail and its wall time, no speed). Results print as a table of min-max over rounds.
+fail and its wall time, no speed). Results print as a table of min-max over rounds (`--table a.json b.json`
+prints it again from earlier runs' --json files, merged).
 """
 
 from __future__ import annotations
@@ -150,6 +152,30 @@ def run_peer(args) -> dict:
     return dict(json.loads(line[-1][7:]), system_info=info)
 
 
+def span(rows: list[dict], key: str, fmt: str = "{:.1f}") -> str:
+    """min-max of rows' `key` ('' where none has it)."""
+    vals = [r[key] for r in rows if key in r]
+    return "" if not vals else fmt.format(min(vals)) + ("" if len(vals) == 1 else "-" + fmt.format(max(vals)))
+
+
+def print_table(results: dict[str, list[dict]]) -> None:
+    """The matrix as a markdown table (min-max over rounds). CPU-second rates count all threads of the process: on
+    a shared box the steadier comparison."""
+    print("\n| path | one request tok/s | tok per CPU-second | JSON request s | pp512 tok/s | "
+          "batch of 8 tok/s (one alone; ratio) | 64 mixed tok/s |")
+    print("|---|---|---|---|---|---|---|")
+    for name, rows in results.items():
+        if rows and "selftest" in rows[0]:
+            print(f"| {name} (qemu self-test, no speed) | {rows[-1]['selftest']} | | | | | |")
+            continue
+        b8 = span(rows, "batch8_tok_s")
+        ratio = span([{"r": r["batch8_tok_s"] / r["single64_tok_s"]} for r in rows if "batch8_tok_s" in r], "r",
+                     "{:.2f}")
+        b8 = f"{b8} ({span(rows, 'single64_tok_s')}; {ratio}x)" if b8 else ""
+        print(f"| {name} | {span(rows, 'single_tok_s')} | {span(rows, 'single_tok_cpu_s')} | "
+              f"{span(rows, 'json_s', '{:.2f}')} | {span(rows, 'pp512_tok_s')} | {b8} | {span(rows, 'mixed64_tok_s')} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", default=None, help="comma-separated (default: every level this CPU runs, and neon)")
@@ -161,10 +187,19 @@ def main() -> None:
     ap.add_argument("--mixed", action="store_true", help="also the 64-request mixed workload (throughput.py)")
     ap.add_argument("--skip-peer", action="store_true", help="no llama.cpp rows")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--table", nargs="+", default=None, metavar="JSON",
+                    help="print the table of earlier runs' --json files (merged) and exit")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args.mode, args.threads, args.reps, args.mixed)))
+        return
+    if args.table:
+        merged: dict[str, list[dict]] = {}
+        for f in args.table:
+            for name, rows in json.loads(pathlib.Path(f).read_text()).items():
+                merged.setdefault(name, []).extend(rows)
+        print_table(merged)
         return
     levels = (args.levels or default_levels()).split(",")
     results: dict[str, list[dict]] = {lv: [] for lv in levels + ([] if args.skip_peer else ["llama.cpp"])}
@@ -183,23 +218,7 @@ def main() -> None:
             print(f"round {rnd} llama.cpp: {results['llama.cpp'][-1]}", flush=True)
     print(f"load after {os.getloadavg()}")
 
-    def span(rows, key, fmt="{:.1f}"):
-        vals = [r[key] for r in rows if key in r]
-        return "" if not vals else fmt.format(min(vals)) + ("" if len(vals) == 1 else "-" + fmt.format(max(vals)))
-
-    print("\n| path | one request tok/s | JSON request s | pp512 tok/s | batch of 8 tok/s (one alone; ratio) | "
-          "64 mixed tok/s |")
-    print("|---|---|---|---|---|---|")
-    for name, rows in results.items():
-        if rows and "selftest" in rows[0]:
-            print(f"| {name} (qemu self-test, no speed) | {rows[-1]['selftest']} | | | | |")
-            continue
-        b8 = span(rows, "batch8_tok_s")
-        ratio = span([{"r": r["batch8_tok_s"] / r["single64_tok_s"]} for r in rows if "batch8_tok_s" in r], "r",
-                     "{:.2f}")
-        b8 = f"{b8} ({span(rows, 'single64_tok_s')}; {ratio}x)" if b8 else ""
-        print(f"| {name} | {span(rows, 'single_tok_s')} | {span(rows, 'json_s', '{:.2f}')} | "
-              f"{span(rows, 'pp512_tok_s')} | {b8} | {span(rows, 'mixed64_tok_s')} |")
+    print_table(results)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
 
