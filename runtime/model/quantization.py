@@ -167,6 +167,8 @@ class RowByRowLinear(nn.Module):
             return y if x.dtype == torch.float32 else y.to(x.dtype)
         if self.cuda_tiles:
             m, t = x.shape[0], CUDA_TILE_ROWS
+            if m == 0:  # a forward whose chunk samples nothing (chunked prefill) asks the head for no rows
+                return self.inner.forward(x)
             xp = torch.nn.functional.pad(x, (0, 0, 0, (-m) % t)) if m % t else x
             return torch.cat([self.inner.forward(xp[i:i + t]) for i in range(0, xp.shape[0], t)])[:m]
         if self.split_dense:
