@@ -50,6 +50,7 @@ class Engine(OfflineAPI):
 
     def __init__(self, model: str | None = None, **kwargs: Any):
         self.config = cfg = EngineConfig.from_kwargs(model=model, **kwargs)
+        check_speculation(cfg)  # settings it does not honour are refused by name, before any memory is taken
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         from transformers import AutoTokenizer
@@ -105,7 +106,6 @@ class Engine(OfflineAPI):
         self.limits = RequestLimits(r.vocab_size, self.max_context, total)
         self.scheduler = Scheduler(cfg, self.kv, self.max_context)
         self.eos_ids = self._eos_ids()
-        check_speculation(cfg)  # settings it does not honour are refused by name
         self.scheduler.drafter = make_drafter(cfg, self.eos_ids)
         from .constrained import ConstrainedDecoding, jump_min_tokens
 
