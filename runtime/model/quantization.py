@@ -157,14 +157,13 @@ class RowByRowLinear(nn.Module):
         packed = getattr(inner, "packed", None)
         native = packed is not None and packed.native and native_lib() is not None
         self.native_packed = native and packed.dense is None
-        self.split_dense = native and packed.dense is not None and split is not None
+        # by row kind (RowSplit): quantized with a dense copy, or float32 on CPU (MKL's GEMM for the prompt tiles)
+        self.split_dense = split is not None and ((native and packed.dense is not None) or self.native_f32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [M, in] -> [M, out]
-        if self.native_f32:
-            b = self.inner.bias
-            y = linear_f32_cpu(native_lib(), x, self.inner.weight, None if b is None else b.detach())
-            return y if x.dtype == torch.float32 else y.to(x.dtype)
+        if self.native_f32 and not self.split_dense:
+            return self._native(x)
         if self.cuda_tiles:
             m, t = x.shape[0], CUDA_TILE_ROWS
             if m == 0:  # a forward whose chunk samples nothing (chunked prefill) asks the head for no rows
@@ -186,20 +185,29 @@ class RowByRowLinear(nn.Module):
         return torch.cat([self.inner.forward(x[i:i + 1]) for i in range(x.shape[0])])
 
     def _native(self, x: torch.Tensor) -> torch.Tensor:
-        p = self.inner.packed  # x: [m, in] -> [m, out], the native GEMV at any m
-        y = quant_linear_cpu(native_lib(), x, p.kind, p.qweight, p.scales, p.bias, p.out_features)
+        # x: [m, in] -> [m, out], the native GEMV at any m (float32 weights or the packed ones)
+        if self.native_f32:
+            b = self.inner.bias
+            y = linear_f32_cpu(native_lib(), x, self.inner.weight, None if b is None else b.detach())
+        else:
+            p = self.inner.packed
+            y = quant_linear_cpu(native_lib(), x, p.kind, p.qweight, p.scales, p.bias, p.out_features)
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def _dense_tiles(self, x: torch.Tensor) -> torch.Tensor:
-        p = self.inner.packed  # x: [m, in] -> [m, out]: [64, in] GEMMs on the dense copy, as quant_linear's dense path
+        # x: [m, in] -> [m, out]: [64, in] GEMMs on the dense weights (the packed layer's copy, or the float weight)
+        if self.native_f32:
+            w, bias = self.inner.weight, self.inner.bias
+        else:
+            w, bias = self.inner.packed.dense, self.inner.packed.bias
         m, t = x.shape[0], TILE_ROWS
         if m == 0:
             return x.new_empty((0, self.out_features))
-        xd = x if x.dtype == p.dense.dtype else x.to(p.dense.dtype)
+        xd = x if x.dtype == w.dtype else x.to(w.dtype)
         xd = torch.nn.functional.pad(xd, (0, 0, 0, (-m) % t)) if m % t else xd
-        y = torch.cat([torch.nn.functional.linear(xd[i:i + t], p.dense) for i in range(0, xd.shape[0], t)])[:m]
+        y = torch.cat([torch.nn.functional.linear(xd[i:i + t], w) for i in range(0, xd.shape[0], t)])[:m]
         y = y if y.dtype == x.dtype else y.to(x.dtype)
-        return y if p.bias is None else y + p.bias.to(x.dtype)
+        return y if bias is None else y + bias.detach().to(x.dtype)
 
 
 class _HeadWeight(nn.Module):
@@ -235,7 +243,7 @@ def make_batch_invariant(model: nn.Module) -> int:
                         count += 1
         head = model.logits_head
         if head is None:  # the float (tied) head: its own module now, the weight is shared, not copied
-            model.set_lm_head(RowByRowLinear(_HeadWeight(model.lm_head_weight().detach())))
+            model.set_lm_head(RowByRowLinear(_HeadWeight(model.lm_head_weight().detach()), split, head=True))
             count += 1
         elif needs_wrap(head):
             model.logits_head = RowByRowLinear(head, split, head=True)

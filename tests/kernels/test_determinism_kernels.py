@@ -159,3 +159,23 @@ def test_row_split_linear_depends_on_row_kind_alone():
         kinds = torch.rand(m, generator=torch.Generator().manual_seed(seed)) < 0.5
         got = run(kinds)
         assert torch.equal(got[kinds], generated[:m][kinds]) and torch.equal(got[~kinds], prompt[:m][~kinds])
+
+
+def test_row_split_float32_linear_depends_on_row_kind_alone():
+    """quantization none under deterministic inference: generated rows run the native float32 GEMV, prompt rows
+    torch's float32 GEMM in fixed 64-row tiles."""
+    from sglpy.runtime.model.quantization import RowByRowLinear, RowSplit
+
+    split = RowSplit()
+    lin = RowByRowLinear(torch.nn.Linear(96, 200), split)
+    x = torch.randn(140, 96, generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        split.native = torch.zeros(140, dtype=torch.bool)
+        prompt = lin(x)
+        split.native = torch.ones(140, dtype=torch.bool)
+        generated = lin(x)
+        for seed, m in ((1, 1), (2, 9), (3, 64), (4, 100)):
+            kinds = torch.rand(m, generator=torch.Generator().manual_seed(seed)) < 0.5
+            split.native = kinds
+            got = lin(x[:m])
+            assert torch.equal(got[kinds], generated[:m][kinds]) and torch.equal(got[~kinds], prompt[:m][~kinds])
