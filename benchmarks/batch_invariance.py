@@ -113,7 +113,7 @@ def cost(args, model) -> None:
         for rep in range(args.reps):
             for flag in ("off", "on"):  # alternated: drift on a shared box hits both alike
                 with Engine(model, quantization=mode, enable_deterministic_inference=flag == "on",
-                            max_total_tokens=65536, max_running_requests=max(64, args.batch),
+                            max_total_tokens=32768, max_running_requests=max(64, args.batch),
                             num_threads=args.threads or None) as eng:
                     eng.generate("warm up", {"max_new_tokens": 4})
                     s = _timed(lambda: eng.generate(*single))
