@@ -170,6 +170,23 @@ def test_abort_mid_generation_frees_kv(engines):
     _no_leak(spec)
 
 
+def test_quantized_deterministic_greedy_equal(tiny_model_path):
+    """int8 under enable_deterministic_inference: a row's result does not depend on the rows beside it, so the
+    verify rows give the tokens plain decode steps give (without it, int8/int4 near-ties may differ, as batching)."""
+    sp = {"max_new_tokens": 40, "temperature": 0}
+    outs = []
+    for kw in ({}, {"speculative_algorithm": "NGRAM"}):
+        eng = Engine(tiny_model_path, max_total_tokens=3000, quantization="int8", enable_deterministic_inference=True,
+                     debug_invariants=True, **kw)
+        try:
+            outs.append([o["output_ids"] for o in eng.generate(prompt=PROMPTS, sampling_params=sp)])
+            if kw:
+                assert eng.get_server_info()["spec_accepted_tokens"] > 0
+        finally:
+            eng.shutdown()
+    assert outs[0] == outs[1]
+
+
 def test_refused_settings_named(tiny_model_path):
     with pytest.raises(ValueError, match="STANDALONE"):
         Engine(tiny_model_path, speculative_algorithm="STANDALONE", speculative_draft_model_path=tiny_model_path,
@@ -244,3 +261,31 @@ def test_host_batch_drafted_entry_is_decode_rows():
     assert hb.sample_row == [0, 1, 4] and hb.logits_rows == [0, 1, 2, 3, 7]
     with pytest.raises(ValueError, match="drafted entry"):
         build_host_batch([entries[2], entries[1]], 0)
+
+
+@pytest.mark.slow
+def test_default_model_extraction_greedy_equal(default_model_path):
+    """The default model copying a span of its prompt: same tokens with NGRAM as without, far fewer forwards than
+    tokens. Float32, as the other greedy comparisons across batch shapes: int8/int4 outputs depend on the rows a
+    step runs (README, docs/determinism.md), and a verify step runs more rows than a decode step."""
+    doc = ("## Maintenance\nClean the solar panel and the rain funnel every three months with a soft cloth and fresh "
+           "water. Do not use detergents, which damage the coating of the funnel. Replace the backup battery every "
+           "two years.\n\n## Warranty\nThe station is covered by a limited warranty of three years from the date of "
+           "purchase. To make a claim, contact the retailer with your receipt and the serial number.")
+    eng = Engine(default_model_path, speculative_algorithm="NGRAM", debug_invariants=True, quantization="none")
+    try:
+        prompt = eng.tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Here is a manual:\n\n{doc}\n\nQuote the Warranty section exactly."}],
+            tokenize=False, add_generation_prompt=True)
+        sp = {"max_new_tokens": 48, "temperature": 0}
+        got = eng.generate(prompt=prompt, sampling_params=sp)
+        drafter, eng.scheduler.drafter = eng.scheduler.drafter, None
+        try:
+            ref = eng.generate(prompt=prompt, sampling_params=sp)
+        finally:
+            eng.scheduler.drafter = drafter
+        assert got["output_ids"] == ref["output_ids"]
+        assert got["meta_info"]["spec_verify_ct"] < got["meta_info"]["completion_tokens"] // 2
+        _no_leak(eng)
+    finally:
+        eng.shutdown()
