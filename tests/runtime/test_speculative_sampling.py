@@ -7,7 +7,7 @@ import math
 from sglpy.runtime.engine import Engine
 from sglpy.runtime.engine.spec_ngram import NgramDrafter, SpecState
 
-N = 800
+N = 400
 TOP_K = 3
 CHI2_DF8 = 31.83  # chi-square critical value, 8 degrees of freedom, p = 0.0001
 
