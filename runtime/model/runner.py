@@ -16,7 +16,7 @@ from ..memory.kv_pool import KVPool, kv_cache_torch_dtype
 from .cuda_graph import DecodeGraphRunner, DecodeInputs, capture_buckets, resolve_future_ids
 from .extend_graph import MAX_BS as EXTEND_GRAPH_MAX_BS, ExtendGraphRunner
 from .forward_batch import ForwardBatch, build_host_batch
-from .families import check_feature, fit_quantization
+from .families import check_feature, fit_quantization, graph_blocker
 from .loader import load_model
 from .parallel import TPGroup, TPGroupError
 from .quantization import quantize_model, resolve_quantization
@@ -40,6 +40,8 @@ class ModelRunner:
             self.device = torch.device(cfg.device)
         self.dtype = _DTYPES[cfg.dtype]
         self.group, self.ranks, self.mirror = group, None, None
+        if cfg.enable_deterministic_inference:
+            refuse_nondeterministic(cfg, self.device)
         if cfg.tp_size > 1 and group is None:
             self._start_group(cfg, model_path)
         try:
@@ -56,6 +58,10 @@ class ModelRunner:
         if self.group is not None and self.group.device.type == "cuda":
             self.device = self.group.device
         self.model = load_model(model_path, self.dtype, self.device, self.group)
+        if cfg.enable_deterministic_inference and graph_blocker(self.model.config) is not None:
+            raise ValueError(f"enable_deterministic_inference is not supported with {type(self.model).__name__}: "
+                             f"{graph_blocker(self.model.config)}, outside the batch-invariant kernels "
+                             "(docs/determinism.md); unset the flag for this model")
         # what runs: none, int8 or int4 (auto looks at the loaded weights)
         mode = fit_quantization(self.model.config, cfg.quantization)  # a family that cannot quantize: none
         self.quantization = resolve_quantization(mode, self.device, self.model, self.group is not None)
@@ -276,6 +282,21 @@ class ModelRunner:
         logits = self.graphs.run(inp, future_tokens)  # [rows, vocab]
         n = len(entries)
         return ForwardOutput(logits, [range(0)] * n, [1] * n, sample_row)
+
+
+def refuse_nondeterministic(cfg: EngineConfig, device: torch.device) -> None:
+    """ValueError naming why enable_deterministic_inference cannot hold here (docs/determinism.md)."""
+    if device.type == "cuda":
+        raise ValueError("enable_deterministic_inference is CPU-only for now: on CUDA (an H200) the engine matrix "
+                         "gave 10-11 of 12 requests identical alone vs batched, cached and chunked; unset the flag "
+                         "or run on CPU")
+    if cfg.tp_size > 1:
+        raise ValueError(f"enable_deterministic_inference is not supported with tensor parallelism "
+                         f"(tp_size={cfg.tp_size}): the all-reduce order is not fixed; unset one of them")
+    status = native_status()
+    if not status.startswith("native"):
+        raise ValueError("enable_deterministic_inference needs the native CPU kernels (the torch fallback's "
+                         f"attention blocks depend on the prompt and prefix lengths); here: {status}")
 
 
 def kv_buffers_for(runner: ModelRunner, cfg: EngineConfig) -> KVBuffers:

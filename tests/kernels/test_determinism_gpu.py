@@ -1,14 +1,12 @@
 """Deterministic inference on a CUDA GPU (skipped without one; docs/determinism.md): Triton decode attention with
 fixed split points, Triton extend attention across prefix splits, the zero-padded 64-row GEMM tiles of RowByRowLinear,
-and the engine's alone / together / cached-prefix / chunked-prefill matrix on a random-weight model.
+and the engine's refusal of the flag on CUDA (its matrix gave 10-11 of 12 identical on an H200).
 
 Run: `make gpu-install`, then `$(GPU_ENV) python3 -m pytest -q -p no:cacheprovider -m gpu
 tests/kernels/test_determinism_gpu.py` (compiled Triton kernels: TRITON_INTERPRET=0).
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
@@ -75,31 +73,10 @@ def model_path(tmp_path_factory):
     return make_preset_model(tmp_path_factory.mktemp("det-gpu") / "llama-1b-2l", "llama-1b", num_layers=2)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_engine_matrix_cuda(model_path, dtype):
-    """6 seeded sampled + 6 greedy requests: alone vs together vs cached prefix vs chunked prefill 64."""
+def test_engine_refuses_the_flag_on_cuda(model_path):
+    """The kernels above hold, but the engine's matrix on an H200 gave 10-11 of 12 requests identical alone vs
+    batched, cached and chunked (bf16 and float32): the engine refuses the flag on CUDA until that is found."""
     from sglpy.runtime.engine import Engine
 
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    prefix = " ".join(f"item{i}" for i in range(45))
-    prompts = [f"{prefix} case {i} goes" for i in range(6)] * 2
-    params = [{"max_new_tokens": 12, "temperature": 0.9, "top_p": 0.95, "seed": 500 + i, "ignore_eos": True}
-              for i in range(6)] + [{"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}] * 6
-    res = lambda o: (o["output_ids"], [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]])  # noqa: E731
-    common = dict(dtype=dtype, enable_deterministic_inference=True, max_total_tokens=8192)
-    with Engine(model_path, **common) as eng:
-        alone = []
-        for p, sp in zip(prompts, params):
-            eng.flush_cache()
-            alone.append(res(eng.generate(p, sp, return_logprob=True)))
-        eng.flush_cache()
-        together = [res(o) for o in eng.generate(prompts, params, return_logprob=True)]
-        eng.flush_cache()
-        eng.generate(prefix, {"max_new_tokens": 1})
-        cached = [res(o) for o in eng.generate(prompts, params, return_logprob=True)]
-    with Engine(model_path, chunked_prefill_size=64, **common) as eng:
-        chunked = [res(o) for o in eng.generate(prompts, params, return_logprob=True)]
-    report = {name: (sum(a[0] == b[0] for a, b in zip(alone, got)), sum(a == b for a, b in zip(alone, got)))
-              for name, got in (("together", together), ("cached", cached), ("chunked", chunked))}
-    print(f"{dtype}: (ids equal, ids+logprobs equal) of {len(alone)}: {report}")
-    assert all(both == len(alone) for _, both in report.values()), report
+    with pytest.raises(ValueError, match="enable_deterministic_inference is CPU-only"):
+        Engine(model_path, enable_deterministic_inference=True, max_total_tokens=8192)

@@ -107,3 +107,16 @@ def test_deterministic_with_constraints_and_jump_forward(tiny_model_path):
                      _run(eng, prompts, params, batched=True))
     assert jumped > 0  # the forced spans ("{\"id\": ", ...) went through jump-forward
     assert alone == together
+
+
+def test_settings_it_cannot_honour_are_refused_by_name(tmp_path, tiny_model_path, monkeypatch):
+    from sglpy.runtime.testing.tiny_model import make_family_model
+
+    with pytest.raises(ValueError, match="tensor parallelism"):
+        Engine(tiny_model_path, enable_deterministic_inference=True, tp_size=2)
+    for family, why in (("qwen3-moe", "experts"), ("gemma2", "soft-capped|sliding-window")):
+        with pytest.raises(ValueError, match=f"enable_deterministic_inference .*({why})"):
+            Engine(make_family_model(tmp_path / family, family), enable_deterministic_inference=True)
+    monkeypatch.setenv("SGLPY_DISABLE_CPU_KERNELS", "1")
+    with pytest.raises(ValueError, match="native CPU kernels"):
+        Engine(tiny_model_path, enable_deterministic_inference=True)
