@@ -180,8 +180,8 @@ def test_quantized_deterministic_greedy_equal(tiny_model_path):
     sp = {"max_new_tokens": 40, "temperature": 0}
     outs = []
     for kw in ({}, {"speculative_algorithm": "NGRAM"}):
-        eng = Engine(tiny_model_path, max_total_tokens=3000, quantization="int8", enable_deterministic_inference=True,
-                     debug_invariants=True, **kw)
+        eng = Engine(tiny_model_path, device="cpu", max_total_tokens=3000, quantization="int8",
+                     enable_deterministic_inference=True, debug_invariants=True, **kw)  # int8: a CPU mode
         try:
             outs.append([o["output_ids"] for o in eng.generate(prompt=PROMPTS, sampling_params=sp)])
             if kw:
