@@ -108,22 +108,8 @@ class DecodeGraphRunner:
                             logits_indices=self.logits_indices[:bucket])
 
     def _capture_all(self) -> None:
-        """Capture every bucket, largest first (they share one memory pool); all rows are padding meanwhile."""
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for bucket in reversed(self.buckets):
-                fb = self._batch(bucket)
-                for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
-                    self.forward_fn(fb)
-                g = torch.cuda.CUDAGraph()
-                # thread_local: another engine's loop thread in this process may use the device meanwhile
-                with torch.cuda.graph(g, pool=pool, stream=stream, capture_error_mode="thread_local"):
-                    self.outputs[bucket] = self.forward_fn(fb)
-                self.graphs[bucket] = g
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
+        """Capture every bucket (all rows are padding meanwhile)."""
+        capture_graphs(self.buckets, self._batch, self.forward_fn, self.device, self.outputs, self.graphs)
         logger.info("captured CUDA graphs for decode batch sizes %s", list(self.buckets))
 
     def can_run(self, batch: int) -> bool:
@@ -161,6 +147,28 @@ class DecodeGraphRunner:
             static = self.outputs[bucket] = torch.empty_like(out)
         static.copy_(out)  # the same aliasing as a replay: callers must not keep it across steps
         return static[:b]
+
+
+def capture_graphs(buckets: tuple[int, ...], batch: Callable[[int], ForwardBatch], forward: ForwardFn,
+                   device: torch.device, outputs: dict, graphs: dict) -> None:
+    """Capture forward(batch(bucket)) for every bucket, largest first, in one shared memory pool.
+
+    Side effects: fills outputs (bucket -> static logits) and graphs (bucket -> CUDAGraph)."""
+    pool = torch.cuda.graph_pool_handle()
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for bucket in reversed(buckets):
+            fb = batch(bucket)
+            for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
+                forward(fb)
+            g = torch.cuda.CUDAGraph()
+            # thread_local: another engine's loop thread in this process may use the device meanwhile
+            with torch.cuda.graph(g, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                outputs[bucket] = forward(fb)
+            graphs[bucket] = g
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
 
 
 def resolve_future_ids(ids: torch.Tensor, future_tokens: torch.Tensor | None) -> torch.Tensor:

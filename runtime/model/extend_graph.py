@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..memory.kv_manager import KVBuffers
-from .cuda_graph import ForwardFn, bucket_for, resolve_future_ids
+from .cuda_graph import ForwardFn, bucket_for, capture_graphs, resolve_future_ids
 from .forward_batch import ForwardBatch, HostBatch
 
 logger = logging.getLogger(__name__)
@@ -79,21 +79,8 @@ class ExtendGraphRunner:
                             logits_indices=self.logits_indices[:bt], max_extend_len=self.t)
 
     def _capture_all(self) -> None:
-        """Capture every bucket, largest first (one shared memory pool); all requests are padding meanwhile."""
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for bucket in reversed(self.buckets):
-                fb = self._batch(bucket)
-                for _ in range(2):  # Triton compiles and autotunes outside the capture
-                    self.forward_fn(fb)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool, stream=stream, capture_error_mode="thread_local"):
-                    self.outputs[bucket] = self.forward_fn(fb)
-                self.graphs[bucket] = g
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
+        """Capture every bucket (all requests are padding meanwhile)."""
+        capture_graphs(self.buckets, self._batch, self.forward_fn, self.device, self.outputs, self.graphs)
         logger.info("captured CUDA graphs for %d-token steps, batch sizes %s", self.t, list(self.buckets))
 
     def accepts(self, hb: HostBatch, num_decode: int) -> bool:

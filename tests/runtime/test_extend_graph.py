@@ -12,6 +12,8 @@ from sglpy.runtime.model.runner import ModelRunner
 from sglpy.runtime.sampling_params import SamplingParams
 from sglpy.runtime.testing.runner_kv import runner_kv
 
+from test_cuda_graph import _prefill
+
 
 def _runner(path, graphs: bool, t: int = 4):
     cfg = EngineConfig(model=path, device="cpu", max_running_requests=8, cuda_graph_max_bs=8, quantization="none",
@@ -26,14 +28,7 @@ def _step(runner, kv, extra: list[int]):
     """Prefill 3 requests, then one forward where request i extends by 1 + extra[i] tokens."""
     reqs = [Req(rid=str(i), input_ids=list(range(10 + 3 * i, 20 + 5 * i)), sampling=SamplingParams())
             for i in range(len(extra))]
-    entries = []
-    for r in reqs:
-        kv.assign_row(r)
-        kv.grow(r, len(r.input_ids))
-        entries.append(BatchEntry(r, 0, len(r.input_ids), sample=True))
-    out = runner.forward(entries, 0, kv.buffers)
-    for r, row in zip(reqs, out.sample_row):
-        r.output_ids.append(int(out.logits[row].argmax()))
+    _prefill(runner, kv, reqs)
     entries = []
     for r, k in zip(reqs, extra):  # k forced tokens after the sampled one (as jump-forward appends them)
         r.output_ids.extend(range(30, 30 + k))
