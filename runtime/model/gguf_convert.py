@@ -8,6 +8,7 @@ loader sends these files here and the Llama family's to transformers."""
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import re
@@ -35,6 +36,45 @@ _TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.wei
 _MOE_NAMES = {"mixtral": ("block_sparse_moe", {"gate": "w1", "up": "w3", "down": "w2"}),
               "qwen3moe": ("mlp", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})}
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp scales queries by hidden/heads for the 27B models
+
+
+@functools.lru_cache(maxsize=1)
+def readable_tensor_types() -> tuple[str, ...]:
+    """The GGUF tensor types the installed `gguf` package dequantizes (probed with one zero block of each):
+    F32, F16, BF16, Q4_0..Q8_0, the K-quants Q2_K..Q6_K, the IQ types (not Q8_1/Q8_K, llama.cpp's scratch types)."""
+    import gguf
+    import numpy as np
+
+    readable = []
+    for qtype, (_, type_size) in gguf.GGML_QUANT_SIZES.items():
+        try:
+            gguf.quants.dequantize(np.zeros((1, type_size), dtype=np.uint8), qtype)
+        except NotImplementedError:
+            continue
+        readable.append(qtype.name)
+    return tuple(readable)
+
+
+def check_tensor_types(path: str | pathlib.Path) -> None:
+    """Raise ValueError naming the first tensor whose type the gguf package cannot dequantize (and its type)."""
+    import gguf
+
+    readable = readable_tensor_types()
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if t.tensor_type.name not in readable:
+            version = _gguf_version()
+            raise ValueError(f"{pathlib.Path(path).name}: GGUF tensor {t.name!r} is stored as {t.tensor_type.name}, "
+                             f"which the installed gguf package ({version}) cannot dequantize; readable types: "
+                             f"{', '.join(readable)}")
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:
+        return "unknown version"
 
 
 def _metadata(reader) -> dict:

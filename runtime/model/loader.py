@@ -60,8 +60,9 @@ def is_hf_folder(path: pathlib.Path) -> bool:
 def convert_gguf(gguf: pathlib.Path, out_dir: pathlib.Path) -> pathlib.Path:
     """Convert a GGUF (dequantized) to an HF safetensors folder: the non-Llama families through
     runtime/model/gguf_convert.py, the Llama family through transformers."""
-    from .gguf_convert import convert_family_gguf, gguf_hf_architecture
+    from .gguf_convert import check_tensor_types, convert_family_gguf, gguf_hf_architecture
 
+    check_tensor_types(gguf)  # a type the gguf package cannot read is named before any work
     logger.info("converting %s -> %s (one-time, ~20 s)", gguf.name, out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp", dir=out_dir.parent))

@@ -129,7 +129,8 @@ def _gguf_tensors(state: dict, cfg: dict, arch: str, rope: dict) -> dict:
 def write_family_gguf(hf_folder: str | os.PathLike, out: str | os.PathLike, quantize: str | None = None) -> str:
     """A float32 GGUF of a tiny HF folder (Qwen3, Qwen3-MoE, Gemma 2/3, Phi-3, Mixtral) in llama.cpp's names and
     layouts, with the default tokenizer cut to the folder's vocab_size (build it small, e.g. 512); returns its path.
-    quantize="Q8_0": the matrices (experts included) stored as llama.cpp's Q8_0 blocks, norms and vectors float32.
+    quantize="Q8_0" (or another type gguf.quants.quantize writes: F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1): the matrices
+    (experts included) stored in that type's blocks, norms and vectors float32.
 
     What llama.cpp cannot store is the caller's to avoid: Gemma's query_pre_attn_scalar other than head_dim,
     Gemma 3 layer patterns other than every 6th layer global, per-layer windows other than Gemma's."""
@@ -150,7 +151,7 @@ def write_family_gguf(hf_folder: str | os.PathLike, out: str | os.PathLike, quan
     _add_tokenizer(w, cfg["vocab_size"])
     qtype = getattr(gguf.GGMLQuantizationType, quantize) if quantize else None
     for name, array in _gguf_tensors(state, cfg, arch, rope).items():
-        if qtype is not None and array.ndim >= 2 and array.shape[-1] % 32 == 0:
+        if qtype is not None and array.ndim >= 2 and array.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
             w.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(name, array)
