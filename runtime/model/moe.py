@@ -1,8 +1,9 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen3-MoE): top-k routing with each model's renormalisation, and
 a torch reference that runs only the chosen experts (tokens grouped per expert, one GEMM pair per active expert).
 
-There is no fused MoE kernel yet (Triton or native CPU): the experts run as one GEMM pair per active expert, float
-or (CPU) int8/int4 packed per expert through the quantized linear kernels.
+On CUDA the float experts run in the fused Triton kernel (kernels/fused_moe.py: pairs sorted by expert, one
+grouped GEMM launch per projection); on CPU as one GEMM pair per active expert, float or int8/int4 packed per
+expert through the quantized linear kernels.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from sglpy.kernels.activation import silu_and_mul
+from sglpy.kernels.fused_moe import fused_moe_unchecked
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,8 @@ class MoEBlock(nn.Module):
         routing = route(self.gate(x), self.top_k, self.renormalize)  # every rank routes alike (the router is whole)
         if hasattr(self, "q_gate_up"):
             y = moe_experts(x, routing, self.q_gate_up, self.q_down)
+        elif x.is_cuda:  # the fused Triton kernel (the torch reference under SGLPY_DISABLE_TRITON=1)
+            y = fused_moe_unchecked(x, self.w_gate_up, self.w_down, routing.ids, routing.weights)
         else:
             y = moe_reference(x, self.w_gate_up, self.w_down, routing)
         if self.group is not None:  # tensor parallel: the ranks' intermediate slices summed
