@@ -73,6 +73,11 @@ class EngineConfig:
     speculative_num_draft_tokens: int = 4  # most tokens guessed per request per step (NGRAM adapts below this)
     speculative_ngram_min_match_window_size: int = 1  # NGRAM: shortest suffix matched against prompt + output
     speculative_ngram_max_match_window_size: int = 12  # NGRAM: longest suffix tried first
+    # STANDALONE: draft model decode steps per round, i.e. tokens guessed (SGLang's name; its chain verifies
+    # num_steps + 1 tokens); None = speculative_num_draft_tokens
+    speculative_num_steps: int | None = None
+    # STANDALONE: the draft model's weight-only quantization (SGLang's name): auto, none, int8, int4; None = auto
+    speculative_draft_model_quantization: str | None = None
 
     def __post_init__(self):
         self._check_speculative()
@@ -141,6 +146,16 @@ class EngineConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:
                 raise ValueError(f"{name} must be an int in [1, 64], got {v!r}")
+        for name in ("speculative_num_steps", "speculative_draft_model_quantization"):
+            if getattr(self, name) is not None and alg != "STANDALONE":
+                raise ValueError(f"{name} is only used with speculative_algorithm STANDALONE, got {alg!r}")
+        v = self.speculative_num_steps
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 15):
+            raise ValueError(f"speculative_num_steps must be an int in [1, 15] or unset, got {v!r}")
+        q = self.speculative_draft_model_quantization
+        if q is not None and q not in QUANTIZATION_MODES:
+            raise ValueError(f"speculative_draft_model_quantization must be one of {QUANTIZATION_MODES} or unset, "
+                             f"got {q!r}")
         if self.speculative_ngram_min_match_window_size > self.speculative_ngram_max_match_window_size:
             raise ValueError("speculative_ngram_min_match_window_size must be <= speculative_ngram_max_match_window_size")
 

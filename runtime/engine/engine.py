@@ -106,7 +106,7 @@ class Engine(OfflineAPI):
         self.limits = RequestLimits(r.vocab_size, self.max_context, total)
         self.scheduler = Scheduler(cfg, self.kv, self.max_context)
         self.eos_ids = self._eos_ids()
-        self.scheduler.drafter = make_drafter(cfg, self.eos_ids)
+        self.scheduler.drafter = make_drafter(cfg, self.eos_ids, self.tokenizer, r.vocab_size, self.max_context, total)
         from .constrained import ConstrainedDecoding, jump_min_tokens
 
         self.isolation = Isolation()  # per-request failures in the step; `.hook` injects faults in tests
@@ -280,6 +280,8 @@ class Engine(OfflineAPI):
         if self._has_work():
             return False
         self.kv.flush()
+        if self.scheduler.drafter is not None:
+            self.scheduler.drafter.flush()
         return True
 
     def _info(self) -> dict:
@@ -306,7 +308,7 @@ class Engine(OfflineAPI):
         info.update(self.stats)
         info["grammar"] = {**self.constrained.stats, **self.constrained.service.stats}
         if self.scheduler.drafter is not None:
-            info.update(self.scheduler.drafter.stats)
+            info.update(self.scheduler.drafter.info())
         info["isolated_failures"] = dict(self.isolation.failures)
         info["tp_rank_pids"] = self.runner.rank_pids()  # this node's ranks 1..; operators (and tests) watch them
         return info

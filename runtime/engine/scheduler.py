@@ -138,17 +138,16 @@ class Scheduler:
         """Speculative decoding: decode entries that got a draft, grown by its KV slots (taken from free slots only,
         never by evicting or preempting); they extend [last token + draft] and are verified after the forward."""
         budget = self.drafter.budget(len(decode))
+        if budget <= 0:
+            return []
+        cands = [e for e in decode if not e.req.wants_input_logprobs()]
+        drafts = self.drafter.propose_batch([e.req for e in cands],
+                                            [draft_limit(e.req, self.max_context) for e in cands], budget)
         out = []
-        for e in decode:
+        for e, draft in zip(cands, drafts):
             r = e.req
-            if budget <= 0:
-                break
-            if r.wants_input_logprobs():
-                continue
-            draft = self.drafter.propose(r, min(draft_limit(r, self.max_context), budget))
             if draft and self.kv.free_slots() >= len(draft) and self.kv.grow(r, len(draft)):
                 out.append(BatchEntry(r, e.prefix_len, 1 + len(draft), sample=True, draft=draft))
-                budget -= len(draft)
         return out
 
     def _schedule_decode(self, aborted: list[Req]) -> list[BatchEntry]:

@@ -17,6 +17,7 @@ decode, so a wrong draft costs compute, never a different output. What the draft
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..core import Req
 
@@ -38,6 +39,9 @@ class SpecState:
     verify_ct: int = 0  # verify forwards (SGLang's meta_info spec_verify_ct)
     drafted: int = 0  # draft tokens proposed and verified
     accepted: int = 0  # draft tokens the target agreed with
+    q: Any = None  # STANDALONE, sampled request: the draft's distributions of its draft tokens, [k, vocab]
+    shadow: Any = None  # STANDALONE: the draft model's Req mirroring this request (its draft KV)
+    generator: Any = None  # STANDALONE, seeded request: the draft's own draws (reruns draft the same tokens)
 
 
 class NgramDrafter:
@@ -89,6 +93,25 @@ class NgramDrafter:
                     draft = draft[:j + 1]
                     break
         return tuple(draft)
+
+    def propose_batch(self, reqs: list[Req], limits: list[int], budget: int) -> list[tuple[int, ...]]:
+        """Drafts for reqs in order, each within its limit and what is left of the step's budget of draft tokens."""
+        out = []
+        for r, lim in zip(reqs, limits):
+            d = self.propose(r, min(lim, budget)) if budget > 0 else ()
+            budget -= len(d)
+            out.append(d)
+        return out
+
+    def release(self, req: Req) -> None:
+        """The request left (nothing to free for prompt lookup)."""
+
+    def flush(self) -> None:
+        """The engine's cache was flushed (nothing cached here)."""
+
+    def info(self) -> dict:
+        """Counters for get_server_info."""
+        return dict(self.stats)
 
     def _match(self, st: SpecState, ids: list[int]) -> int:
         """Where the tokens after the longest earlier match of ids' suffix start, or -1 (shorter than min_window)."""

@@ -13,17 +13,29 @@ and it has not finished. So:
 - sampling: for a deterministic (n-gram) draft this is the standard rejection scheme: d_j is accepted with
   probability p(d_j) under the processed distribution, and on rejection the token drawn is distributed as p with
   d_j removed, renormalised (a draw from p conditioned on not being d_j); every token is a draw from the same
-  conditional distribution as without speculation, and a seeded request consumes one draw per token as before.
+  conditional distribution as without speculation, and a seeded request consumes one draw per token as before;
+- sampling with a draft model (STANDALONE; the request's SpecState.q holds the draft's distributions q): round j
+  judges d_j against p, the target's processed distribution of row j (penalties, grammar mask, temperature,
+  truncation: spec_probs.processed_probs), accepting it with probability min(1, p/q) and otherwise drawing from
+  max(0, p - q) (spec_probs.judge); the judged token is appended through the same complete() path (logprobs from
+  the target's row). A round past the draft samples the target's own token with the ordinary sampler.
 After the rounds, the KV of the accepted draft tokens stays (it is exactly the KV of the appended tokens); the
 slots of the rejected ones go back to the pool (KVManager.rollback). They were never published to the radix cache.
 """
 
 from __future__ import annotations
 
+import torch
+
+from sglpy.kernels import apply_token_bitmask
+
 from ..config import EngineConfig
 from ..core import BatchEntry, ForwardOutput, Req
+from ..device_io import rows as take_rows
 from ..memory.kv_manager import KVManager
+from .processor import SampleLaunch
 from .spec_ngram import NgramDrafter
+from .spec_probs import judge, processed_probs
 
 
 def check_speculation(cfg: EngineConfig) -> None:
@@ -31,9 +43,6 @@ def check_speculation(cfg: EngineConfig) -> None:
     alg = cfg.speculative_algorithm
     if alg is None:
         return
-    if alg == "STANDALONE":
-        raise ValueError("speculative_algorithm STANDALONE (a draft model) is not supported yet; use NGRAM "
-                         "(prompt lookup), or unset speculative_algorithm")
     if cfg.tp_size > 1:
         raise ValueError(f"speculative_algorithm {alg} is not supported with tensor parallelism "
                          f"(tp_size={cfg.tp_size}); unset one of them")
@@ -42,10 +51,22 @@ def check_speculation(cfg: EngineConfig) -> None:
                          "disable_overlap_schedule=False (leave it unset or true)")
 
 
-def make_drafter(cfg: EngineConfig, eos_ids: set[int]) -> NgramDrafter | None:
-    """The configured drafter (after check_speculation), or None without speculation."""
-    if cfg.speculative_algorithm != "NGRAM":
+    if alg == "STANDALONE":
+        from ..model.loader import resolve_model_path
+
+        resolve_model_path(cfg.speculative_draft_model_path)  # a missing draft is named before the target loads
+
+
+def make_drafter(cfg: EngineConfig, eos_ids: set[int], tokenizer=None, vocab_size: int = 0, max_context: int = 0,
+                 pool_tokens: int = 0) -> NgramDrafter | None:
+    """The configured drafter (after check_speculation), or None without speculation. STANDALONE loads the draft
+    model (its vocabulary checked against the target's tokenizer and vocab_size) with a pool of pool_tokens."""
+    if cfg.speculative_algorithm is None:
         return None
+    if cfg.speculative_algorithm == "STANDALONE":
+        from .spec_draft import StandaloneDrafter
+
+        return StandaloneDrafter(cfg, tokenizer, vocab_size, max_context, pool_tokens, eos_ids)
     return NgramDrafter(cfg.speculative_num_draft_tokens, cfg.speculative_ngram_min_match_window_size,
                         cfg.speculative_ngram_max_match_window_size, eos_ids,
                         jump_forward=not cfg.disable_jump_forward)
@@ -77,13 +98,21 @@ def verify_drafts(entries: list[BatchEntry], out: ForwardOutput, processor, kv: 
         j = 0
         while active:
             sub = [e for _, e in active]
-            n = len(sub)
             # row j of each: the logits after the sequence and d_0 .. d_{j-1}
-            view = ForwardOutput(out.logits, [range(0)] * n, [1] * n, [out.sample_row[i] + j for i, _ in active])
-            launch = processor.launch(sub, view)
-            tokens = launch.host_tokens()
-            finished += processor.complete(launch, tokens)
-            got = {id(r): t for r, t in zip(launch.reqs, tokens)}
+            judged = [(i, e) for i, e in active if e.req.spec.q is not None and j < len(e.draft)]
+            got: dict[int, int | None] = {}
+            if judged:  # a draft model's sampled tokens: the p/q rejection scheme
+                launch, tokens = _judge_round(judged, j, out, processor)
+                finished += processor.complete(launch, tokens)
+                got.update({id(r): t for r, t in zip(launch.reqs, tokens)})
+                sub = [e for i, e in active if id(e.req) not in got]
+            if sub:
+                rows = [out.sample_row[i] + j for i, e in active if id(e.req) not in got]
+                view = ForwardOutput(out.logits, [range(0)] * len(sub), [1] * len(sub), rows)
+                launch = processor.launch(sub, view)
+                tokens = launch.host_tokens()
+                finished += processor.complete(launch, tokens)
+                got.update({id(r): t for r, t in zip(launch.reqs, tokens)})
             going = []
             for i, e in active:
                 t = got.get(id(e.req))
@@ -96,7 +125,32 @@ def verify_drafts(entries: list[BatchEntry], out: ForwardOutput, processor, kv: 
     finally:  # also when a round failed: the step's requests are aborted with KV that covers their sequence
         for _, e in spec:
             r = e.req
+            r.spec.q = None
             if r.kv_len > r.seq_len - 1:  # positions up to seq_len - 2 hold the appended tokens' KV
                 kv.rollback(r, r.seq_len - 1)
             drafter.record(r, len(e.draft), accepted[id(e)])
     return finished
+
+
+def _judge_round(judged: list[tuple[int, BatchEntry]], j: int, out: ForwardOutput, processor
+                 ) -> tuple[SampleLaunch, list[int]]:
+    """Round j for requests with a draft model's q: p of row j (processed as the sampler would), d_j accepted
+    with probability min(1, p/q), else a token from max(0, p - q). Returns the launch to complete and its tokens."""
+    reqs = [e.req for _, e in judged]
+    rows = [out.sample_row[i] + j for i, _ in judged]
+    logits = take_rows(out.logits, rows).float()  # [n, vocab] a copy: penalties and masks change it
+    vocab = logits.shape[1]
+    processor.sampler.penalties.apply(logits, reqs, processor.eos_ids)
+    if processor.constrained is not None:
+        bitmask, masked = processor.constrained.masks(reqs, vocab)
+        if bitmask is not None:
+            apply_token_bitmask(logits, bitmask.to(logits.device), masked.to(logits.device))
+    p = processed_probs(logits, reqs)  # [n, vocab]
+    tokens = []
+    for k, (_, e) in enumerate(judged):
+        r = e.req
+        draw = lambda: processor.sampler.draw_uniforms([r])[0]  # noqa: E731 - the request's own draws when seeded
+        tokens.append(judge(p[k], r.spec.q[j].to(p.device), e.draft[j], draw(), draw).token)
+    lp_index = [k for k, r in enumerate(reqs) if r.return_logprob]
+    lp_logits = take_rows(out.logits, [rows[k] for k in lp_index]) if lp_index else None
+    return SampleLaunch(reqs, tokens, lp_index, lp_logits, []), tokens

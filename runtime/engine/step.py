@@ -230,6 +230,8 @@ class Stepper:
         for r in reqs:
             drop_placeholder(r, self.kv)  # overlapped: an id still in flight is not part of the output
             self.scheduler.remove(r)
+            if r.spec is not None and self.scheduler.drafter is not None:
+                self.scheduler.drafter.release(r)  # a draft model's KV for the request goes to its cache
             self.reqs.pop(r.rid, None)
             if r.finish_reason.type == "abort":
                 stats["num_aborted"] += 1

@@ -75,6 +75,10 @@ ENGINE_FLAG_HELP = {
     "speculative_ngram_min_match_window_size": "NGRAM: shortest suffix of the sequence matched against its prompt "
     "and output",
     "speculative_ngram_max_match_window_size": "NGRAM: longest suffix tried first",
+    "speculative_num_steps": "STANDALONE: draft model decode steps per round (tokens guessed per request; default: "
+    "--speculative-num-draft-tokens)",
+    "speculative_draft_model_quantization": "STANDALONE: the draft model's weight-only quantization (auto, none, "
+    "int8, int4; default auto), e.g. an int4 draft of the target's own weights",
 }
 
 FLAG_ALIASES = {"tp_size": ("--tp",)}  # SGLang's docs write --tp N
