@@ -2,8 +2,9 @@
 a torch reference that runs only the chosen experts (tokens grouped per expert, one GEMM pair per active expert).
 
 On CUDA the float experts run in the fused Triton kernel (kernels/fused_moe.py: pairs sorted by expert, one
-grouped GEMM launch per projection); on CPU as one GEMM pair per active expert, float or int8/int4 packed per
-expert through the quantized linear kernels.
+grouped GEMM launch per projection). On CPU, decode-sized batches (up to NATIVE_MAX_ROWS rows of float32) run in
+one native call over float32 or int8/int4 experts (kernels/moe_cpu.py); larger ones, and CPUs without the native
+kernels, as one GEMM pair per active expert (float, or packed per expert through the quantized linear kernels).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import torch
 from torch import nn
 
 from sglpy.kernels.activation import silu_and_mul
+from sglpy.kernels.cpu_native import native_lib
 from sglpy.kernels.fused_moe import fused_moe_unchecked
+from sglpy.kernels.moe_cpu import NativeExperts, float_experts, moe_experts_cpu, packed_experts
+from sglpy.kernels.quant_linear_cpu import NATIVE_MAX_ROWS
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,7 @@ class MoEBlock(nn.Module):
         self.group = None
         self.renormalize = True if family == "mixtral" else bool(getattr(config, "norm_topk_prob", False))
         self.gate = nn.Linear(config.hidden_size, self.num_experts, bias=False)
+        self._native: NativeExperts | None = None  # pointer tables for csrc/moe.cpp, built on first CPU decode
         self.experts = nn.ModuleList(Expert(config.hidden_size, inter) for _ in range(self.num_experts))
 
     def fuse(self) -> None:
@@ -119,9 +124,28 @@ class MoEBlock(nn.Module):
         del self.w_gate_up, self.w_down
         return sum(q.packed.nbytes for q in (*self.q_gate_up, *self.q_down))
 
+    def _native_experts(self, x: torch.Tensor) -> NativeExperts | None:
+        """The experts' tables for the native CPU call when x is a few float32 CPU rows and the weights fit it."""
+        if x.device.type != "cpu" or x.dtype != torch.float32 or x.shape[0] > NATIVE_MAX_ROWS:
+            return None
+        if hasattr(self, "q_gate_up"):
+            if self._native is None:
+                self._native = packed_experts([q.packed for q in self.q_gate_up], [q.packed for q in self.q_down])
+            return self._native
+        w1, w2 = self.w_gate_up, self.w_down
+        if w1.dtype != torch.float32 or w1.device.type != "cpu" or not (w1.is_contiguous() and w2.is_contiguous()):
+            return None
+        if self._native is None or self._native.keep[0].data_ptr() != w1.data_ptr():  # built for these tensors
+            self._native = float_experts(w1.data, w2.data)
+        return self._native
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         routing = route(self.gate(x), self.top_k, self.renormalize)  # every rank routes alike (the router is whole)
-        if hasattr(self, "q_gate_up"):
+        native = self._native_experts(x)
+        lib = native_lib() if native is not None else None
+        if lib is not None:  # decode rows: every token's top-k experts in one call (csrc/moe.cpp)
+            y = moe_experts_cpu(lib, x, routing.ids, routing.weights, native)
+        elif hasattr(self, "q_gate_up"):
             y = moe_experts(x, routing, self.q_gate_up, self.q_down)
         elif x.is_cuda:  # the fused Triton kernel (the torch reference under SGLPY_DISABLE_TRITON=1)
             y = fused_moe_unchecked(x, self.w_gate_up, self.w_down, routing.ids, routing.weights)
