@@ -1,4 +1,8 @@
-"""Decode attention: one new query token per request over its cached K/V, read through req_to_token."""
+"""Decode attention: one new query token per request over its cached K/V, read through req_to_token.
+
+Every path takes an optional sliding window (window > 0: the query at position p sees keys (p - window, p]) and
+attention-logit soft-capping (softcap > 0: scaled scores s -> tanh(s / softcap) * softcap before the softmax), as
+Gemma 2/3, Phi-3 and Mistral's windowed layers need; 0 (the default) is plain causal attention."""
 
 from __future__ import annotations
 
@@ -9,6 +13,30 @@ from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, c
 from ._dispatch import on_device, triton_module
 from .cpu_native import native_lib
 from .decode_attention_cpu import decode_attention_cpu, supports
+
+
+def window_softcap(window: int | None, softcap: float | None) -> tuple[int, float]:
+    """(window, softcap) as the kernels take them (None -> 0: none); ValueError when one is negative or not finite."""
+    w = 0 if window is None else int(window)
+    c = 0.0 if softcap is None else float(softcap)
+    if w < 0 or (window is not None and w != window):
+        raise ValueError(f"window must be a whole number of tokens >= 0 (0 or None: none), got {window!r}")
+    if not (c >= 0.0 and c != float("inf")):
+        raise ValueError(f"softcap must be a finite number >= 0 (0 or None: none), got {softcap!r}")
+    return w, c
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                     softcap: float = 0.0) -> torch.Tensor:
+    """SDPA of float32 q [..., m, d] over k, v [..., n, d] under a boolean mask (True = visible), scores soft-capped
+    as tanh(s / softcap) * softcap when softcap > 0 (SDPA has no cap: then the scores are written out)."""
+    if not softcap:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    s = torch.tanh(s / softcap) * softcap
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1), v)
 
 
 def length_groups(lens: list[int], max_waste: float = 2.0) -> list[list[int]]:
@@ -51,14 +79,18 @@ def _decode_padded(
     seq_lens: torch.Tensor,
     max_len: int,
     sm_scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     # q: [b, heads, head_dim] -> o: [b, heads, head_dim] float32
     b, heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     k, v, valid = gather_padded_kv(k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, max_len)
+    if window:  # the new token sits at seq_len - 1: keys before seq_len - window fall out of its window
+        valid = valid & (torch.arange(max_len, device=valid.device)[None, :] >= seq_lens[:, None] - window)
     # Grouping query heads under their kv head avoids materialising K/V once per query head.
     qf = q.to(torch.float32).reshape(b, kv_heads, heads // kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(qf, k, v, attn_mask=valid[:, None, None, :], scale=sm_scale)
+    out = masked_attention(qf, k, v, valid[:, None, None, :], sm_scale, softcap)
     return out.reshape(b, heads, head_dim)
 
 
@@ -70,13 +102,18 @@ def decode_attention_reference(
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """Pure-torch decode attention: gather K/V padded per length group, one masked float32 SDPA per group."""
+    """Pure-torch decode attention: gather K/V padded per length group, one masked float32 SDPA per group
+    (window, softcap: the module docstring)."""
     # q: [b, heads, head_dim]; k_cache, v_cache: [slots, kv_heads, head_dim]; seq_lens: [b]
+    window, softcap = window_softcap(window, softcap)
     lens = seq_lens.tolist()
     groups = length_groups(lens)
     if len(groups) == 1:  # the common case: similar lengths, one batched SDPA, no reordering
-        out = _decode_padded(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, max(lens), sm_scale)
+        out = _decode_padded(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, max(lens), sm_scale,
+                             window, softcap)
         return out.to(q.dtype)
     # Mixed lengths: padding everything to the longest could cost b x longest rows of K/V (one 8k request
     # among 63 short ones is ~60x the real work); groups bound the padding at 2x their tokens.
@@ -84,7 +121,7 @@ def decode_attention_reference(
     for idx in groups:
         sel = torch.tensor(idx, device=q.device)
         out = _decode_padded(q[sel], k_cache, v_cache, req_to_token, req_pool_indices[sel], seq_lens[sel],
-                             lens[idx[0]], sm_scale)
+                             lens[idx[0]], sm_scale, window, softcap)
         o[sel] = out.to(q.dtype)
     return o
 
@@ -136,21 +173,28 @@ def decode_attention(
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Attention of each request's single new query over its first seq_lens[i] cached tokens; returns o like q.
+    """Attention of each request's single new query over its first seq_lens[i] cached tokens (its last `window` of
+    them when window > 0, scores soft-capped when softcap > 0); returns o like q.
 
     CUDA: the Triton kernel. CPU: the native kernel (kernels/cpu_native.py) when it is built and can read these
     tensors, else the torch reference."""
     check_decode_attention_args(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens)
+    window, softcap = window_softcap(window, softcap)
     if q.shape[0] == 0:
         return torch.empty_like(q)
     impl = triton_module("decode_attention_triton", q)
     if impl is None:
         lib = native_lib() if q.device.type == "cpu" else None
         if lib is not None and supports(q, k_cache, v_cache, req_to_token):
-            return decode_attention_cpu(lib, q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale)
+            return decode_attention_cpu(lib, q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale,
+                                        window, softcap)
         # Value checks cost a host sync, so only the reference path (CPU, or CUDA without Triton) makes them.
         _check_seq_len_values(seq_lens, req_to_token.shape[1])
-        return decode_attention_reference(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale)
+        return decode_attention_reference(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale,
+                                          window, softcap)
     with on_device(q):
-        return impl.decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale)
+        return impl.decode_attention_triton(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale,
+                                            window=window, softcap=softcap)

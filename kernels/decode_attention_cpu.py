@@ -24,9 +24,10 @@ def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_
 
 def decode_attention_cpu(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          req_to_token: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor,
-                         sm_scale: float) -> torch.Tensor:
+                         sm_scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """o [b, heads, head_dim] in q.dtype; rows, lens: int64 [b]. Bad lengths, rows or slot ids raise ValueError
-    (checked by the kernel before or while reading; nothing is read out of bounds)."""
+    (checked by the kernel before or while reading; nothing is read out of bounds). window > 0: each request reads
+    its last `window` keys only; softcap > 0: scores -> tanh(s / softcap) * softcap (both checked by the caller)."""
     # q: [b, heads, d]; k_cache, v_cache: [slots, kv_heads, d]; req_to_token: [max_reqs, max_context] int32
     b, heads, d = q.shape
     # read in place when each row's heads are contiguous (e.g. q as a view of a fused qkv projection)
@@ -35,10 +36,13 @@ def decode_attention_cpu(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tenso
     rows = rows if rows.dtype == torch.int64 and rows.is_contiguous() else rows.to(torch.int64).contiguous()
     lens = lens if lens.dtype == torch.int64 and lens.is_contiguous() else lens.to(torch.int64).contiguous()
     out = torch.empty((b, heads, d), dtype=torch.float32)
-    rc = lib.sglpy_decode_attention(
-        qf.data_ptr(), qf.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), DTYPE_CODES[k_cache.dtype], k_cache.shape[0],
-        k_cache.stride(0), req_to_token.data_ptr(), req_to_token.shape[0], req_to_token.shape[1], rows.data_ptr(),
-        lens.data_ptr(), out.data_ptr(), b, heads, k_cache.shape[1], d, sm_scale, torch.get_num_threads())
+    args = (qf.data_ptr(), qf.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), DTYPE_CODES[k_cache.dtype],
+            k_cache.shape[0], k_cache.stride(0), req_to_token.data_ptr(), req_to_token.shape[0], req_to_token.shape[1],
+            rows.data_ptr(), lens.data_ptr(), out.data_ptr(), b, heads, k_cache.shape[1], d, sm_scale)
+    if window or softcap:
+        rc = lib.sglpy_decode_attention_windowed(*args, window, softcap, torch.get_num_threads())
+    else:
+        rc = lib.sglpy_decode_attention(*args, torch.get_num_threads())
     if rc != 0:
         raise ValueError(rejection(rc, "decode", rows, k_cache.shape[0], req_to_token.shape, lambda i: int(lens[i]),
                                    lambda i: f"seq_lens[{i}] = {int(lens[i])} must lie in [1, {req_to_token.shape[1]}]"))

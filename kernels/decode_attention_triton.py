@@ -1,4 +1,8 @@
-"""Triton split-K decode attention over paged K/V (GQA-aware); imported lazily (this module imports triton)."""
+"""Triton split-K decode attention over paged K/V (GQA-aware); imported lazily (this module imports triton).
+
+A sliding window reads each request's last `window` keys only (its splits cover just those); soft-capping maps each
+scaled score s to tanh(s / softcap) * softcap. Both are per-layer constants of the launch (no host reads: the step
+can be captured in a CUDA graph); without them the kernel compiles to what it was before (constexpr flags)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,43 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def soft_cap(s, softcap):
+    """softcap * tanh(s / softcap) from exp2 (the interpreter has no tanh): e = exp(-2|x|) in (0, 1], no overflow."""
+    x = s / softcap
+    e = tl.exp2(-2.8853900817779268 * tl.abs(x))  # 2 * log2(e)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t) * softcap
+
+
+@triton.jit
+def _key_range(seq_len, sid, num_splits, fixed_split, window, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Keys [start, end) of split sid, and the first split holding any key (0 without a window)."""
+    first = 0
+    span = seq_len
+    if HAS_WINDOW:
+        first = tl.maximum(seq_len - window, 0)
+        span = seq_len - first
+    # Each request cuts its own (windowed) length into num_splits pieces (aligned to BLOCK_N): no host sync on
+    # lengths. At least one tile, so an (invalid, unchecked on CUDA) zero length yields NaN rather than a division
+    # by 0.
+    split_len = tl.maximum(tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N), 1) * BLOCK_N
+    first_split = 0
+    if fixed_split > 0:  # deterministic inference: split points at multiples of fixed_split, whatever the batch
+        split_len = fixed_split
+        start = sid * split_len
+        if HAS_WINDOW:
+            first_split = first // split_len
+            start = tl.maximum(start, first)
+        end = tl.minimum(sid * split_len + split_len, seq_len)
+        used = tl.cdiv(seq_len, split_len)
+    else:
+        start = first + sid * split_len
+        end = tl.minimum(start + split_len, seq_len)
+        used = tl.cdiv(span, split_len)
+    return start, end, first_split, used
+
+
+@triton.jit
 def _decode_split_kernel(
     Q, KCache, VCache, ReqToToken, ReqPool, SeqLens, MidO, MidLse,
     sm_scale_log2,
@@ -20,8 +61,9 @@ def _decode_split_kernel(
     stride_r2t,
     stride_mo_b, stride_mo_h, stride_mo_s,
     stride_ml_b, stride_ml_h,
-    group, head_dim, num_splits, fixed_split,
+    group, head_dim, num_splits, fixed_split, window, softcap,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
 ):
     """Stage 1: one (request, kv head, split) per program; all query heads of the group share each K/V tile."""
     bid = tl.program_id(0)
@@ -29,13 +71,7 @@ def _decode_split_kernel(
     sid = tl.program_id(2)
     row = tl.load(ReqPool + bid).to(tl.int64)
     seq_len = tl.load(SeqLens + bid).to(tl.int32)
-    # Each request cuts its own length into num_splits pieces (aligned to BLOCK_N): no host sync on lengths.
-    # At least one tile, so an (invalid, unchecked on CUDA) zero length yields NaN rather than a division by 0.
-    split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N), 1) * BLOCK_N
-    if fixed_split > 0:  # deterministic inference: split points at multiples of fixed_split, whatever the batch
-        split_len = fixed_split
-    start = sid * split_len
-    end = tl.minimum(start + split_len, seq_len)
+    start, end, _, _ = _key_range(seq_len, sid, num_splits, fixed_split, window, BLOCK_N, HAS_WINDOW)
 
     offs_g = tl.arange(0, BLOCK_H)
     offs_h = kvh * group + offs_g
@@ -56,7 +92,11 @@ def _decode_split_kernel(
         # K/V tiles take q's dtype: a 16-bit KV cache under float32 queries is converted here, while reading.
         k = tl.load(KCache + slot[:, None] * stride_k_t + kvh * stride_k_h + offs_d[None, :], mask=kv_mask,
                     other=0.0).to(Q.dtype.element_ty)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale_log2  # [BLOCK_H, BLOCK_N]
+        if HAS_SOFTCAP:  # sm_scale_log2 / log2(e) = sm_scale: the cap bounds the scaled score, before exp2's base
+            qk = soft_cap(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (sm_scale_log2 / 1.4426950408889634),
+                          softcap) * 1.4426950408889634
+        else:
+            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale_log2  # [BLOCK_H, BLOCK_N]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_new = tl.maximum(m, tl.max(qk, 1))
         alpha = tl.exp2(m - m_new)
@@ -78,23 +118,20 @@ def _decode_merge_kernel(
     stride_mo_b, stride_mo_h, stride_mo_s,
     stride_ml_b, stride_ml_h,
     stride_o_b, stride_o_h,
-    head_dim, num_splits, fixed_split,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    head_dim, num_splits, fixed_split, window,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     """Stage 2: merge the non-empty splits of one (request, head) by their log-sum-exp weights."""
     bid = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(SeqLens + bid).to(tl.int32)
-    split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N), 1) * BLOCK_N
-    if fixed_split > 0:
-        split_len = fixed_split
-    used = tl.cdiv(seq_len, split_len)
+    _, _, first_split, used = _key_range(seq_len, 0, num_splits, fixed_split, window, BLOCK_N, HAS_WINDOW)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < head_dim
     m = float("-inf")
     l = 0.0
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for sid in range(0, used):
+    for sid in range(first_split, used):
         lse = tl.load(MidLse + bid * stride_ml_b + h * stride_ml_h + sid)
         o = tl.load(MidO + bid * stride_mo_b + h * stride_mo_h + sid * stride_mo_s + offs_d, mask=mask_d, other=0.0)
         m_new = tl.maximum(m, lse)
@@ -135,9 +172,12 @@ def decode_attention_triton(
     num_splits: int | None = None,
     block_n: int = 64,
     batch_invariant: bool = False,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Launch split + merge; arguments already checked by decode_attention.decode_attention.
-    batch_invariant: fixed split points (fixed_split_len), the same for any batch (deterministic inference)."""
+    batch_invariant: fixed split points (fixed_split_len), the same for any batch (deterministic inference).
+    window > 0: each request's last `window` keys only; softcap > 0: scores -> tanh(s / softcap) * softcap."""
     # q: [b, heads, head_dim]; caches: [slots, kv_heads, head_dim]; returns o: [b, heads, head_dim]
     # The kernels read 1-D metadata as Ptr + i; these are no-ops for the runtime's own tensors.
     req_pool_indices, seq_lens = req_pool_indices.contiguous(), seq_lens.contiguous()
@@ -165,15 +205,16 @@ def decode_attention_triton(
         req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
-        group, head_dim, num_splits, fixed,
+        group, head_dim, num_splits, fixed, int(window), float(softcap),
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, DOT_PRECISION=precision,
+        HAS_WINDOW=window > 0, HAS_SOFTCAP=softcap > 0,
     )
     _decode_merge_kernel[(b, heads)](
         mid_o, mid_lse, o, seq_lens,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         o.stride(0), o.stride(1),
-        head_dim, num_splits, fixed,
-        BLOCK_N=block_n, BLOCK_D=block_d,
+        head_dim, num_splits, fixed, int(window),
+        BLOCK_N=block_n, BLOCK_D=block_d, HAS_WINDOW=window > 0,
     )
     return o

@@ -16,7 +16,7 @@ from .cpu_native import native_lib
 from .decode_attention_cpu import decode_attention_cpu, supports
 from .extend_attention_cpu import extend_attention_cpu_packed
 from .decode_attention import (_check_seq_len_values, check_decode_attention_args, decode_attention_reference,
-                               length_groups)
+                               length_groups, window_softcap)
 
 # A request whose slots form one contiguous run reads its K/V as a view of the pool (one SDPA, no copy, no
 # mask); the others are gathered, padded per length group. Measured here (1 thread, 9/3 heads, d 64, ms per
@@ -155,9 +155,12 @@ def _sdpa_gathered(q, k_cache, v_cache, g: GatherGroup, sm_scale):
 
 
 def decode_attention_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan,
-                             sm_scale: float) -> torch.Tensor:
-    """decode_attention over a precomputed plan (same result); per-layer checks are only the cheap shape ones."""
+                             sm_scale: float, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """decode_attention over a precomputed plan (same result); per-layer checks are only the cheap shape ones.
+    window / softcap: a layer's sliding window and logit soft-cap (kernels/decode_attention.py), run by the native
+    and Triton kernels; the torch path without the native kernels then runs the reference."""
     check_tensor("q", q, 3, FLOAT_DTYPES, last_dim_contiguous=True)
+    window, softcap = window_softcap(window, softcap)
     check_dim("q", q.shape[0], plan.batch, "dim 0 (batch, = the plan's batch)")
     if q.shape[0] == 0:
         return torch.empty_like(q)
@@ -166,19 +169,23 @@ def decode_attention_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         check_decode_attention_args(q, k_cache, v_cache, plan.req_to_token, plan.req_pool_indices, plan.seq_lens)
         with on_device(q):
             return impl.decode_attention_triton(q, k_cache, v_cache, plan.req_to_token, plan.req_pool_indices,
-                                                plan.seq_lens, sm_scale, batch_invariant=plan.batch_invariant)
+                                                plan.seq_lens, sm_scale, batch_invariant=plan.batch_invariant,
+                                                window=window, softcap=softcap)
     if plan.batch_invariant:
-        return _decode_invariant(q, k_cache, v_cache, plan, sm_scale)
+        return _decode_invariant(q, k_cache, v_cache, plan, sm_scale, window, softcap)
     if k_cache.shape[1:] != v_cache.shape[1:] or k_cache.shape[2] != q.shape[2] or q.shape[1] % k_cache.shape[1]:
         raise ValueError(f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)} "
                          "do not fit: head_dim must agree and heads must be a multiple of kv_heads")
     if plan.native is not None:
         if supports(q, k_cache, v_cache, plan.req_to_token):
             return decode_attention_cpu(plan.native, q, k_cache, v_cache, plan.req_to_token, plan.req_pool_indices,
-                                        plan.seq_lens, sm_scale)
+                                        plan.seq_lens, sm_scale, window, softcap)
         _check_seq_len_values(plan.seq_lens, plan.req_to_token.shape[1])  # a layout the kernel cannot read
         return decode_attention_reference(q, k_cache, v_cache, plan.req_to_token, plan.req_pool_indices,
-                                          plan.seq_lens, sm_scale)
+                                          plan.seq_lens, sm_scale, window, softcap)
+    if window or softcap:  # the views and gathers below are full causal attention: the reference masks and caps
+        return decode_attention_reference(q, k_cache, v_cache, plan.req_to_token, plan.req_pool_indices,
+                                          plan.seq_lens, sm_scale, window, softcap)
     if len(plan.views) == 1 and not plan.groups:  # one request alone: no output buffer either
         _, first, n = plan.views[0]
         o = _sdpa_view(q[0], k_cache, v_cache, first, n, sm_scale)
@@ -195,14 +202,15 @@ def decode_attention_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 
 
 def _decode_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan,
-                      sm_scale: float) -> torch.Tensor:
+                      sm_scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """Deterministic inference on CPU: each decode token as a one-token extend (the native extend kernel), or,
     without the native kernels, one reference call per request (its result then depends on that request alone)."""
     # q: [b, heads, d] -> [b, heads, d]
     if plan.native is not None and supports(q, k_cache, v_cache, plan.req_to_token):
         return extend_attention_cpu_packed(plan.native, q, k_cache, v_cache, plan.req_to_token,
                                            plan.req_pool_indices, plan.prefix_lens, plan.extend_lens, plan.starts,
-                                           sm_scale)
+                                           sm_scale, window, softcap)
     return torch.cat([decode_attention_reference(q[i:i + 1], k_cache, v_cache, plan.req_to_token,
-                                                 plan.req_pool_indices[i:i + 1], plan.seq_lens[i:i + 1], sm_scale)
+                                                 plan.req_pool_indices[i:i + 1], plan.seq_lens[i:i + 1], sm_scale,
+                                                 window, softcap)
                       for i in range(q.shape[0])])

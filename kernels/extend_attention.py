@@ -1,4 +1,5 @@
-"""Extend (prefill) attention: new tokens attend causally to themselves and to their cached prefix."""
+"""Extend (prefill) attention: new tokens attend causally to themselves and to their cached prefix, optionally
+within a sliding window and with soft-capped scores (kernels/decode_attention.py says how)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ from ._dispatch import on_device, triton_module
 from .cpu_native import native_lib
 from .decode_attention_cpu import supports  # the native attention kernels read the same layouts
 from .extend_attention_cpu import extend_attention_cpu
-from .decode_attention import gather_padded_kv, length_groups
+from .decode_attention import gather_padded_kv, length_groups, masked_attention, window_softcap
 
 
 SHORT_EXTEND = 32  # requests extending at most this many tokens are batched into one padded SDPA
 
 
-def _extend_short_padded(q, k_cache, v_cache, req_to_token, rows, prefix, ext, sm_scale):
+def _extend_short_padded(q, k_cache, v_cache, req_to_token, rows, prefix, ext, sm_scale, window=0, softcap=0.0):
     """One padded, masked SDPA for a group of short extends (jump-forward appends, short prompts)."""
     # q: [sum(ext), heads, head_dim] packed for this group only; returns o of the same shape
     n, heads, head_dim = q.shape
@@ -38,8 +39,10 @@ def _extend_short_padded(q, k_cache, v_cache, req_to_token, rows, prefix, ext, s
     # query j of request i sits at absolute position prefix_i + j and sees keys 0..prefix_i + j
     q_pos = (seq - ext_t)[:, None] + j[None, :]  # [b, max_ext]
     mask = (pos[None, None, :] <= q_pos[:, :, None]) & k_valid[:, None, :]  # [b, max_ext, max_len]
+    if window:
+        mask &= pos[None, None, :] > q_pos[:, :, None] - window
     mask = mask.repeat(1, group, 1)[:, None]  # rows ordered (group, j): [b, 1, group * max_ext, max_len]
-    o = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=sm_scale)
+    o = masked_attention(qp, k, v, mask, sm_scale, softcap)
     o = o.reshape(b, kv_heads, group, max_ext, head_dim).permute(0, 3, 1, 2, 4).reshape(b, max_ext, heads, head_dim)
     return o[q_valid].to(q.dtype)
 
@@ -53,9 +56,12 @@ def extend_attention_reference(
     prefix_lens: torch.Tensor,
     extend_lens: torch.Tensor,
     sm_scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """Pure-torch extend attention: one float32 SDPA per request with a causal-with-prefix mask."""
+    """Pure-torch extend attention: one float32 SDPA per request with a causal-with-prefix mask (and window)."""
     # q: [sum(extend_lens), heads, head_dim] packed request by request; returns o of the same shape
+    window, softcap = window_softcap(window, softcap)
     n, heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
@@ -71,7 +77,8 @@ def extend_attention_reference(
             idx = [short[g] for g in grp]
             tok = torch.cat([torch.arange(starts[i], starts[i] + ext_l[i], device=q.device) for i in idx])
             out[tok] = _extend_short_padded(q[tok], k_cache, v_cache, req_to_token, [rows_l[i] for i in idx],
-                                            [prefix_l[i] for i in idx], [ext_l[i] for i in idx], sm_scale)
+                                            [prefix_l[i] for i in idx], [ext_l[i] for i in idx], sm_scale,
+                                            window, softcap)
         done = set(short)
     else:
         done = set()
@@ -90,7 +97,7 @@ def extend_attention_reference(
         # Rows ordered (group, token) under each kv head, so K/V are never repeated per query head.
         qi = q[start : start + ext].to(torch.float32).reshape(ext, kv_heads, group, head_dim)
         qi = qi.permute(1, 2, 0, 3).reshape(kv_heads, group * ext, head_dim)
-        if prefix == 0:
+        if prefix == 0 and not window and not softcap:
             # expand (stride 0, no copy) rather than rely on SDPA broadcasting, which not every backend does.
             shape = (kv_heads, group, total, head_dim)
             o = F.scaled_dot_product_attention(qi.view(kv_heads, group, ext, head_dim), k[:, None].expand(shape),
@@ -98,8 +105,11 @@ def extend_attention_reference(
         else:
             # Query j sits at absolute position prefix + j and sees keys 0..prefix + j.
             pos_q = prefix + torch.arange(ext, device=q.device)
-            mask = torch.arange(total, device=q.device)[None, :] <= pos_q[:, None]  # [ext, total]
-            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask.repeat(group, 1), scale=sm_scale)
+            pos_k = torch.arange(total, device=q.device)[None, :]
+            mask = pos_k <= pos_q[:, None]  # [ext, total]
+            if window:
+                mask &= pos_k > pos_q[:, None] - window
+            o = masked_attention(qi, k, v, mask.repeat(group, 1), sm_scale, softcap)
         o = o.reshape(kv_heads, group, ext, head_dim).permute(2, 0, 1, 3)
         out[start : start + ext] = o.reshape(ext, heads, head_dim).to(q.dtype)
         start += ext
@@ -174,28 +184,33 @@ def extend_attention(
     prefix_lens: torch.Tensor,
     extend_lens: torch.Tensor,
     sm_scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention of each request's new tokens over its prefix and themselves; returns o like q.
+    """Causal attention of each request's new tokens over its prefix and themselves (within `window` keys when
+    window > 0, scores soft-capped when softcap > 0); returns o like q.
     CUDA: Triton; CPU: the native kernel (kernels/cpu_native.py) when built, else the torch reference."""
     check_extend_attention_args(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens)
+    window, softcap = window_softcap(window, softcap)
     max_extend = check_extend_len_values(q.shape[0], prefix_lens, extend_lens, req_to_token.shape[1])
     if q.shape[0] == 0:
         return torch.empty_like(q)
     return _route(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale,
-                  max_extend)
+                  max_extend, window, softcap)
 
 
-def _route(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale, max_extend):
+def _route(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale, max_extend,
+           window=0, softcap=0.0):
     """CUDA -> Triton; CPU -> the native kernel when built and able to read these tensors; else the reference."""
     impl = triton_module("extend_attention_triton", q)
     args = (q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale)
     if impl is None:
         lib = native_lib() if q.device.type == "cpu" else None
         if lib is not None and supports(q, k_cache, v_cache, req_to_token):
-            return extend_attention_cpu(lib, *args)
-        return extend_attention_reference(*args)
+            return extend_attention_cpu(lib, *args, window, softcap)
+        return extend_attention_reference(*args, window, softcap)
     with on_device(q):
-        return impl.extend_attention_triton(*args, max_extend=max_extend)
+        return impl.extend_attention_triton(*args, max_extend=max_extend, window=window, softcap=softcap)
 
 
 def extend_attention_planned(
@@ -208,6 +223,8 @@ def extend_attention_planned(
     extend_lens: torch.Tensor,
     sm_scale: float,
     max_extend: int,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """extend_attention for a caller that built the lengths on the host and passes max(extend_lens).
 
@@ -215,7 +232,8 @@ def extend_attention_planned(
     the host once per layer (which would stall overlap scheduling on CUDA).
     """
     check_extend_attention_args(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens)
+    window, softcap = window_softcap(window, softcap)
     if q.shape[0] == 0:
         return torch.empty_like(q)
     return _route(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale,
-                  max_extend)
+                  max_extend, window, softcap)

@@ -1,5 +1,7 @@
 // Paged decode attention on CPU: each request's one query over its first lens[i] cached tokens, K/V read in place
 // through req_to_token (no gather, no padding), every query head of a kv head sharing one pass over its K/V rows.
+// A sliding window (Gemma 2/3, Phi-3, Mistral) reads only each request's last `window` keys: the keys before it are
+// never loaded. Soft-capping (Gemma 2) maps each scaled score s to tanh(s / cap) * cap before the softmax.
 // Oracle: kernels/decode_attention.py:decode_attention_reference (tests/kernels/test_kernels_cpu_native.py).
 #include <vector>
 
@@ -26,7 +28,14 @@ struct Args {
   float* out;           // [b, H, D]
   int64_t b, H, Hkv, D;
   float scale;
+  int64_t window;  // > 0: request i reads keys [lens[i] - window, lens[i]) only; 0: all of them
+  float softcap;   // > 0: scores become tanh(s / softcap) * softcap; 0: as they are
 };
+
+// Key range [first, lens[i]) of request i (its window, or all its keys).
+inline int64_t first_key(const Args& a, int64_t i) {
+  return a.window > 0 ? std::max<int64_t>(0, a.lens[i] - a.window) : 0;
+}
 
 // Softmax state of one (request, key range) for all H heads: running max m, sum l, unnormalized acc [H, D].
 // NV = head_dim / 16 vectors, fixed at compile time for 64 and 128 (a head's accumulator then lives in registers
@@ -76,6 +85,11 @@ bool attend(const Args& a, int64_t i, int64_t lo, int64_t hi, float* m, float* l
         }
       }
     }
+    if (a.softcap > 0.f) {  // Gemma 2: capped before the max is taken (it bounds every score)
+      const float cap = a.softcap, inv = 1.0f / a.softcap;
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t j = 0; j < n; ++j) s[h * BLOCK + j] = std::tanh(s[h * BLOCK + j] * inv) * cap;
+    }
     for (int64_t h = 0; h < H; ++h) {  // online softmax: rescale what came before to the new max
       float* sh = s.data() + h * BLOCK;
       const float c = softmax_block(sh, n, m[h], l[h]);  // the first block has n >= 1: m is finite after it
@@ -119,17 +133,19 @@ int64_t run(const Args& a, int32_t nthreads) {
   }
   // Few requests: split each into key chunks (flash-decoding) so every thread has work, merged below.
   int64_t total = 0;
-  for (int64_t i = 0; i < a.b; ++i) total += a.lens[i];
+  for (int64_t i = 0; i < a.b; ++i) total += a.lens[i] - first_key(a, i);
   const int64_t want = 4 * (int64_t)std::max(nthreads, 1);
   const int64_t chunk = a.b >= want ? INT64_MAX : std::max<int64_t>(256, (total + want - 1) / want);
   std::vector<Task> tasks;
   int64_t parts = 0;
   for (int64_t i = 0; i < a.b; ++i) {
-    if (a.lens[i] <= chunk) {
-      tasks.push_back({i, 0, a.lens[i], -1});
+    const int64_t first = first_key(a, i);
+    if (a.lens[i] - first <= chunk) {
+      tasks.push_back({i, first, a.lens[i], -1});
       continue;
     }
-    for (int64_t lo = 0; lo < a.lens[i]; lo += chunk) tasks.push_back({i, lo, std::min(a.lens[i], lo + chunk), parts++});
+    for (int64_t lo = first; lo < a.lens[i]; lo += chunk)
+      tasks.push_back({i, lo, std::min(a.lens[i], lo + chunk), parts++});
   }
   const int64_t stride = H * (D + 2);  // one partial: m [H], l [H], acc [H, D]
   std::vector<float> partial((size_t)(parts * stride));
@@ -188,19 +204,33 @@ int64_t run(const Args& a, int32_t nthreads) {
 
 // Returns 0, -1 for an unknown kv_dtype, or 1 + 4 * i + problem for the first bad request i: BAD_SLOT (a slot id
 // outside [0, num_slots)), BAD_LEN (lens[i] outside [1, r2t_stride]), BAD_ROW (rows[i] outside [0, r2t_rows)).
-extern "C" int64_t sglpy_decode_attention(const float* q, int64_t q_row, const void* k_cache, const void* v_cache,
-                                          int32_t kv_dtype, int64_t num_slots, int64_t kv_row,
-                                          const int32_t* req_to_token, int64_t r2t_rows, int64_t r2t_stride,
-                                          const int64_t* rows, const int64_t* lens, float* out, int64_t b,
-                                          int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
-                                          int32_t nthreads) {
+// window > 0: each request attends to its last `window` keys only; softcap > 0: scores -> tanh(s / cap) * cap.
+extern "C" int64_t sglpy_decode_attention_windowed(const float* q, int64_t q_row, const void* k_cache,
+                                                   const void* v_cache, int32_t kv_dtype, int64_t num_slots,
+                                                   int64_t kv_row, const int32_t* req_to_token, int64_t r2t_rows,
+                                                   int64_t r2t_stride, const int64_t* rows, const int64_t* lens,
+                                                   float* out, int64_t b, int64_t heads, int64_t kv_heads,
+                                                   int64_t head_dim, float scale, int64_t window, float softcap,
+                                                   int32_t nthreads) {
   using namespace sglpy;
   const Args a{q, q_row, k_cache, v_cache, num_slots, kv_row, req_to_token, r2t_rows, r2t_stride, rows, lens, out,
-               b, heads, kv_heads, head_dim, scale};
+               b, heads, kv_heads, head_dim, scale, std::max<int64_t>(window, 0), std::max(softcap, 0.f)};
   switch (kv_dtype) {
     case F32: return run<float>(a, nthreads);
     case BF16: return run<bf16_t>(a, nthreads);
     case F16: return run<f16_t>(a, nthreads);
     default: return -1;
   }
+}
+
+// sglpy_decode_attention_windowed without a window or a soft-cap (full causal attention).
+extern "C" int64_t sglpy_decode_attention(const float* q, int64_t q_row, const void* k_cache, const void* v_cache,
+                                          int32_t kv_dtype, int64_t num_slots, int64_t kv_row,
+                                          const int32_t* req_to_token, int64_t r2t_rows, int64_t r2t_stride,
+                                          const int64_t* rows, const int64_t* lens, float* out, int64_t b,
+                                          int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
+                                          int32_t nthreads) {
+  return sglpy_decode_attention_windowed(q, q_row, k_cache, v_cache, kv_dtype, num_slots, kv_row, req_to_token,
+                                         r2t_rows, r2t_stride, rows, lens, out, b, heads, kv_heads, head_dim, scale,
+                                         0, 0.f, nthreads);
 }

@@ -6,6 +6,12 @@
 // kv head. Keys stream in blocks of KB: the block's K is transposed once into scratch ([D, KB], float32), so the
 // scores of RB rows against 16 keys are broadcast-FMAs with no horizontal sums; V is converted once per block and
 // P V keeps RB rows' accumulators in registers. Rows skip keys past their position exactly (no tiny weights).
+//
+// A sliding window (key j visible to the query at position p when p - window < j <= p) starts a task's key blocks
+// at the block holding its first row's first key; blocks stay at multiples of KB from position 0, so a row's
+// arithmetic does not depend on the other rows of its task (deterministic inference reads decode tokens as one-token
+// extends). Rows skip keys before their window exactly, as past their position. Soft-capping maps each scaled score
+// s to tanh(s / cap) * cap before the softmax.
 #include <vector>
 
 #include "cpu_common.h"
@@ -33,7 +39,38 @@ struct Args {
   float* out;             // [n, H, D]
   int64_t H, Hkv, D;
   float scale;
+  int64_t window;  // > 0: sliding window in tokens; 0: full causal attention
+  float softcap;   // > 0: scores become tanh(s / softcap) * softcap; 0: as they are
 };
+
+// First key block (a multiple of KB) any row of a task whose first query sits at position q_first can see.
+inline int64_t first_block(const Args& a, int64_t q_first) {
+  return a.window > 0 ? std::max<int64_t>(0, q_first - a.window + 1) / KB * KB : 0;
+}
+
+// softmax_block over the keys [lo, vis) of a block (0 < lo < vis <= KB): the keys before lo get weight 0 exactly.
+inline float softmax_range(float* s, int64_t lo, int64_t vis, float& m, float& l) {
+  constexpr int V = KV_VECS;
+  vf x[V], mx = splat(-INFINITY);
+  int64_t rl[V], rh[V];
+  for (int v = 0; v < V; ++v) {
+    rl[v] = std::min<int64_t>(std::max<int64_t>(lo - v * W, 0), W);  // lanes of vector v before the window
+    rh[v] = std::min<int64_t>(std::max<int64_t>(vis - v * W, 0), W);  // lanes of vector v up to the position
+    x[v] = first_lanes(splat(-INFINITY), rl[v], first_lanes(load(s + v * W), rh[v], splat(-INFINITY)));
+    mx = vmax(mx, x[v]);
+  }
+  const float bm = std::max(m, hmax(mx));  // finite: key lo is visible
+  const float c = exp_f32(m - bm);
+  vf sum = vf{};
+  for (int v = 0; v < V; ++v) {
+    const vf e = first_lanes(vf{}, rl[v], first_lanes(exp_v(x[v] - bm), rh[v], vf{}));
+    store(s + v * W, e);
+    sum += e;
+  }
+  l = l * c + hsum(sum);
+  m = bm;
+  return c;
+}
 
 struct Task {
   int64_t req, t0, kh, work;
@@ -98,7 +135,7 @@ bool run_task(const Args& a, const Task& t) {
   constexpr int RB = NV == 4 ? 6 : NV == 8 ? 3 : 1;  // 24 accumulators (+ 4 or 8 loaded vectors) of 32 zmm
   const int64_t D = a.D, G = a.H / a.Hkv, i = t.req, kh = t.kh;
   const int64_t nq = std::min(QB, a.ext[i] - t.t0), R = nq * G, q_first = a.prefix[i] + t.t0;
-  const int64_t n_keys = q_first + nq;  // the last row sees keys [0, n_keys)
+  const int64_t n_keys = q_first + nq;  // the last row sees keys [0, n_keys) (or its window of them)
   const int32_t* slots = a.r2t + a.rows[i] * a.r2t_stride;
   const KV* kc = static_cast<const KV*>(a.k);
   const KV* vc = static_cast<const KV*>(a.v);
@@ -121,7 +158,7 @@ bool run_task(const Args& a, const Task& t) {
   std::fill(o, o + R * D, 0.f);
   std::fill(m, m + R, -INFINITY);
   std::fill(l, l + R, 0.f);
-  for (int64_t k0 = 0; k0 < n_keys; k0 += KB) {
+  for (int64_t k0 = first_block(a, q_first); k0 < n_keys; k0 += KB) {
     const int64_t nk = std::min(KB, n_keys - k0);
     for (int64_t j = 0; j < nk; ++j) {  // K transposed and V converted, once per block
       const int64_t slot = slots[k0 + j];
@@ -137,11 +174,26 @@ bool run_task(const Args& a, const Task& t) {
     for (int64_t j = nk; j < KB; ++j)
       for (int64_t d = 0; d < D; ++d) kt[d * KB + j] = 0.f;  // padding columns: scored, never used
     scores<NV, RB>(qs, R, kt, s, D);
+    if (a.softcap > 0.f) {  // Gemma 2: capped before the max is taken
+      const float cap = a.softcap, inv = 1.0f / a.softcap;
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t j = 0; j < nk; ++j) s[r * KB + j] = std::tanh(s[r * KB + j] * inv) * cap;
+    }
     for (int64_t r = 0; r < R; ++r) {  // online softmax over the keys this row sees
       // keys of this block the row sees; 0 when the block starts past its position (block 0 always gives every
       // row a finite max, so c = 1 and the row's state is kept)
       const int64_t vis = std::max<int64_t>(0, std::min(nk, q_first + r / G + 1 - k0));
-      const float c = softmax_block(s + r * KB, vis, m[r], l[r]);
+      // with a window, the row's first key in this block (<= 0: the whole block up to vis); a block before the
+      // window leaves the row's state as it is (c = 1, weights 0), a block that holds its start takes [lo, vis)
+      const int64_t lo = a.window > 0 ? q_first + r / G - a.window + 1 - k0 : 0;
+      float c = 1.f;
+      if (lo <= 0) {
+        c = softmax_block(s + r * KB, vis, m[r], l[r]);
+      } else if (lo >= vis) {
+        std::fill(s + r * KB, s + r * KB + KB, 0.f);
+      } else {
+        c = softmax_range(s + r * KB, lo, vis, m[r], l[r]);
+      }
       float* orow = o + r * D;
 #pragma omp simd
       for (int64_t d = 0; d < D; ++d) orow[d] *= c;
@@ -176,7 +228,8 @@ int64_t run(const Args& a, int64_t b, int32_t nthreads) {
     if (a.rows[i] < 0 || a.rows[i] >= a.r2t_rows) return 1 + 4 * i + BAD_ROW;
     if (a.prefix[i] < 0 || a.ext[i] < 0 || a.prefix[i] + a.ext[i] > a.r2t_stride) return 1 + 4 * i + BAD_LEN;
     for (int64_t t0 = 0; t0 < a.ext[i]; t0 += QB)
-      for (int64_t kh = 0; kh < a.Hkv; ++kh) tasks.push_back({i, t0, kh, a.prefix[i] + t0 + QB});
+      for (int64_t kh = 0; kh < a.Hkv; ++kh)
+        tasks.push_back({i, t0, kh, a.prefix[i] + t0 + QB - first_block(a, a.prefix[i] + t0)});
   }
   // most keys first: the long tail of a causal prompt does not end up alone on one thread
   std::sort(tasks.begin(), tasks.end(), [](const Task& x, const Task& y) { return x.work > y.work; });
@@ -197,21 +250,36 @@ int64_t run(const Args& a, int64_t b, int32_t nthreads) {
 
 // q float32 [n, heads, head_dim] (token rows q_row elements apart), out float32 [n, heads, head_dim]; request i's
 // tokens are q rows start[i] .. start[i] + ext[i], at positions prefix[i] .. prefix[i] + ext[i], their K/V already
-// stored. Returns 0, -1 for an unknown kv_dtype, or 1 + 4 * i + problem for the first bad request i (BAD_SLOT: a
-// slot id out of range among its keys; BAD_LEN: prefix + ext outside [0, r2t_stride]; BAD_ROW: rows[i] out of range).
-extern "C" int64_t sglpy_extend_attention(const float* q, int64_t q_row, const void* k_cache, const void* v_cache,
-                                          int32_t kv_dtype, int64_t num_slots, int64_t kv_row,
-                                          const int32_t* req_to_token, int64_t r2t_rows, int64_t r2t_stride,
-                                          const int64_t* rows, const int64_t* prefix, const int64_t* ext,
-                                          const int64_t* start, float* out, int64_t b, int64_t heads,
-                                          int64_t kv_heads, int64_t head_dim, float scale, int32_t nthreads) {
+// stored. window > 0: a query at position p sees keys (p - window, p]; softcap > 0: scores -> tanh(s / cap) * cap.
+// Returns 0, -1 for an unknown kv_dtype, or 1 + 4 * i + problem for the first bad request i (BAD_SLOT: a slot id
+// out of range among its keys; BAD_LEN: prefix + ext outside [0, r2t_stride]; BAD_ROW: rows[i] out of range).
+extern "C" int64_t sglpy_extend_attention_windowed(const float* q, int64_t q_row, const void* k_cache,
+                                                   const void* v_cache, int32_t kv_dtype, int64_t num_slots,
+                                                   int64_t kv_row, const int32_t* req_to_token, int64_t r2t_rows,
+                                                   int64_t r2t_stride, const int64_t* rows, const int64_t* prefix,
+                                                   const int64_t* ext, const int64_t* start, float* out, int64_t b,
+                                                   int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
+                                                   int64_t window, float softcap, int32_t nthreads) {
   using namespace sglpy;
   const Args a{q, q_row, k_cache, v_cache, num_slots, kv_row, req_to_token, r2t_rows, r2t_stride, rows, prefix,
-               ext, start, out, heads, kv_heads, head_dim, scale};
+               ext, start, out, heads, kv_heads, head_dim, scale, std::max<int64_t>(window, 0),
+               std::max(softcap, 0.f)};
   switch (kv_dtype) {
     case F32: return run<float>(a, b, nthreads);
     case BF16: return run<bf16_t>(a, b, nthreads);
     case F16: return run<f16_t>(a, b, nthreads);
     default: return -1;
   }
+}
+
+// sglpy_extend_attention_windowed without a window or a soft-cap (full causal attention).
+extern "C" int64_t sglpy_extend_attention(const float* q, int64_t q_row, const void* k_cache, const void* v_cache,
+                                          int32_t kv_dtype, int64_t num_slots, int64_t kv_row,
+                                          const int32_t* req_to_token, int64_t r2t_rows, int64_t r2t_stride,
+                                          const int64_t* rows, const int64_t* prefix, const int64_t* ext,
+                                          const int64_t* start, float* out, int64_t b, int64_t heads,
+                                          int64_t kv_heads, int64_t head_dim, float scale, int32_t nthreads) {
+  return sglpy_extend_attention_windowed(q, q_row, k_cache, v_cache, kv_dtype, num_slots, kv_row, req_to_token,
+                                         r2t_rows, r2t_stride, rows, prefix, ext, start, out, b, heads, kv_heads,
+                                         head_dim, scale, 0, 0.f, nthreads);
 }

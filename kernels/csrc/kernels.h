@@ -14,6 +14,19 @@ int64_t sglpy_extend_attention(const float* q, int64_t q_row, const void* k_cach
                                int64_t r2t_rows, int64_t r2t_stride, const int64_t* rows, const int64_t* prefix,
                                const int64_t* ext, const int64_t* start, float* out, int64_t b, int64_t heads,
                                int64_t kv_heads, int64_t head_dim, float scale, int32_t nthreads);
+int64_t sglpy_decode_attention_windowed(const float* q, int64_t q_row, const void* k_cache, const void* v_cache,
+                                        int32_t kv_dtype, int64_t num_slots, int64_t kv_row,
+                                        const int32_t* req_to_token, int64_t r2t_rows, int64_t r2t_stride,
+                                        const int64_t* rows, const int64_t* lens, float* out, int64_t b,
+                                        int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
+                                        int64_t window, float softcap, int32_t nthreads);
+int64_t sglpy_extend_attention_windowed(const float* q, int64_t q_row, const void* k_cache, const void* v_cache,
+                                        int32_t kv_dtype, int64_t num_slots, int64_t kv_row,
+                                        const int32_t* req_to_token, int64_t r2t_rows, int64_t r2t_stride,
+                                        const int64_t* rows, const int64_t* prefix, const int64_t* ext,
+                                        const int64_t* start, float* out, int64_t b, int64_t heads,
+                                        int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
+                                        float softcap, int32_t nthreads);
 int64_t sglpy_gemv_int8(const float* x, int64_t M, int64_t K, const int8_t* q, const float* scale, const float* bias,
                         float* y, int64_t N, int32_t nthreads);
 int64_t sglpy_gemv_int4(const float* x, int64_t M, int64_t K, const uint8_t* q, const uint16_t* sz, const float* bias,

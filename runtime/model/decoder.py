@@ -2,8 +2,9 @@
 (runtime/model/families.py) over the Llama model's pieces: per-head q/k norms, (1 + w) and sandwich norms,
 scaled embeddings, GeGLU, per-layer sliding windows and rope tables, soft-capping, mixtures of experts.
 
-Runs the per-op torch path (the native CPU decode layer knows none of these features); attention without a
-window or soft-cap uses the same kernels as Llama (native CPU / Triton / torch reference).
+Runs the per-op torch path (the native CPU decode layer knows none of these features); attention runs the same
+kernels as Llama (native CPU / Triton / torch reference), each layer passing its sliding window and logit soft-cap
+as constants of the call (no host reads: the decode step can be captured in a CUDA graph).
 """
 
 from __future__ import annotations
@@ -23,17 +24,15 @@ from .forward_batch import ForwardBatch
 from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, RMSNorm
 from .moe import MoEBlock
 from .rope import RopeRows, gather_rows, layer_rope_keys, rope_tables, rotate
-from .window_attention import WindowPlan, plan_window_attention, window_attention
 from ..memory.kv_manager import KVBuffers
 
 
 @dataclass(frozen=True)
 class FamilyStepPlan:
-    """Per-forward work shared by the layers: cos/sin rows per rope table, decode plan, windowed-attention plan."""
+    """Per-forward work shared by the layers: cos/sin rows per rope table, the decode attention plan."""
 
     rope: dict[str | None, RopeRows]
     decode: DecodePlan | None
-    window: WindowPlan | None
 
 
 class FamilyAttention(LlamaAttention):
@@ -59,22 +58,22 @@ class FamilyAttention(LlamaAttention):
         rows = plan.rope[self.rope_key]
         q, k = rotate(q, rows), rotate(k, rows)
         store_kv_unchecked(k_cache, v_cache, fb.out_cache_loc, k, v.contiguous())
-        windowed = self.window is not None and plan.window.max_seq_len > self.window
-        if windowed or self.softcap:
-            o = window_attention(q, k_cache, v_cache, plan.window, self.scale, self.window, self.softcap)
-        else:
-            o = _attention(q, k_cache, v_cache, fb, plan.decode, self.scale)
+        o = _attention(q, k_cache, v_cache, fb, plan.decode, self.scale, self.window, self.softcap)
         return self.o_proj(o.reshape(t, h * d))
 
 
-def _attention(q, k_cache, v_cache, fb: ForwardBatch, decode: DecodePlan | None, scale: float) -> torch.Tensor:
-    """Full causal attention through the kernels (decode rows first, then extend rows), as Llama runs it."""
+def _attention(q, k_cache, v_cache, fb: ForwardBatch, decode: DecodePlan | None, scale: float,
+               window: int | None, softcap: float | None) -> torch.Tensor:
+    """Causal attention through the kernels (decode rows first, then extend rows), as Llama runs it, within the
+    layer's sliding window and with its logit soft-cap (None: none)."""
     nd, t = fb.num_decode, q.shape[0]
     if nd == t:
-        return decode_attention_planned(q, k_cache, v_cache, decode, scale)
+        return decode_attention_planned(q, k_cache, v_cache, decode, scale, window, softcap)
     ext = extend_attention_planned(q[nd:], k_cache, v_cache, fb.req_to_token, fb.req_pool_indices[nd:],
-                                   fb.prefix_lens[nd:], fb.extend_lens[nd:], scale, fb.max_extend_len)
-    return ext if nd == 0 else torch.cat([decode_attention_planned(q[:nd], k_cache, v_cache, decode, scale), ext])
+                                   fb.prefix_lens[nd:], fb.extend_lens[nd:], scale, fb.max_extend_len, window, softcap)
+    if nd == 0:
+        return ext
+    return torch.cat([decode_attention_planned(q[:nd], k_cache, v_cache, decode, scale, window, softcap), ext])
 
 
 class FamilyMLP(LlamaMLP):
@@ -131,8 +130,6 @@ class FamilyForCausalLM(LlamaForCausalLM):
     def build_decoder(self, config, shard) -> nn.Module:
         self.family = family_of(config)
         self.final_softcap = getattr(config, "final_logit_softcapping", None) or None
-        self.windowed = any(w is not None for w in layer_windows(config)) \
-            or bool(getattr(config, "attn_logit_softcapping", None))
         self.rope_tables = {}
         return FamilyModel(config, self.family, shard)
 
@@ -154,12 +151,10 @@ class FamilyForCausalLM(LlamaForCausalLM):
 
     def init_rope(self, max_pos: int, device, dtype) -> None:
         """Build every rope table this model's layers read; drop the windows no sequence within max_pos exceeds
-        (they never apply; without them the step can be captured in a CUDA graph: families.graph_blocker)."""
+        (they never apply: those layers run plain causal attention)."""
         for layer in self.model.layers:
             if layer.self_attn.window is not None and layer.self_attn.window >= max_pos:
                 layer.self_attn.window = None
-        self.windowed = any(layer.self_attn.window is not None for layer in self.model.layers) \
-            or bool(getattr(self.config, "attn_logit_softcapping", None))
         self.rope_tables = {k: type(t)(t.cache.to(device=device, dtype=dtype), t.rot_dim)
                             for k, t in rope_tables(self.config, self.head_dim, max_pos).items()}
         self.rope_cache = next(iter(self.rope_tables.values())).cache
@@ -175,8 +170,7 @@ class FamilyForCausalLM(LlamaForCausalLM):
         plan = FamilyStepPlan({k: gather_rows(t, fb.positions) for k, t in self.rope_tables.items()},
                               plan_decode_attention(fb.req_to_token, fb.req_pool_indices[:nd], fb.seq_lens[:nd],
                                                     self.batch_invariant)
-                              if nd else None,
-                              plan_window_attention(fb) if self.windowed else None)
+                              if nd else None)
         residual = None
         for layer in self.model.layers:
             x, residual = layer.forward(x, residual, fb, kv, plan)

@@ -64,16 +64,24 @@ def check_feature(config, feature: str, what: str, max_context: int | None = Non
 
 
 def graph_blocker(config, max_context: int | None = None) -> str | None:
-    """Why this model's decode step cannot be captured in a CUDA graph (None: it can). Windows, soft-capped
-    attention and expert groups run in torch reading lengths or counts on the host each step; a window no sequence
-    within max_context can exceed never applies (runtime/model/decoder.py drops it)."""
-    limit = max_context or int(getattr(config, "max_position_embeddings", 0) or 0)
+    """Why this model's decode step cannot be captured in a CUDA graph (None: it can). Expert groups are counted on
+    the host each step; sliding windows and soft-caps are per-layer constants of the attention kernels, so they
+    never block (max_context no longer matters; kept for the callers)."""
+    if any(moe_layers(config)):
+        return "its experts are grouped on the host each step (runtime/model/moe.py)"
+    return None
+
+
+def determinism_blocker(config) -> str | None:
+    """Why deterministic inference is refused for this model (None: it is not): experts, and windowed or soft-capped
+    attention, which the batch-invariance matrix (docs/determinism.md) does not cover."""
+    limit = int(getattr(config, "max_position_embeddings", 0) or 0)
     if any(moe_layers(config)):
         return "its experts are grouped on the host each step (runtime/model/moe.py)"
     if getattr(config, "attn_logit_softcapping", None):
-        return "soft-capped attention runs in torch reading lengths on the host (runtime/model/window_attention.py)"
+        return "soft-capped attention is not covered by the batch-invariance matrix"
     if any(w is not None and w < limit for w in layer_windows(config)):
-        return "sliding-window attention runs in torch reading lengths on the host (runtime/model/window_attention.py)"
+        return "sliding-window attention is not covered by the batch-invariance matrix"
     return None
 
 

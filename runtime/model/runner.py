@@ -16,7 +16,7 @@ from ..memory.kv_pool import KVPool, kv_cache_torch_dtype
 from .cuda_graph import DecodeGraphRunner, DecodeInputs, capture_buckets, resolve_future_ids
 from .extend_graph import MAX_BS as EXTEND_GRAPH_MAX_BS, ExtendGraphRunner
 from .forward_batch import ForwardBatch, build_host_batch
-from .families import check_feature, fit_quantization, graph_blocker
+from .families import check_feature, determinism_blocker, fit_quantization
 from .loader import load_model
 from .parallel import TPGroup, TPGroupError
 from .quantization import quantize_model, resolve_quantization
@@ -58,9 +58,9 @@ class ModelRunner:
         if self.group is not None and self.group.device.type == "cuda":
             self.device = self.group.device
         self.model = load_model(model_path, self.dtype, self.device, self.group)
-        if cfg.enable_deterministic_inference and graph_blocker(self.model.config) is not None:
+        if cfg.enable_deterministic_inference and determinism_blocker(self.model.config) is not None:
             raise ValueError(f"enable_deterministic_inference is not supported with {type(self.model).__name__}: "
-                             f"{graph_blocker(self.model.config)}, outside the batch-invariant kernels "
+                             f"{determinism_blocker(self.model.config)}, outside the batch-invariant kernels "
                              "(docs/determinism.md); unset the flag for this model")
         # what runs: none, int8 or int4 (auto looks at the loaded weights)
         mode = fit_quantization(self.model.config, cfg.quantization)  # a family that cannot quantize: none

@@ -278,3 +278,41 @@ def test_attention_property_random_ragged_batches(lens, kv_heads, group, splits)
     qd = torch.randn(len(lens), heads, 16)
     args = (qd, *meta, seq_lens, 0.25)
     close(decode_attention_triton(*args, num_splits=splits, block_n=16), decode_attention_reference(*args))
+
+
+@pytest.mark.parametrize(
+    "kv_lens,window,softcap,num_splits",
+    [
+        ([1, 5, 40, 3], 8, 0.0, 3),  # windows shorter and longer than the requests, some splits empty
+        ([70, 3, 33], 20, 5.0, 2),  # window + soft-cap
+        ([70, 3], 0, 2.0, 1),  # soft-cap alone
+        ([600, 17], 100, 0.0, 4),  # the long request's keys before its window are never split over
+    ],
+)
+def test_decode_attention_window_softcap_match_reference(kv_lens, window, softcap, num_splits):
+    pb = make_paged_batch(kv_lens, 2, 16, F32, seed=len(kv_lens) + window)
+    q = torch.randn(len(kv_lens), 6, 16)
+    args = (q, pb.k_cache, pb.v_cache, pb.req_to_token, pb.req_pool_indices, torch.tensor(kv_lens), 0.25)
+    want = decode_attention_reference(*args, window, softcap)
+    close(decode_attention_triton(*args, num_splits=num_splits, block_n=16, window=window, softcap=softcap), want)
+    # fixed split points (deterministic inference): the 600-token request's window starts in its second split
+    close(decode_attention_triton(*args, block_n=16, batch_invariant=True, window=window, softcap=softcap), want)
+
+
+@pytest.mark.parametrize(
+    "prefix,ext,window,softcap",
+    [
+        ([0, 4, 0, 20, 3], [5, 1, 1, 19, 0], 4, 0.0),  # ragged, cached prefixes past the window, empty extend
+        ([0, 7], [33, 2], 8, 3.0),  # several query blocks, window + soft-cap
+        ([17], [16], 0, 1.0),  # soft-cap alone
+        ([40, 2], [40, 30], 100, 0.0),  # window longer than the context
+        ([40, 2], [40, 30], 1, 0.0),  # each token sees itself only
+    ],
+)
+def test_extend_attention_window_softcap_match_reference(prefix, ext, window, softcap):
+    pb = make_paged_batch([p + e for p, e in zip(prefix, ext)], 2, 16, F32, seed=len(prefix) + window)
+    q = torch.randn(sum(ext), 6, 16)
+    args = (q, pb.k_cache, pb.v_cache, pb.req_to_token, pb.req_pool_indices, torch.tensor(prefix),
+            torch.tensor(ext), 0.3)
+    close(extend_attention_triton(*args, block_m=16, block_n=16, window=window, softcap=softcap),
+          extend_attention_reference(*args, window, softcap))

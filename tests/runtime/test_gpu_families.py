@@ -1,6 +1,7 @@
 """The non-Llama families on a CUDA GPU (skipped without one): each tiny family model's float32 logits against HF's
-(CPU float32), bf16 greedy tokens against float32's, and the families that take CUDA graphs (no windows, soft-caps
-or experts: Qwen3, Phi-4-mini) decoding captured graphs with the same tokens as eager decode.
+(CPU float32), bf16 greedy tokens against float32's, and the families that take CUDA graphs (all but the experts:
+Qwen3, Phi-4-mini, and Gemma 2/3 whose windows and soft-caps are constants of the Triton attention launches)
+decoding captured graphs with the same tokens as eager decode.
 
 Run by `make test-gpu` (TRITON_INTERPRET=0). Tolerances: float32 logits within 2e-3 of HF's (TF32 is off; the
 Triton attention and torch matmuls reorder sums); bf16: the first 4 greedy tokens equal float32's (the MoE model
@@ -63,7 +64,7 @@ def _generate(path, **kw):
         _free()
 
 
-@pytest.mark.parametrize("family", ["qwen3", "phi4-mini"])
+@pytest.mark.parametrize("family", ["qwen3", "phi4-mini", "gemma2", "gemma3"])
 def test_cuda_graphs_equal_eager(family_paths, family):
     eager, none = _generate(family_paths[family], dtype="float32", disable_cuda_graph=True)
     graphs, replays = _generate(family_paths[family], dtype="float32", disable_cuda_graph=False)
@@ -73,10 +74,10 @@ def test_cuda_graphs_equal_eager(family_paths, family):
 
 @pytest.mark.parametrize("family", ["gemma2", "qwen3-moe"])
 def test_cuda_bf16_close_to_float32_eager_for_the_others(family_paths, family):
-    """Windows / soft-caps / experts decode eagerly (auto graphs log the reason); bf16 starts like float32."""
+    """bf16 starts like float32 (Gemma 2 under CUDA graphs; the experts decode eagerly: auto graphs log why)."""
     f32, _ = _generate(family_paths[family], dtype="float32")
     b16, replays = _generate(family_paths[family], dtype="bfloat16")
-    assert replays == 0
+    assert (replays == 0) == (family == "qwen3-moe")
     assert all(len(b) == GREEDY["max_new_tokens"] for b in b16)
     if family == "qwen3-moe":
         # a bf16 router near-tie on this random model picks other experts (on the H200 even the first greedy

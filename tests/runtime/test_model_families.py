@@ -177,8 +177,8 @@ def test_gguf_of_an_unknown_tensor_is_named(tmp_path):
 
 def test_refusals_name_the_combination(family_paths):
     with pytest.raises(ValueError, match=r"CUDA graphs \(disable_cuda_graph=False\) is not supported with "
-                                         r"Gemma2ForCausalLM"):
-        Engine(family_paths["gemma2"], quantization="none", disable_cuda_graph=False, max_total_tokens=256)
+                                         r"MixtralForCausalLM \(mixtral\): its experts"):
+        Engine(family_paths["mixtral"], quantization="none", disable_cuda_graph=False, max_total_tokens=256)
     assert set(FAMILIES) >= {"Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
                              "MixtralForCausalLM", "Qwen3MoeForCausalLM"}
 
@@ -275,11 +275,11 @@ def test_tensor_parallel_equals_one_rank(family_paths, family):
         assert la == pytest.approx([t[0] for t in b["meta_info"]["output_token_logprobs"]], abs=1e-4)
 
 
-@pytest.mark.parametrize("family", ["qwen3"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma2", "gemma3"])
 def test_graph_decode_path_equals_eager(family_paths, family):
-    """Families without windows, soft-caps or experts take the CUDA-graph decode path (padded buckets, static
-    buffers: run eagerly on CPU here, captured on CUDA): the same greedy tokens as eager decode. (Phi-3's tiny model
-    qualifies too: its 2048-token window is as long as its context, so it never applies and is dropped.)"""
+    """Families without experts take the CUDA-graph decode path (padded buckets, static buffers: run eagerly on CPU
+    here, captured on CUDA): the same greedy tokens as eager decode. Gemma's windows and soft-caps are per-layer
+    constants of the attention kernels; the 30-token prompt decodes past the 8-token windows."""
     prompts = [[1, 17, 300, 4000], list(range(500, 530)), [9, 9, 9]]
     sp = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
     outs = {}
@@ -295,18 +295,67 @@ def test_graph_decode_path_equals_eager(family_paths, family):
     assert outs[True] == outs[False]
 
 
+@pytest.mark.parametrize("family,windows,softcap", [("gemma2", {8}, 50.0), ("gemma3", {8}, 0.0)])
+def test_windowed_layers_run_the_native_kernels(family_paths, family, windows, softcap, monkeypatch):
+    """Gemma's sliding-window and soft-capped layers run the native CPU attention kernels, each layer passing its
+    window and cap (the torch references are never called), in prefill and decode, and still give HF's tokens."""
+    import importlib
+
+    from sglpy.kernels import decode_plan
+    from sglpy.kernels.cpu_native import native_lib
+
+    extend_attention = importlib.import_module("sglpy.kernels.extend_attention")  # the package exports a function
+
+    if native_lib() is None:
+        pytest.skip("the native CPU kernels are not built here")
+    calls = []
+
+    def spy(name, fn, at):
+        def run(*a, **kw):
+            calls.append((name, a[at], a[at + 1]))  # (kernel, window, softcap) as the layer passed them
+            return fn(*a, **kw)
+        return run
+
+    def refuse(*a, **kw):
+        raise AssertionError("a windowed layer fell back to the torch reference")
+
+    monkeypatch.setattr(decode_plan, "decode_attention_cpu", spy("decode", decode_plan.decode_attention_cpu, 8))
+    monkeypatch.setattr(extend_attention, "extend_attention_cpu", spy("extend", extend_attention.extend_attention_cpu,
+                                                                      9))
+    monkeypatch.setattr(decode_plan, "decode_attention_reference", refuse)
+    monkeypatch.setattr(extend_attention, "extend_attention_reference", refuse)
+    prompts = [[1, 17, 300, 4000], list(range(500, 530))]  # 30 tokens: past the 8-token windows
+    with Engine(family_paths[family], quantization="none", max_total_tokens=1024, grammar_workers=0) as eng:
+        outs = eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 12, "temperature": 0,
+                                                                 "ignore_eos": True})
+    for kind in ("decode", "extend"):
+        seen = {(w, c) for k, w, c in calls if k == kind}
+        assert {w for w, _ in seen} == windows | {0}, (kind, seen)  # sliding layers and global ones
+        assert {c for _, c in seen} == {softcap}, (kind, seen)
+    hf = _hf(family_paths[family])
+    for ids, out in zip(prompts, outs):
+        full = ids + out["output_ids"]
+        with torch.no_grad():
+            picks = hf(torch.tensor([full])).logits[0, len(ids) - 1:-1].argmax(-1).tolist()
+        assert picks == out["output_ids"]
+
+
 def test_graph_blockers_name_the_layer_feature(family_paths):
     from transformers import AutoConfig
 
     from sglpy.runtime.model.families import check_feature, graph_blocker
 
-    assert graph_blocker(AutoConfig.from_pretrained(family_paths["gemma2"])).startswith("soft-capped attention")
-    assert graph_blocker(AutoConfig.from_pretrained(family_paths["gemma3"])).startswith("sliding-window attention")
+    from sglpy.runtime.model.families import determinism_blocker
+
+    # windows and soft-caps run in the attention kernels: only the experts' host-side grouping blocks graphs
+    for family in ("gemma2", "gemma3", "phi3", "qwen3"):
+        assert graph_blocker(AutoConfig.from_pretrained(family_paths[family]), max_context=4096) is None
     assert graph_blocker(AutoConfig.from_pretrained(family_paths["mixtral"])).startswith("its experts")
-    assert graph_blocker(AutoConfig.from_pretrained(family_paths["phi3"])) is None  # window = context: never applies
-    assert graph_blocker(AutoConfig.from_pretrained(family_paths["phi3"]), max_context=4096) is not None
-    windowed = AutoConfig.from_pretrained(family_paths["qwen3"])
-    windowed.update(dict(sliding_window=8, layer_types=["sliding_attention"] * windowed.num_hidden_layers))
-    with pytest.raises(ValueError, match=r"CUDA graphs is not supported with Qwen3ForCausalLM \(qwen3\): "
-                                         r"sliding-window attention"):
-        check_feature(windowed, "cuda_graph", "CUDA graphs")
+    with pytest.raises(ValueError, match=r"CUDA graphs is not supported with Qwen3MoeForCausalLM \(qwen3_moe\): "
+                                         r"its experts"):
+        check_feature(AutoConfig.from_pretrained(family_paths["qwen3-moe"]), "cuda_graph", "CUDA graphs")
+    # deterministic inference still refuses them (the batch-invariance matrix does not cover them)
+    assert determinism_blocker(AutoConfig.from_pretrained(family_paths["gemma2"])).startswith("soft-capped")
+    assert determinism_blocker(AutoConfig.from_pretrained(family_paths["gemma3"])).startswith("sliding-window")
+    assert determinism_blocker(AutoConfig.from_pretrained(family_paths["phi3"])) is None  # window = context
+    assert determinism_blocker(AutoConfig.from_pretrained(family_paths["qwen3"])) is None
