@@ -41,6 +41,10 @@ _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c
 SIGNATURES = {
     "sglpy_decode_attention": (_I64, [_P, _I64, _P, _P, _I32, _I64, _I64, _P, _I64, _I64, _P, _P, _P,
                                       _I64, _I64, _I64, _I64, _F32, _I32]),
+    "sglpy_decode_attention_windowed": (_I64, [_P, _I64, _P, _P, _I32, _I64, _I64, _P, _I64, _I64, _P, _P, _P,
+                                               _I64, _I64, _I64, _I64, _F32, _I64, _F32, _I32]),
+    "sglpy_extend_attention_windowed": (_I64, [_P, _I64, _P, _P, _I32, _I64, _I64, _P, _I64, _I64, _P, _P, _P, _P,
+                                               _P, _I64, _I64, _I64, _I64, _F32, _I64, _F32, _I32]),
     "sglpy_rmsnorm": (_I64, [_P, _P, _P, _F32, _P, _P, _I64, _I64, _I32]),
     "sglpy_rotary_store": (_I64, [_P, _I64, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I32, _I64, _I64, _P,
                                   _I32]),
