@@ -14,12 +14,15 @@ The candidates come from `top_candidates`, a grouped top-k: the maximum of each 
 groups with the best maxima, then a top-k within them. It is exact: the K best maxima are K distinct elements
 at least as large as the K-th best element, so every one of the K best elements lies in one of those groups.
 `greedy` finds the argmax from the maxima of contiguous column groups (torch's CPU argmax is several times
-slower than a max reduction).
+slower than a max reduction). Where the native CPU kernels are loaded, both run one native pass over each float32
+row instead (kernels/select_cpu.py; same results, equal top-k values ordered by column).
 """
 
 from __future__ import annotations
 
 import torch
+
+from sglpy.kernels.select_cpu import argmax_rows, select_lib, topk_rows
 
 CANDIDATES = 256  # candidates of a top_p / min_p row without top_k
 
@@ -36,7 +39,8 @@ def top_candidates(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     """The k largest values of each row of x [n, vocab], descending, and their column ids ([n, k] each)."""
     n, vocab = x.shape
     if not x.is_cuda:
-        return _pyramid_top(x.contiguous(), k)
+        lib = select_lib(x)
+        return topk_rows(lib, x, k) if lib is not None else _pyramid_top(x.contiguous(), k)
     c = _group_size(vocab, k)
     if not c:
         return x.topk(k, dim=-1)
@@ -91,6 +95,9 @@ def greedy(x: torch.Tensor) -> torch.Tensor:
     The maxima of contiguous column groups (one vectorised reduction, at memory speed), the first group holding
     the row's maximum (it holds the row's first maximum: the groups are in column order), the argmax within it."""
     n, vocab = x.shape
+    lib = select_lib(x)
+    if lib is not None:
+        return argmax_rows(lib, x)
     c = GREEDY_GROUP
     if x.is_cuda or n < 4 or vocab < 4 * c:  # a few rows: the grouped pass's extra small ops cost more than it saves
         return x.argmax(dim=-1)

@@ -1,0 +1,65 @@
+"""Row-wise argmax and top-k of float32 logits on CPU (csrc/select_rows.cpp), beside their torch references.
+
+The sampler's hot spots on CPU (runtime/engine/truncation.py): torch's CPU argmax runs several times slower than a
+max reduction over the same row, and its topk slower still on wide rows; the native kernels make one pass over each
+row. Results equal the references: argmax the first maximum (NaN counting as the largest), top-k the k largest values
+descending with their columns (equal values by ascending column, where torch.topk leaves their order open).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from .cpu_native import native_lib
+
+_P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
+# typed here, on first use, rather than in cpu_native.SIGNATURES: the entry points only this module calls
+_SIGNATURES = {
+    "sglpy_argmax_rows": (_I64, [_P, _I64, _I64, _I64, _P, _I32]),
+    "sglpy_topk_rows": (_I64, [_P, _I64, _I64, _I64, _I64, _P, _P, _I32]),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def select_lib(x: torch.Tensor) -> ctypes.CDLL | None:
+    """The native library when it can read x (float32 [n, vocab] on CPU, unit column stride), else None."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] < 1 or x.stride(1) != 1:
+        return None
+    lib = native_lib()
+    return _typed(lib) if lib is not None else None
+
+
+def argmax_rows(lib: ctypes.CDLL, x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(dim=-1) for x accepted by select_lib -> [n] int64."""
+    n, vocab = x.shape
+    out = torch.empty(n, dtype=torch.int64)
+    if lib.sglpy_argmax_rows(x.data_ptr(), n, vocab, x.stride(0), out.data_ptr(), torch.get_num_threads()) != 0:
+        raise ValueError(f"argmax over rows of {vocab} columns")
+    return out
+
+
+def topk_rows(lib: ctypes.CDLL, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest values of each row of x (accepted by select_lib), descending, and their columns ([n, k] each)."""
+    n, vocab = x.shape
+    if not 1 <= k <= vocab:
+        raise ValueError(f"top-k of rows of {vocab} columns needs 1 <= k <= {vocab}, got k={k}")
+    vals = torch.empty((n, k), dtype=torch.float32)
+    idx = torch.empty((n, k), dtype=torch.int64)
+    lib.sglpy_topk_rows(x.data_ptr(), n, vocab, x.stride(0), k, vals.data_ptr(), idx.data_ptr(),
+                        torch.get_num_threads())
+    return vals, idx
+
+
+def topk_rows_reference(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The oracle: torch.topk (its order among equal values is unspecified; the kernel's is by column)."""
+    return x.topk(k, dim=-1)

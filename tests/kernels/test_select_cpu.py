@@ -1,0 +1,65 @@
+"""The native row-wise argmax / top-k (kernels/csrc/select_rows.cpp) against torch, and the sampler's greedy and
+top-k candidates with and without them."""
+
+import pytest
+import torch
+
+from sglpy.kernels.select_cpu import argmax_rows, select_lib, topk_rows, topk_rows_reference
+from sglpy.runtime.engine.truncation import greedy, top_candidates
+
+
+@pytest.fixture
+def lib():
+    x = torch.zeros(1, 4)
+    lib = select_lib(x)
+    if lib is None:
+        pytest.skip("native CPU kernels unavailable")
+    return lib
+
+
+def _same(a, b):  # NaN equal to NaN
+    return torch.equal(a.nan_to_num(nan=1e30), b.nan_to_num(nan=1e30))
+
+
+def _rows():
+    g = torch.Generator().manual_seed(1)
+    ties = torch.randint(-20, 20, (24, 4096), generator=g).float()  # many ties
+    ties[3] = float("-inf")
+    ties[4, 100] = float("nan")
+    ties[7, 5] = ties[7, 3000] = float("nan")
+    ties[9, :2000] = float("inf")
+    ties[9, 2000:] = float("-inf")  # +inf and -inf: no NaN
+    odd = torch.randint(-30, 30, (6, 50257), generator=g).float()  # columns past the last full block
+    odd[2, -1] = 1000.0
+    return [ties, odd, torch.randn(64, 49152, generator=g), torch.randn(3, 17, generator=g),
+            torch.randn(10, 1000, generator=g)[:, 3:900]]  # rows a stride apart
+
+
+def test_argmax_rows_is_torch_argmax_first_maximum_nan_largest(lib):
+    for x in _rows():
+        assert torch.equal(argmax_rows(lib, x), x.argmax(dim=-1))
+
+
+def test_topk_rows_values_equal_torch_and_ties_come_by_column(lib):
+    for x in _rows():
+        for k in (1, 5, 50, 256):
+            if k > x.shape[1]:
+                continue
+            vals, idx = topk_rows(lib, x, k)
+            assert _same(vals, topk_rows_reference(x, k).values)
+            assert _same(x.gather(1, idx), vals)
+            assert all(len(set(c.tolist())) == k for c in idx)
+            eq = vals[:, 1:] == vals[:, :-1]  # equal neighbours: ascending columns
+            assert bool((idx[:, 1:] > idx[:, :-1])[eq].all())
+    with pytest.raises(ValueError):
+        topk_rows(lib, torch.zeros(2, 4), 5)
+
+
+def test_sampler_paths_agree_with_the_torch_fallback(lib, monkeypatch):
+    x = torch.randn(32, 49152, generator=torch.Generator().manual_seed(2)) * 3
+    native_g, native_c = greedy(x), top_candidates(x, 50)
+    monkeypatch.setenv("SGLPY_DISABLE_CPU_KERNELS", "1")
+    assert select_lib(x) is None
+    assert torch.equal(greedy(x), native_g)
+    ref = top_candidates(x, 50)
+    assert torch.equal(ref[0], native_c[0]) and torch.equal(ref[1], native_c[1])  # no ties in random rows
