@@ -7,9 +7,9 @@ Per row, in this order (SGLang's rules; the numbers are those of applying them o
 - below min_new_tokens (and without a grammar, which wins): EOS (unless ignore_eos) and the stop token ids
   are masked to -inf.
 Each rule is one gather and one scatter over flat (row, token) index lists for the whole batch: no
-per-request tensor op, no vocabulary-sized op. A request's output ids are kept in a host buffer (RowState)
-that grows by the tokens appended since the last step; token counts come from one index_add into a
-flat scratch that is zeroed again at the same positions, so the scratch never needs a full clear.
+per-request tensor op, no vocabulary-sized op. A request's output ids are kept in host arrays (RowState) that
+grow by the tokens appended since the last step, with its distinct output ids and their counts, so frequency and
+presence touch each (row, token) once with a count known on the host.
 """
 
 from __future__ import annotations
@@ -32,13 +32,20 @@ class RowState:
     out: np.ndarray = field(default_factory=lambda: np.empty(16, dtype=np.int64))  # output ids (capacity grows)
     n: int = 0  # valid entries of out
     jumped: int = 0  # the request's num_jumped_tokens when out was synced (a jump may rewrite outputs)
+    # the distinct output ids in first-seen order and how often each was output (capacity grows): the penalties
+    # touch each (row, token) once, with its count known on the host
+    tokens: np.ndarray = field(default_factory=lambda: np.empty(16, dtype=np.int64))
+    counts: np.ndarray = field(default_factory=lambda: np.empty(16, dtype=np.float32))
+    where: dict = field(default_factory=dict)  # output id -> its index in tokens
+    nd: int = 0  # valid entries of tokens / counts
 
-    def sync(self, req: Req) -> np.ndarray:
-        """The request's output ids as an array, updated incrementally from req.output_ids."""
+    def sync(self, req: Req) -> int:
+        """Bring the arrays up to date with req.output_ids (incrementally); the number of distinct output ids."""
         ids, n = req.output_ids, self.n
         if (len(ids) < n or req.num_jumped_tokens != self.jumped
                 or (n and ids[n - 1] != self.out[n - 1])):  # rewritten (jump-forward rollback): start again
-            n = self.n = 0
+            n = self.n = self.nd = 0
+            self.where.clear()
             self.jumped = req.num_jumped_tokens
         new = len(ids) - n
         if new:
@@ -51,7 +58,23 @@ class RowState:
             else:
                 self.out[n:len(ids)] = ids[n:]
             self.n = len(ids)
-        return self.out[:self.n]
+            self._count(ids[n:])
+        return self.nd
+
+    def _count(self, new: list[int]) -> None:
+        where = self.where
+        for t in new:
+            j = where.get(t)
+            if j is not None:
+                self.counts[j] += 1.0
+                continue
+            j = where[t] = self.nd
+            if j == len(self.tokens):
+                self.tokens = np.concatenate([self.tokens, np.empty(j, dtype=np.int64)])
+                self.counts = np.concatenate([self.counts, np.empty(j, dtype=np.float32)])
+            self.tokens[j] = t
+            self.counts[j] = 1.0
+            self.nd = j + 1
 
 
 def row_state(req: Req, vocab: int) -> RowState:
@@ -76,23 +99,7 @@ def _flat(rows: list[int], parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndar
 
 
 class Penalties:
-    """Applies the rules above to a batch of logits; holds the flat count scratch between steps."""
-
-    def __init__(self):
-        self.scratch: torch.Tensor | None = None  # [>= rows * vocab] int32, all zero between calls
-
-    def _counts(self, flat: torch.Tensor, size: int) -> torch.Tensor:
-        """How often each entry of flat (row * vocab + token) occurs in flat, per entry."""
-        if self.scratch is None or self.scratch.numel() < size or self.scratch.device != flat.device:
-            self.scratch = torch.zeros(size, dtype=torch.int32, device=flat.device)
-        try:
-            self.scratch.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-            counts = self.scratch[flat]
-            self.scratch[flat] = 0
-        except Exception:
-            self.scratch = None  # maybe left dirty part-way: a fresh zeroed one next time
-            raise
-        return counts
+    """Applies the rules above to a batch of logits (the per-request state lives in each request's RowState)."""
 
     def apply(self, logits: torch.Tensor, reqs: list[Req], eos_ids: set[int], undo: list | None = None) -> None:
         """Apply every row's penalties, logit bias and min_new_tokens mask to logits [b, vocab] in place.
@@ -100,7 +107,7 @@ class Penalties:
         undo, when given, receives (rows, tokens, old values) before each write (see `restore`)."""
         vocab = logits.shape[1]
         rep_rows, rep_parts, rep_vals = [], [], []
-        freq_rows, freq_parts, freq_f, freq_p = [], [], [], []
+        freq_rows, freq_parts, freq_counts, freq_f, freq_p = [], [], [], [], []
         bias_rows, bias_ids, bias_vals = [], [], []
         mask_rows, mask_ids = [], []
         for i, r in enumerate(reqs):
@@ -108,14 +115,15 @@ class Penalties:
             rep, freq = s.repetition_penalty != 1.0, bool(s.frequency_penalty or s.presence_penalty)
             if rep or freq or s.logit_bias:
                 st = row_state(r, vocab)
-                out = st.sync(r) if rep or freq else None
+                nd = st.sync(r) if rep or freq else 0
                 if rep:
                     rep_rows.append(i)
-                    rep_parts.append(np.concatenate([st.prompt, out]) if len(out) else st.prompt)
+                    rep_parts.append(np.concatenate([st.prompt, st.tokens[:nd]]) if nd else st.prompt)
                     rep_vals.append(s.repetition_penalty)
-                if freq and len(out):
+                if freq and nd:
                     freq_rows.append(i)
-                    freq_parts.append(out)
+                    freq_parts.append(st.tokens[:nd])
+                    freq_counts.append(st.counts[:nd])
                     freq_f.append(s.frequency_penalty)
                     freq_p.append(s.presence_penalty)
                 if st.bias_ids is not None and len(st.bias_ids):
@@ -136,18 +144,18 @@ class Penalties:
             v = _gather(logits, flat, rows, toks)
             if undo is not None:
                 undo.append((rows, toks, v))
-            logits[rows, toks] = torch.where(v > 0, v / factor, v * factor)  # repeats write equal values
+            _put(logits, flat, rows, toks, torch.where(v > 0, v / factor, v * factor))  # repeats: equal values
         if freq_rows:
             rows, toks = _flat(freq_rows, freq_parts)
             lens = [len(p) for p in freq_parts]
             f = _to(np.repeat(np.asarray(freq_f, dtype=np.float32), lens), dev)
             p = _to(np.repeat(np.asarray(freq_p, dtype=np.float32), lens), dev)
             flat, rows, toks = _to(rows * vocab + toks, dev), _to(rows, dev), _to(toks, dev)
-            counts = self._counts(flat, len(reqs) * vocab).to(logits.dtype)
+            counts = _to(np.concatenate(freq_counts), dev).to(logits.dtype)  # each (row, token) once
             v = _gather(logits, flat, rows, toks)
             if undo is not None:
                 undo.append((rows, toks, v))
-            logits[rows, toks] = v - (f * counts + p * (counts > 0).to(logits.dtype))
+            _put(logits, flat, rows, toks, v - (f * counts + p * (counts > 0).to(logits.dtype)))
         if bias_rows:
             rows, ids = _flat(bias_rows, bias_ids)
             flat, rows, ids = _to(rows * vocab + ids, dev), _to(rows, dev), _to(ids, dev)
@@ -155,7 +163,7 @@ class Penalties:
             v = _gather(logits, flat, rows, ids)
             if undo is not None:
                 undo.append((rows, ids, v))
-            logits[rows, ids] = v + vals.to(logits.dtype)
+            _put(logits, flat, rows, ids, v + vals.to(logits.dtype))
         if mask_rows:
             rows, ids = _flat(mask_rows, mask_ids)
             flat, rows, ids = _to(rows * vocab + ids, dev), _to(rows, dev), _to(ids, dev)
@@ -180,6 +188,15 @@ def _gather(logits: torch.Tensor, flat: torch.Tensor, rows: torch.Tensor, cols: 
     if logits.is_contiguous():
         return logits.view(-1).index_select(0, flat)
     return logits[rows, cols]
+
+
+def _put(logits: torch.Tensor, flat: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor) -> None:
+    """logits[rows, cols] = vals; an index_copy_ on the flat view when logits is contiguous (two-tensor advanced
+    indexing costs several times more on CPU). A repeated position gets the same value from every entry."""
+    if logits.is_contiguous():
+        logits.view(-1).index_copy_(0, flat, vals)
+    else:
+        logits[rows, cols] = vals
 
 
 def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 from sglpy.kernels import apply_token_bitmask
 from ..core import Req, TokenLogprob
 from ..device_io import rows as take_rows
-from ..device_io import to_device
+from ..device_io import host_tensor, to_device
 from .host_memory import keep_freed_blocks
 from .penalties import Penalties
 from .truncation import CANDIDATES, candidate_sample, greedy, inverse_cdf, sorted_sample
@@ -117,8 +117,8 @@ class Sampler:
         n, vocab = logits.shape
         params = [(s.temperature, s.top_k if 0 < s.top_k < vocab else vocab, s.top_p, s.min_p)
                   for s in (r.sampling for r in reqs)]
-        host = torch.tensor([p[0] for p in params] + [p[2] for p in params] + [p[3] for p in params] + uniforms,
-                            dtype=torch.float32)
+        host = host_tensor([p[0] for p in params] + [p[2] for p in params] + [p[3] for p in params] + uniforms,
+                           torch.float32)
         dev = _to_device(host, logits.device).view(4, n)
         p = _Rows(temp=dev[0], top_p=dev[1], min_p=dev[2], u=dev[3],
                   top_k=to_device([q[1] for q in params], torch.int64, logits.device))
