@@ -8,6 +8,7 @@ redone one at a time, from the forward's untouched logits and the same uniforms,
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from dataclasses import dataclass
 
@@ -21,6 +22,15 @@ from .sampler import Sampler, token_logprobs
 from .stops import append_text, check_token_stop
 
 logger = logging.getLogger(__name__)
+
+_return_logprob = operator.attrgetter("return_logprob")
+_finish_reason = operator.attrgetter("finish_reason")
+
+
+def _unfinished(reqs: list[Req]) -> bool:
+    """No request of reqs has finished (one C-level pass)."""
+    reasons = list(map(_finish_reason, reqs))
+    return reasons.count(None) == len(reasons)
 
 
 def record_input_logprobs(e: BatchEntry, out: ForwardOutput, i: int) -> None:
@@ -89,15 +99,20 @@ class OutputProcessor:
 
     def launch(self, entries: list[BatchEntry], out: ForwardOutput, valid: list[bool] | None = None) -> SampleLaunch:
         """Sample the rows of unfinished entries (and valid[i], when given) without reading the ids back."""
-        picked = [(out.sample_row[i], e.req) for i, e in enumerate(entries)
-                  if out.sample_row[i] is not None and not e.req.finished and (valid is None or valid[i])]
-        rows, reqs = [p[0] for p in picked], [p[1] for p in picked]
+        sample_row = out.sample_row
+        reqs = [e.req for e in entries]
+        if valid is None and None not in sample_row and _unfinished(reqs):  # a decode step: every row (C loops)
+            rows = list(sample_row)
+        else:
+            picked = [(sample_row[i], r) for i, r in enumerate(reqs)
+                      if sample_row[i] is not None and not r.finished and (valid is None or valid[i])]
+            rows, reqs = [p[0] for p in picked], [p[1] for p in picked]
         failed: list[Req] = []
-        lp_index = [j for j, r in enumerate(reqs) if r.return_logprob]
+        lp_index = [j for j, r in enumerate(reqs) if r.return_logprob] if any(map(_return_logprob, reqs)) else []
         # a copy, before sampling changes rows in place; the logits may be a CUDA-graph output that the next
         # replay overwrites
         lp_logits = take_rows(out.logits, [rows[j] for j in lp_index]) if lp_index else None
-        tokens = self._sample(reqs, rows, out, failed) if picked else []
+        tokens = self._sample(reqs, rows, out, failed) if reqs else []
         return SampleLaunch(reqs, tokens, lp_index, lp_logits, failed)
 
     def complete(self, launch: SampleLaunch, tokens: list[int | None]) -> list[Req]:
@@ -162,7 +177,7 @@ class OutputProcessor:
         # a decode batch samples every logits row in order: penalties and masks change the forward's logits in
         # place (recorded in undo), instead of a copy of the whole batch; otherwise the rows are copied
         in_place = (len(rows) == out.logits.shape[0] and rows == list(range(len(rows)))
-                    and not any(len(r) for r in out.input_rows))
+                    and not any(map(len, out.input_rows)))
         undo: list | None = [] if in_place else None
         try:
             self._probe_all(("grammar mask", "sampling"), reqs)

@@ -143,8 +143,10 @@ class Sampler:
             idx = to_device(members, torch.int64, logits.device) if len(members) < n else None
             pick = (lambda t: t) if idx is None else (lambda t: t.index_select(0, idx))
             sub = pick(logits)
+            rules = (any(params[i][1] < k for i in members), any(params[i][2] < 1.0 for i in members),
+                     any(params[i][3] > 0.0 for i in members))
             tokens, exact = candidate_sample(sub, pick(p.temp), pick(p.top_k), pick(p.top_p), pick(p.min_p),
-                                             pick(p.u), k, whole_row)
+                                             pick(p.u), k, whole_row, rules)
             if whole_row and logits.is_cuda:  # no host sync: sort every row, keep the sort where needed
                 full = sorted_sample(sub / pick(p.temp)[:, None], pick(p.top_k), pick(p.top_p), pick(p.min_p),
                                      pick(p.u))

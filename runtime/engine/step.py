@@ -116,7 +116,8 @@ class Stepper:
             logger.exception("forward failed; aborting its requests")
             self._abort(batch.entries, e, finished)
             return None
-        return Launched(batch, out, [e.req.num_jumped_tokens for e in batch.entries])
+        # overlapped only: a jump-forward between launch and sampling discards the row (launch_sampling)
+        return Launched(batch, out, [e.req.num_jumped_tokens for e in batch.entries] if self.overlap else [])
 
     def launch_sampling(self, cur: Launched, finished: list[Req]) -> bool:
         """Sample the step's valid rows; overlapped, start the copy back and append placeholders. False: failed.

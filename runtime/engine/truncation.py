@@ -133,16 +133,21 @@ def sorted_sample(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 
 
 def candidate_sample(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                     min_p: torch.Tensor, u: torch.Tensor, k: int, whole_row: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                     min_p: torch.Tensor, u: torch.Tensor, k: int, whole_row: bool,
+                     rules: tuple[bool, bool, bool] = (True, True, True)) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample rows of logits [n, vocab] (not yet divided by temp [n]) from their k best candidates.
 
     top_k [n] int64 is each row's own top_k (<= k) or k; with whole_row (rows without top_k) top_p is measured
     against the whole row's mass. Returns (token ids [n], exact [n] bool): rows not exact need sorted_sample.
+    rules: whether some row's top_k is below k, some top_p below 1, some min_p above 0, as the caller knows from
+    the host; a rule no row has is skipped (its mask would keep every candidate: the same result, fewer ops).
     """
+    some_k, some_p, some_min_p = rules
     vals, cols = top_candidates(logits, k)  # [n, k]: dividing by a positive temperature keeps the order
     scaled = vals / temp[:, None]
-    rank = torch.arange(k, device=logits.device)[None, :]
-    scaled = scaled.masked_fill(rank >= top_k[:, None], float("-inf"))
+    if some_k:
+        rank = torch.arange(k, device=logits.device)[None, :]
+        scaled = scaled.masked_fill(rank >= top_k[:, None], float("-inf"))
     w = torch.exp(scaled - scaled[:, :1])  # [n, k] probabilities relative to the best candidate (1.0)
     cum = w.cumsum(dim=-1)
     if whole_row:
@@ -152,11 +157,13 @@ def candidate_sample(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tens
     else:
         mass = cum[:, -1]
     # top_p 1 keeps everything (no mass comparison that rounding could tip)
-    limit = torch.where(top_p < 1.0, top_p * mass, torch.full_like(mass, float("inf")))
+    limit = torch.where(top_p < 1.0, top_p * mass, torch.full_like(mass, float("inf"))) if some_p or whole_row else None
     if whole_row:
         exact = (cum[:, -1] > limit) | (w[:, -1] < min_p)
     else:
         exact = torch.ones(vals.shape[0], dtype=torch.bool, device=logits.device)
-    w = w.masked_fill((cum - w) > limit[:, None], 0.0)
-    w = w.masked_fill(w < min_p[:, None], 0.0)
+    if some_p:
+        w = w.masked_fill((cum - w) > limit[:, None], 0.0)
+    if some_min_p:
+        w = w.masked_fill(w < min_p[:, None], 0.0)
     return cols.gather(1, inverse_cdf(w, u)[:, None])[:, 0], exact
