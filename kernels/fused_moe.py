@@ -29,7 +29,8 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoEAl
     flat = topk_ids.reshape(-1).to(torch.int64)  # [pairs]
     pairs = flat.numel()
     capacity = -(-(pairs + num_experts * (block_m - 1)) // block_m) * block_m
-    counts = torch.bincount(flat, minlength=num_experts)  # [experts]
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat))  # [experts] (bincount would sync with the host on CUDA)
     padded = (counts + block_m - 1) // block_m * block_m
     starts = torch.cumsum(padded, 0) - padded  # each expert's first slot
     order = torch.argsort(flat, stable=True)  # pairs grouped by expert, in token order within one
@@ -42,7 +43,7 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoEAl
     block_start = torch.arange(0, capacity, block_m, device=flat.device)
     ends = torch.cumsum(padded, 0)
     block_experts = torch.searchsorted(ends, block_start, right=True).to(torch.int32)
-    block_experts[block_experts >= num_experts] = -1
+    block_experts = torch.where(block_experts < num_experts, block_experts, -1)  # (a masked store would sync)
     return MoEAlignment(sorted_pairs, block_experts)
 
 
