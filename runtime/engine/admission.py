@@ -4,12 +4,14 @@
 (at once when it has none or the compile is done; otherwise when the compile's Future completes, which wakes the
 loop through the inbox). Aborting a request while it compiles is handled here alone: `cancel` (any thread) stops
 the compile of a request built but not admitted yet, and a request whose compile was cancelled or failed ends
-with one final abort output instead of entering the scheduler.
+with one final abort output instead of entering the scheduler (a failed one is reported to the submitter's
+on_error instead, where it gave one: the server answers 400).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -19,15 +21,21 @@ from ..messages import GenerateReq
 from .output import aborted_output
 from .step import deliver
 
+logger = logging.getLogger(__name__)
+
 CANCELLED = "aborted by the client while its constraint compiled"
 
 
 @dataclass(frozen=True)
 class SubmitMsg:
-    """Inbox item: a built request (its guide may still be compiling) and where its outputs go."""
+    """Inbox item: a built request (its guide may still be compiling) and where its outputs go.
+
+    on_error, when given, is told of a failed compile (a GrammarError: the request's own constraint) instead of
+    the sink getting a final abort output, so that a server can answer 400 as for any other bad input."""
 
     req: GenerateReq
     sink: OutputSink
+    on_error: Callable[[Exception], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -121,7 +129,13 @@ class Admission:
                 self._final(msg, CANCELLED)
                 return
             except Exception as e:  # noqa: BLE001 - the request's own constraint failed: it alone ends
-                self._final(msg, str(e))
+                if msg.on_error is None:
+                    self._final(msg, str(e))
+                    return
+                try:
+                    msg.on_error(e)
+                except Exception:  # noqa: BLE001 - a broken consumer must not stop the loop
+                    logger.exception("reporting the failed compile of %s failed", msg.req.rid)
                 return
         self._admit(self._make_req(msg.req, msg.sink, guide))
 

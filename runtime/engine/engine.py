@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -178,15 +178,16 @@ class Engine(OfflineAPI):
         self.admission.track(req)  # abort(rid) cancels the compile
         return req
 
-    def submit(self, req: GenerateReq, sink: OutputSink) -> None:
+    def submit(self, req: GenerateReq, sink: OutputSink, on_error: Callable[[Exception], None] | None = None) -> None:
         """Queue a built request; `sink` gets its outputs (every step if req.stream, else only the final one).
 
         Never waits: a constrained request enters the scheduler once its guide is ready (engine/admission.py,
-        on the loop thread); a compile that failed or was cancelled ends it with a final abort output.
+        on the loop thread); a compile that was cancelled ends it with a final abort output, one that failed too,
+        or it is passed to `on_error` (loop thread) when given.
         """
         if self._stopped or not self._thread.is_alive():
             raise RuntimeError(f"the engine is not running{': ' + self.failure if self.failure else ''}")
-        self._inbox.put(SubmitMsg(req, sink))
+        self._inbox.put(SubmitMsg(req, sink, on_error))
 
     def _new_req(self, req: GenerateReq, sink: OutputSink, guide) -> Req:
         """The engine's Req of a built request whose guide is ready (loop thread, at admission)."""

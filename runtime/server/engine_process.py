@@ -1,8 +1,9 @@
 """Engine-process side of the server: build the engine, then serve the pipe (requests, aborts, calls, per-step outputs).
 
-Each GenerateReqInput is built (tokenized, validated: engine.build_request) on a small pool; a constraint
-compiles in the engine's compile workers and the request is submitted from the Future's callback, so a
-slow compile holds neither the command loop nor a build thread, and an abort cancels it. Requests are
+Each GenerateReqInput is built (tokenized, validated: engine.build_request) on a small pool and submitted at
+once: `submit` never waits, and a request whose constraint still compiles waits for it inside the engine
+(engine/admission.py, on the loop thread), where an abort while compiling is handled too. This process only
+keeps the requests still being built, so that an abort arriving meanwhile is not lost. Requests are
 submitted with one shared sink that writes each engine step's outputs to the pipe as one StepOutputs
 message. A heartbeat thread sends the engine's step-loop progress every HEARTBEAT_S (the server's
 /health liveness) and ends the process when the step loop died.
@@ -16,11 +17,11 @@ import logging
 import os
 import signal
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 from ..core import EngineProtocol, missing_engine_methods
 from ..engine.output import aborted_output
-from ..messages import (AbortReq, Call, CallResult, ChatPromptReq, DetokenizeReq, Failed, FlushCacheReq, GenerateReq,
+from ..messages import (AbortReq, Call, CallResult, ChatPromptReq, DetokenizeReq, Failed, FlushCacheReq,
                         GenerateReqInput, GetServerInfoReq, Ready, ShutdownReq, StartupFailed, StepOutputs,
                         TokenizeReq)
 
@@ -64,9 +65,8 @@ class EngineProcess:
         self._builds = ThreadPoolExecutor(build_workers, thread_name_prefix="engine-build")
         self._calls = ThreadPoolExecutor(call_workers, thread_name_prefix="engine-call")
         self._lock = threading.Lock()
-        self._building: set[str] = set()  # built or compiling, not yet submitted
-        self._aborted_early: set[str] = set()
-        self._compiles: dict[str, Future] = {}  # rid -> its constraint compile (cancelled by an abort)
+        self._building: set[str] = set()  # being built, not yet submitted
+        self._aborted_early: set[str] = set()  # aborted while being built
 
     def handle(self, msg) -> bool:
         """Dispatch one message from the server; False when it asks the process to stop."""
@@ -77,12 +77,9 @@ class EngineProcess:
         elif isinstance(msg, AbortReq):
             with self._lock:
                 if msg.rid in self._building:
-                    self._aborted_early.add(msg.rid)
-                    compile_ = self._compiles.get(msg.rid)
-                    if compile_ is not None:
-                        compile_.cancel()  # stops the compile in its worker; _submit then reports the abort
+                    self._aborted_early.add(msg.rid)  # _build ends it instead of submitting it
                     return True
-            self.engine.abort(msg.rid)
+            self.engine.abort(msg.rid)  # submitted: the engine ends it (compiling, waiting or running)
         elif isinstance(msg, Call):
             self._calls.submit(self._answer, msg)
         elif isinstance(msg, ShutdownReq):
@@ -92,44 +89,27 @@ class EngineProcess:
         return True
 
     def _build(self, inp: GenerateReqInput) -> None:
-        """Tokenize and validate; a constrained request waits for its compile without holding a build thread."""
+        """Tokenize, validate and submit (a constrained request's compile runs on; the engine admits it when done)."""
         try:
             req = self.engine.build_request(inp)
         except Exception as e:  # noqa: BLE001
             self._reject(inp.rid, e)
             return
-        fut = req.guide
-        if fut is None or fut.done():
-            self._submit(inp.rid, req)
-            return
-        with self._lock:
-            self._compiles[inp.rid] = fut
-            aborted = inp.rid in self._aborted_early  # an abort that came in while building
-        fut.add_done_callback(lambda _: self._after_compile(inp.rid, req))
-        if aborted:
-            fut.cancel()
-
-    def _after_compile(self, rid: str, req: GenerateReq) -> None:
         try:
-            self._builds.submit(self._submit, rid, req)  # not on the compile service's thread
-        except RuntimeError:  # the pool is shut down: the process is stopping
-            self._forget(rid)
-
-    def _submit(self, rid: str, req: GenerateReq) -> None:
-        fut = req.guide
-        try:
-            if fut is not None and not fut.cancelled() and fut.exception() is not None:
-                raise fut.exception()
             with self._lock:  # submit under the lock: an abort arriving now queues behind the request
-                self._building.discard(rid)
-                self._compiles.pop(rid, None)
-                if rid in self._aborted_early or (fut is not None and fut.cancelled()):
-                    self._aborted_early.discard(rid)
-                    self.sender(StepOutputs([aborted_output(rid, len(req.input_ids), "aborted before start")]))
+                self._building.discard(inp.rid)
+                if inp.rid in self._aborted_early:
+                    self._aborted_early.discard(inp.rid)
+                    if req.guide is not None:
+                        req.guide.cancel()  # stops the compile in its worker
+                    self.sender(StepOutputs([aborted_output(inp.rid, len(req.input_ids), "aborted before start")]))
                     return
-                self.engine.submit(req, self.sender)
+                if req.guide is None:
+                    self.engine.submit(req, self.sender)
+                else:  # never waits for the compile; a failed one comes back here as a 400, like any bad input
+                    self.engine.submit(req, self.sender, on_error=lambda e, rid=inp.rid: self._reject(rid, e))
         except Exception as e:  # noqa: BLE001
-            self._reject(rid, e)
+            self._reject(inp.rid, e)
 
     def _reject(self, rid: str, e: Exception) -> None:
         self._forget(rid)
@@ -143,7 +123,6 @@ class EngineProcess:
         with self._lock:
             self._building.discard(rid)
             self._aborted_early.discard(rid)
-            self._compiles.pop(rid, None)
 
     def _answer(self, call: Call) -> None:
         try:

@@ -104,3 +104,55 @@ def test_typed_calls_get_typed_answers(proc):
     assert results[2].status == 400 and "out of range" in results[2].error
     assert results[3].value is True
     assert p.handle(ShutdownReq()) is False
+
+
+def test_compiles_wait_in_the_engine_submit_never_blocks_and_an_abort_while_compiling_frees_everything(
+        tiny_model_path):
+    """The process submits a constrained request at once (the engine's admission waits for the compile); an abort
+    while it compiles ends it with one final output and leaves nothing behind; a failed compile is a 400."""
+    import concurrent.futures
+    import dataclasses
+
+    from sglpy.runtime.engine import Engine
+    from sglpy.runtime.engine.admission import CANCELLED
+
+    eng = Engine(tiny_model_path, quantization="none", max_total_tokens=512, debug_invariants=True,
+                 grammar_workers=0)
+    conn = FakeConn()
+    p = EngineProcess(eng, PipeSender(conn))
+    compiles = {"held": concurrent.futures.Future(), "bad": concurrent.futures.Future()}
+    build, submit, waited = eng.build_request, eng.submit, []
+
+    def build_compiling(inp):  # a request whose constraint compile has not finished (the test finishes it)
+        req = build(inp)
+        return dataclasses.replace(req, guide=compiles[inp.rid]) if inp.rid in compiles else req
+
+    def timed_submit(*a, **k):
+        t = time.perf_counter()
+        submit(*a, **k)
+        waited.append(time.perf_counter() - t)
+
+    eng.build_request, eng.submit = build_compiling, timed_submit
+    try:
+        sp = SamplingParams(max_new_tokens=4, temperature=0)
+        for rid in ("held", "bad", "plain"):
+            p.handle(GenerateReqInput(rid=rid, text="hello", sampling=sp))
+        _wait(lambda: len(waited) == 3)  # all three submitted while two compiles still run
+        assert max(waited) < 1.0 and not any(f.done() for f in compiles.values())
+        _wait(lambda: "plain" in _finished(conn))  # the loop serves meanwhile
+        compiles["bad"].set_exception(ValueError("regex constraint failed to compile: bad"))
+        _wait(lambda: len(conn.of(Failed)) == 1)
+        failed = conn.of(Failed)[0]
+        assert failed.rid == "bad" and failed.status == 400 and "failed to compile" in failed.message
+        p.handle(AbortReq("held"))
+        _wait(lambda: "held" in _finished(conn))
+        assert _finished(conn)["held"].meta_info["finish_reason"] == {"type": "abort", "message": CANCELLED}
+        assert compiles["held"].cancelled()
+        finals = [o.rid for s in conn.of(StepOutputs) for o in s.outputs if o.finished]
+        assert sorted(finals) == ["held", "plain"]  # one final output each; "bad" got its 400 only
+        info = eng.get_server_info()
+        assert info["kv_used"] == 0 and info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0
+        assert not eng.admission.busy and not p._building and not p._aborted_early
+    finally:
+        p.close()
+        eng.shutdown()
