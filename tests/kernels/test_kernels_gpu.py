@@ -83,6 +83,26 @@ def test_extend_attention_gpu(dtype, heads, kv_heads, head_dim):
 
 @compiled_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window,softcap", [(512, 0.0), (4096, 50.0), (0, 50.0), (1, 0.0)])
+def test_window_softcap_attention_gpu(dtype, window, softcap):
+    """Gemma-shaped heads (8 / 4, head_dim 256): windows shorter and longer than the requests, soft-caps."""
+    from sglpy.kernels import decode_attention, decode_attention_reference, extend_attention, extend_attention_reference
+
+    kv_lens = [1, 511, 513, 2048, 3000]
+    kc, vc, r2t, rpi = _paged(kv_lens, 4, 256, dtype, seed=window)
+    q = torch.randn(len(kv_lens), 8, 256, device="cuda").to(dtype)
+    args = (q, kc, vc, r2t, rpi, torch.tensor(kv_lens, device="cuda"), 1 / 16)
+    _close(decode_attention(*args, window=window, softcap=softcap),
+           decode_attention_reference(*args, window, softcap))
+    prefix, ext = [0, 500, 465, 1535, 2900], [1, 11, 48, 513, 100]  # the same requests: a cached prefix each
+    q = torch.randn(sum(ext), 8, 256, device="cuda").to(dtype)
+    args = (q, kc, vc, r2t, rpi, torch.tensor(prefix, device="cuda"), torch.tensor(ext, device="cuda"), 1 / 16)
+    _close(extend_attention(*args, window=window, softcap=softcap),
+           extend_attention_reference(*args, window, softcap))
+
+
+@compiled_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_small_kernels_gpu(dtype):
     from sglpy.kernels import (
         apply_rotary,
