@@ -1,10 +1,11 @@
 """Native CPU weight-only GEMV (csrc/quant_gemv.cpp) for a few rows: float32 activations, the weights in the native
 layout; quant_linear_reference is its oracle. Also the float32 GEMV of deterministic inference (linear_f32_cpu).
 
-Native layout (the same quantized values as torch's packed kernels read, arranged for 16-lane loads):
+Native layout (the same quantized values as torch's packed kernels read, arranged for the kernels' loads):
   int8: qweight int8 [N, K], scales float32 [N].
   int4: qweight uint8 [N, K // 32, 16] (byte i of a group: input i in the low nibble, input i + 16 in the high one),
-        scales bf16 [N, 2, K // 32] (each row's group scales, then its group zeros).
+        scales bf16 [ceil(N / 8), K // 32, 2, 8]: per tile of 8 output rows and group, the 8 rows' scales, then
+        their 8 zeros (zero rows pad N to a multiple of 8): the x86 kernels scale 8 rows at once with one load.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import ctypes
 import torch
 
 NATIVE_GROUP = 32  # the int4 kernel's group size (GGUF Q4_1's block)
+SCALE_TILE = 8  # output rows per tile of the int4 scales (csrc/quant_gemv.cpp: TILE)
 MAX_INT4_K = 32 * 1024  # csrc/quant_gemv.cpp: MAX_GROUPS
 # Rows up to which the native kernels beat a dense bf16 copy of the weights. Measured on the 2-core AMD EPYC dev box
 # (AVX-512, no AMX), every layer's weights read from memory, us per SmolLM2 layer: int4 native M=1 139, M=8 507,
@@ -29,18 +31,22 @@ def native_layout_fits(kind: str, n: int, k: int, group_size: int) -> bool:
 
 
 def int4_to_native(codes: torch.Tensor, scales_and_zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """codes int32 [N, K] in 0..15 and torch's bf16 [K // 32, N, 2] -> (uint8 [N, K // 32, 16], bf16 [N, 2, K // 32])."""
+    """codes int32 [N, K] in 0..15 and torch's bf16 [K // 32, N, 2] -> (uint8 [N, K // 32, 16],
+    bf16 [ceil(N / 8), K // 32, 2, 8])."""
     n, k = codes.shape
     c = codes.reshape(n, k // NATIVE_GROUP, NATIVE_GROUP)
     packed = (c[..., :16] | (c[..., 16:] << 4)).to(torch.uint8).contiguous()
-    return packed, scales_and_zeros.permute(1, 2, 0).contiguous()
+    sz = torch.nn.functional.pad(scales_and_zeros, (0, 0, 0, (-n) % SCALE_TILE))  # [G, N8, 2]
+    groups = sz.shape[0]
+    return packed, sz.view(groups, -1, SCALE_TILE, 2).permute(1, 0, 3, 2).contiguous()
 
 
 def int4_from_native(packed: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse of int4_to_native: (codes int32 [N, K], scales_and_zeros bf16 [K // 32, N, 2])."""
     n, groups, _ = packed.shape
     codes = torch.cat([packed & 15, packed >> 4], dim=-1).to(torch.int32).reshape(n, groups * NATIVE_GROUP)
-    return codes, scales.permute(2, 0, 1).contiguous()
+    sz = scales.permute(1, 0, 3, 2).reshape(groups, -1, 2)[:, :n]
+    return codes, sz.contiguous()
 
 
 def quant_linear_cpu(lib: ctypes.CDLL, x: torch.Tensor, kind: str, qweight: torch.Tensor, scales: torch.Tensor,

@@ -21,16 +21,20 @@ namespace sglpy {
 
 constexpr int64_t QBLOCK = 32;
 
-// One row of quantized activations: q [K] (K rounded up to 32, zero-padded), d and d * sum(q) per block.
+// One row of quantized activations: q [K] (K rounded up to 32, zero-padded), per block d, d * sum(q) and sum(q)
+// (as int32 and as float: exact either way, |sum| <= 32 * 127).
 struct Q8Row {
   const int8_t* q;
   const float* d;
   const float* sum;
+  const int32_t* qs;
+  const float* qsf;
 };
 
-// x [K] -> xq, d [ceil(K / 32)], sum [ceil(K / 32)] (= d * sum(xq): W . x-hat for centered W, llama.cpp's q8_1);
-// K a multiple of 16 (a last block of 16 is zero-padded).
-static inline void quantize_row_q8(const float* x, int64_t K, int8_t* xq, float* d, float* sum) {
+// x [K] -> xq, d [ceil(K / 32)], sum [ceil(K / 32)] (= d * sum(xq): W . x-hat for centered W, llama.cpp's q8_1),
+// qs / qsf = sum(xq); K a multiple of 16 (a last block of 16 is zero-padded).
+static inline void quantize_row_q8(const float* x, int64_t K, int8_t* xq, float* d, float* sum, int32_t* qs,
+                                   float* qsf) {
   for (int64_t b = 0; b * QBLOCK < K; ++b) {
     const int64_t k0 = b * QBLOCK, n = std::min(QBLOCK, K - k0);
     float amax = 0.f;
@@ -47,6 +51,8 @@ static inline void quantize_row_q8(const float* x, int64_t K, int8_t* xq, float*
     for (int64_t i = n; i < QBLOCK; ++i) xq[k0 + i] = 0;
     d[b] = db;
     sum[b] = db * (float)s;  // of the quantized block: the int4 zero term then sees the same x as the codes
+    qs[b] = s;
+    qsf[b] = (float)s;
   }
 }
 
@@ -92,6 +98,109 @@ static inline facc fma_u4(facc acc, const WBlock& w, const int8_t* xq, float d) 
 static inline facc fma_s8(facc acc, const WBlock& w, const int8_t* xq, float d) {
   const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(w.u, _mm256_sign_epi8(x, w.s))), _mm256_set1_ps(d), acc);
+}
+
+// ---- Tiles of 8 output channels (x86). One int32 lane per channel: a block of 32 inputs is 8 integer dot-product
+// instructions, each the 4 weight bytes of every channel that meet one dword of the activations (broadcast), summed
+// in integers over the block; then one convert and the float scaling for all 8 channels. The per-channel layout
+// (lanes = inputs) paid a convert, a scale product and an FMA per channel, block and row, and a horizontal sum per
+// channel and row: with 8 rows that arithmetic, not the weight reads, bounded the step. The weights stay in the
+// per-channel layout in memory; a tile's block is transposed in registers once and reused by every row of the pass.
+#define SGLPY_Q8_TILE 1
+constexpr int64_t TILE = 8;
+
+// u[j] lane c: channel c's weight bytes for inputs 4j .. 4j + 3 of the block (int4: the codes 0..15; int8: w + 128
+// with VNNI, else |w|), s[j] the signed weights (int8 without VNNI: their signs move onto the activations).
+struct TileBlock {
+  __m256i u[8];
+  __m256i s[8];
+};
+
+static inline __m256i bcast_dword(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+static inline __m256i load_pair(const uint8_t* lo, const uint8_t* hi) {  // 16 bytes of channel c | of channel c + 4
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo))),
+                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)), 1);
+}
+// y[c] = [dwords 0..3 of channel c | of channel c + 4] (c < 4) -> out[j] lane c = dword j of channel c (j < 4)
+static inline void transpose_8x4(const __m256i y[4], __m256i out[4]) {
+  const __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]), t1 = _mm256_unpackhi_epi32(y[0], y[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(y[2], y[3]), t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+  out[0] = _mm256_unpacklo_epi64(t0, t2);
+  out[1] = _mm256_unpackhi_epi64(t0, t2);
+  out[2] = _mm256_unpacklo_epi64(t1, t3);
+  out[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+// int4 codes of group g for channels c = 0..7 at p + c * stride (16 bytes each: input i low nibble, i + 16 high)
+static inline void load_tile_u4(const uint8_t* p, int64_t stride, TileBlock& t) {
+  __m256i y[4], d[4];
+  for (int c = 0; c < 4; ++c) y[c] = load_pair(p + c * stride, p + (c + 4) * stride);
+  transpose_8x4(y, d);
+  const __m256i low = _mm256_set1_epi8(15);
+  for (int j = 0; j < 4; ++j) {
+    t.u[j] = _mm256_and_si256(d[j], low);                             // inputs 4j .. 4j + 3
+    t.u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(d[j], 4), low);  // inputs 16 + 4j ..
+  }
+}
+// int8 weights of one block for channels c = 0..7 at p + c * stride (32 bytes each)
+static inline void load_tile_s8(const int8_t* p, int64_t stride, TileBlock& t) {
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(p);
+  __m256i y[4], d[8];
+  for (int c = 0; c < 4; ++c) y[c] = load_pair(b + c * stride, b + (c + 4) * stride);
+  transpose_8x4(y, d);
+  for (int c = 0; c < 4; ++c) y[c] = load_pair(b + c * stride + 16, b + (c + 4) * stride + 16);
+  transpose_8x4(y, d + 4);
+  for (int j = 0; j < 8; ++j) {
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+    t.u[j] = _mm256_xor_si256(d[j], _mm256_set1_epi8((char)0x80));  // w + 128: unsigned
+#else
+    t.u[j] = _mm256_sign_epi8(d[j], d[j]);  // |w| (the weights are in [-127, 127])
+    t.s[j] = d[j];
+#endif
+  }
+}
+static inline __m256i dpbusd8(__m256i acc, const TileBlock& t, const int8_t* xq) {
+#if defined(__AVXVNNI__)
+  for (int j = 0; j < 8; ++j) acc = _mm256_dpbusd_avx_epi32(acc, t.u[j], bcast_dword(xq + 4 * j));
+#else
+  for (int j = 0; j < 8; ++j) acc = _mm256_dpbusd_epi32(acc, t.u[j], bcast_dword(xq + 4 * j));
+#endif
+  return acc;
+}
+// Exact int32 sums over one block of 32 inputs, lane c = channel c: codes . xq (int4), w . xq (int8). AVX2 and VNNI
+// give the same integers, so the float results that follow are the same at both levels.
+static inline __m256i tile_dot_u4(const TileBlock& t, const int8_t* xq) {
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+  return dpbusd8(_mm256_setzero_si256(), t, xq);
+#else
+  // 16-bit partial sums: each is at most 8 * 2 * 15 * 127 = 30480 in magnitude, no saturation
+  __m256i s = _mm256_maddubs_epi16(t.u[0], bcast_dword(xq));
+  for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(t.u[j], bcast_dword(xq + 4 * j)));
+  return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+#endif
+}
+static inline __m256i tile_dot_s8(const TileBlock& t, const int8_t* xq, int32_t qsum) {
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+  return dpbusd8(_mm256_set1_epi32(-128 * qsum), t, xq);  // (w + 128) . xq - 128 sum(xq)
+#else
+  // |w| * (xq with w's sign): 2 products per 16-bit lane, at most 2 * 127 * 127 = 32258: widened every step
+  const __m256i one = _mm256_set1_epi16(1);
+  __m256i acc = _mm256_setzero_si256();
+  (void)qsum;
+  for (int j = 0; j < 8; ++j)
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(t.u[j],
+                                                                        _mm256_sign_epi8(bcast_dword(xq + 4 * j),
+                                                                                         t.s[j])),
+                                                  one));
+  return acc;
+#endif
+}
+static inline __m256 bf16x8(const uint16_t* p) {  // 8 bf16 -> float32
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
 #elif defined(SGLPY_Q8_ACT)  // aarch64 + dotprod

@@ -2,11 +2,14 @@
 // float32 activations in and out. Where the CPU has an integer dot product (q8_dot.h: AVX2, AVX-512, aarch64
 // dotprod) the activations are quantized to int8 per block of 32 and the blocks multiplied in integers; elsewhere
 // (SSE2, ARM without dotprod) the weights are dequantized to float in registers. Either way each weight is read once
-// per pass and reused by every row of the pass.
+// per pass and reused by every row of the pass. On x86 the int8-activation kernels work on tiles of 8 output
+// channels (q8_dot.h: one lane per channel), so that a row costs little more than its integer dot products; the
+// last N % 8 channels and the other builds run one channel at a time.
 // Oracle: kernels/quant_linear.py:quant_linear_reference (tests/kernels/test_kernels_cpu_native.py).
 //   int8: q int8 [N, K], scale float32 [N] (per output channel): W = q * scale.
 //   int4: q uint8 [N, K / 32, 16]: byte i of a group holds input i in its low nibble and input i + 16 in its high
-//         nibble; sz bf16 [N, 2, K / 32] = each row's scales, then its zeros: W = (code - 8) * scale + zero.
+//         nibble; sz bf16 [ceil(N / 8), K / 32, 2, 8]: per tile of 8 channels and group, their 8 scales, then their
+//         8 zeros (zero-padded past N): W = (code - 8) * scale + zero.
 #include <vector>
 
 #include "cpu_common.h"
@@ -24,6 +27,15 @@ static inline float bf16_to_f32(uint16_t b) {
   float f;
   std::memcpy(&f, &w, 4);
   return f;
+}
+
+// Channel n's group scales and folded zeros (W = code * s + (z - 8 s)) as float32, from the tile-major planes.
+static inline void int4_channel_scales(const uint16_t* sz, int64_t groups, int64_t n, float* sf, float* zf) {
+  const uint16_t* st = sz + (n / 8) * groups * 16 + n % 8;  // [groups, 2, 8] of n's tile, at n's lane
+  for (int64_t g = 0; g < groups; ++g) {
+    sf[g] = bf16_to_f32(st[g * 16]);
+    zf[g] = bf16_to_f32(st[g * 16 + 8]) - 8.f * sf[g];
+  }
 }
 
 // MR rows of x at once (1..8, fixed so that the accumulators stay in registers).
@@ -93,13 +105,7 @@ void int4_rows(const float* x, int64_t K, const uint8_t* q, const uint16_t* sz, 
   float sf[MAX_GROUPS], zf[MAX_GROUPS];
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* qn = q + n * groups * 16;
-    const uint16_t* sn = sz + n * groups * 2;  // [2, groups]: scales, then zeros
-    const uint16_t* zn = sn + groups;
-#pragma omp simd
-    for (int64_t g = 0; g < groups; ++g) {
-      sf[g] = bf16_to_f32(sn[g]);
-      zf[g] = bf16_to_f32(zn[g]) - 8.f * sf[g];
-    }
+    int4_channel_scales(sz, groups, n, sf, zf);
     vf acc0[MR], acc1[MR];  // two independent FMA chains per row: one chain is latency-bound at MR = 1
     for (int m = 0; m < MR; ++m) acc0[m] = acc1[m] = vf{};
     for (int64_t g = 0; g < groups; ++g) {
@@ -128,13 +134,7 @@ void int4_rows_q8(const Q8Row* a, int64_t K, const uint8_t* q, const uint16_t* s
   float sf[MAX_GROUPS], zf[MAX_GROUPS];
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* qn = q + n * groups * 16;
-    const uint16_t* sn = sz + n * groups * 2;
-    const uint16_t* zn = sn + groups;
-#pragma omp simd
-    for (int64_t g = 0; g < groups; ++g) {
-      sf[g] = bf16_to_f32(sn[g]);
-      zf[g] = bf16_to_f32(zn[g]) - 8.f * sf[g];
-    }
+    int4_channel_scales(sz, groups, n, sf, zf);
     facc acc[MR][2];  // two chains per row (a cvt + FMA per block is latency-bound on one)
     for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = facc_zero();
     int64_t g = 0;
@@ -186,22 +186,157 @@ void int8_rows_q8(const Q8Row* a, int64_t K, const int8_t* q, const float* scale
   }
 }
 
+#if defined(SGLPY_Q8_TILE)
+// A tile reads its 8 channels' rows a block at a time, 8 places at once: the hardware prefetchers, which follow one
+// ascending stream, leave each line a DRAM round trip (the int8 lm_head ran at a quarter of the 1-row layout's
+// bandwidth). So each block also prefetches its share of the lines of the tile PREFETCH_TILES ahead.
+constexpr int64_t PREFETCH_TILES = 2;
+static inline void prefetch_share(const void* base, int64_t bytes, int64_t part, int64_t parts) {
+  const int64_t lines = (bytes + 63) / 64, per = (lines + parts - 1) / parts;
+  const char* p = static_cast<const char*>(base);
+  for (int64_t i = part * per; i < std::min(lines, (part + 1) * per); ++i) __builtin_prefetch(p + i * 64);
+}
+
+// Tiles t0 .. t1 (channels 8 t .. 8 t + 7) of int4 weights for MR rows of int8 activations. Per group and row:
+// y += d * (s * (codes . xq) + z' * sum(xq)), lane-wise; a row's lanes run the same operations in the same order
+// whatever the other rows are.
+template <int MR>
+void int4_tiles_q8(const Q8Row* a, int64_t K, const uint8_t* q, const uint16_t* sz, const float* bias, float* y,
+                   int64_t N, int64_t t0, int64_t t1) {
+  const int64_t groups = K / 32;
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint8_t* qt = q + t * TILE * groups * 16;
+    const uint16_t* st = sz + t * groups * 16;
+    __m256 acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      prefetch_share(qt + PREFETCH_TILES * TILE * groups * 16, TILE * groups * 16, g, groups);
+      prefetch_share(st + PREFETCH_TILES * groups * 16, groups * 16 * 2, g, groups);
+      TileBlock w;
+      load_tile_u4(qt + g * 16, groups * 16, w);
+      const __m256 s = bf16x8(st + g * 16);
+      const __m256 z = _mm256_fnmadd_ps(_mm256_set1_ps(8.f), s, bf16x8(st + g * 16 + 8));  // z - 8 s
+      for (int m = 0; m < MR; ++m) {
+        const __m256 dot = _mm256_cvtepi32_ps(tile_dot_u4(w, a[m].q + g * 32));
+        const __m256 r = _mm256_fmadd_ps(dot, s, _mm256_mul_ps(z, _mm256_set1_ps(a[m].qsf[g])));
+        acc[m] = _mm256_fmadd_ps(r, _mm256_set1_ps(a[m].d[g]), acc[m]);
+      }
+    }
+    const __m256 b = bias != nullptr ? _mm256_loadu_ps(bias + t * TILE) : _mm256_setzero_ps();
+    for (int m = 0; m < MR; ++m) _mm256_storeu_ps(y + m * N + t * TILE, _mm256_add_ps(acc[m], b));
+  }
+}
+
+// Tiles t0 .. t1 of int8 weights (per-channel scale) for MR rows: y = s * sum_b d_b (w . xq)_b. A last block of 16
+// inputs reads its weights through a zero-padded copy (the activations are zero-padded too).
+template <int MR>
+void int8_tiles_q8(const Q8Row* a, int64_t K, const int8_t* q, const float* scale, const float* bias, float* y,
+                   int64_t N, int64_t t0, int64_t t1) {
+  const int64_t full = K / 32, blocks = (K + 31) / 32;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int8_t* qt = q + t * TILE * K;
+    __m256 acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      prefetch_share(qt + PREFETCH_TILES * TILE * K, TILE * K, b, blocks);
+      TileBlock w;
+      if (b < full) {
+        load_tile_s8(qt + b * 32, K, w);
+      } else {
+        alignas(32) int8_t pad[TILE * 32] = {};
+        for (int c = 0; c < TILE; ++c) std::memcpy(pad + c * 32, qt + c * K + b * 32, (size_t)(K - b * 32));
+        load_tile_s8(pad, 32, w);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const __m256 dot = _mm256_cvtepi32_ps(tile_dot_s8(w, a[m].q + b * 32, a[m].qs[b]));
+        acc[m] = _mm256_fmadd_ps(dot, _mm256_set1_ps(a[m].d[b]), acc[m]);
+      }
+    }
+    const __m256 sc = _mm256_loadu_ps(scale + t * TILE);
+    const __m256 bb = bias != nullptr ? _mm256_loadu_ps(bias + t * TILE) : _mm256_setzero_ps();
+    for (int m = 0; m < MR; ++m) _mm256_storeu_ps(y + m * N + t * TILE, _mm256_fmadd_ps(acc[m], sc, bb));
+  }
+}
+#endif
+
 // The activations of one call, quantized once before the row blocks split across threads.
 struct Q8Acts {
   std::vector<int8_t> q;
-  std::vector<float> d, sum;
+  std::vector<float> d, sum, qsf;
+  std::vector<int32_t> qs;
   int64_t blocks = 0;
   void quantize(const float* x, int64_t M, int64_t K) {
     blocks = (K + QBLOCK - 1) / QBLOCK;
     q.resize((size_t)(M * blocks * QBLOCK));
-    d.resize((size_t)(M * blocks));
-    sum.resize((size_t)(M * blocks));
-    for (int64_t m = 0; m < M; ++m)
-      quantize_row_q8(x + m * K, K, q.data() + m * blocks * QBLOCK, d.data() + m * blocks, sum.data() + m * blocks);
+    for (auto* v : {&d, &sum, &qsf}) v->resize((size_t)(M * blocks));
+    qs.resize((size_t)(M * blocks));
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t o = m * blocks;
+      quantize_row_q8(x + m * K, K, q.data() + o * QBLOCK, d.data() + o, sum.data() + o, qs.data() + o,
+                      qsf.data() + o);
+    }
   }
   Q8Row row(int64_t m) const {
-    return {q.data() + m * blocks * QBLOCK, d.data() + m * blocks, sum.data() + m * blocks};
+    const int64_t o = m * blocks;
+    return {q.data() + o * QBLOCK, d.data() + o, sum.data() + o, qs.data() + o, qsf.data() + o};
   }
+};
+
+// One weight format each: MR rows of a call's activations (from row m0) against output channels n0 .. n1.
+struct Int8Weights {
+  const int8_t* q;
+  const float* scale;
+  template <int MR>
+  void rows(const Q8Row* a, int64_t K, const float* bias, float* y, int64_t N, int64_t n0, int64_t n1) const {
+    int64_t n = n0;
+#if defined(SGLPY_Q8_TILE)
+    const int64_t tiles = (n1 - n0) / TILE;  // n0 is a multiple of ROW_BLOCK, hence of TILE
+    int8_tiles_q8<MR>(a, K, q, scale, bias, y, N, n0 / TILE, n0 / TILE + tiles);
+    n += tiles * TILE;
+#endif
+    int8_rows_q8<MR>(a, K, q, scale, bias, y, N, n, n1);
+  }
+};
+
+struct Int4Weights {
+  const uint8_t* q;
+  const uint16_t* sz;
+  template <int MR>
+  void rows(const Q8Row* a, int64_t K, const float* bias, float* y, int64_t N, int64_t n0, int64_t n1) const {
+    int64_t n = n0;
+#if defined(SGLPY_Q8_TILE)
+    const int64_t tiles = (n1 - n0) / TILE;
+    int4_tiles_q8<MR>(a, K, q, sz, bias, y, N, n0 / TILE, n0 / TILE + tiles);
+    n += tiles * TILE;
+#endif
+    int4_rows_q8<MR>(a, K, q, sz, bias, y, N, n, n1);
+  }
+};
+using Acts = Q8Acts;
+#else
+struct Int8Weights {
+  const int8_t* q;
+  const float* scale;
+  template <int MR>
+  void rows(const float* x, int64_t K, const float* bias, float* y, int64_t N, int64_t n0, int64_t n1) const {
+    int8_rows<MR>(x, K, q, scale, bias, y, N, n0, n1);
+  }
+};
+
+struct Int4Weights {
+  const uint8_t* q;
+  const uint16_t* sz;
+  template <int MR>
+  void rows(const float* x, int64_t K, const float* bias, float* y, int64_t N, int64_t n0, int64_t n1) const {
+    int4_rows<MR>(x, K, q, sz, bias, y, N, n0, n1);
+  }
+};
+
+// Float activations: the call's x itself.
+struct Acts {
+  const float* x = nullptr;
+  int64_t K = 0;
+  void quantize(const float* x_, int64_t, int64_t K_) { x = x_, K = K_; }
 };
 #endif
 
@@ -250,67 +385,34 @@ struct F32Kernel {
   }
 };
 
+// A quantized GEMV: the call's activations (int8 blocks or float rows) against one weight format.
+template <typename Weights>
+struct QuantKernel {
+  const Acts& a;
+  int64_t K;
+  Weights w;
+  const float* bias;
+  float* y;
+  int64_t N;
+  template <int MR>
+  void rows(int64_t m0, int64_t n0, int64_t n1) const {
 #if defined(SGLPY_Q8_ACT)
-struct Int8Kernel {
-  const Q8Acts& a;
-  int64_t K;
-  const int8_t* q;
-  const float* scale;
-  const float* bias;
-  float* y;
-  int64_t N;
-  template <int MR>
-  void rows(int64_t m0, int64_t n0, int64_t n1) const {
     Q8Row r[MR];
     for (int m = 0; m < MR; ++m) r[m] = a.row(m0 + m);
-    int8_rows_q8<MR>(r, K, q, scale, bias, y + m0 * N, N, n0, n1);
-  }
-};
-
-struct Int4Kernel {
-  const Q8Acts& a;
-  int64_t K;
-  const uint8_t* q;
-  const uint16_t* sz;
-  const float* bias;
-  float* y;
-  int64_t N;
-  template <int MR>
-  void rows(int64_t m0, int64_t n0, int64_t n1) const {
-    Q8Row r[MR];
-    for (int m = 0; m < MR; ++m) r[m] = a.row(m0 + m);
-    int4_rows_q8<MR>(r, K, q, sz, bias, y + m0 * N, N, n0, n1);
-  }
-};
+    w.template rows<MR>(r, K, bias, y + m0 * N, N, n0, n1);
 #else
-struct Int8Kernel {
-  const float* x;
-  int64_t K;
-  const int8_t* q;
-  const float* scale;
-  const float* bias;
-  float* y;
-  int64_t N;
-  template <int MR>
-  void rows(int64_t m0, int64_t n0, int64_t n1) const {
-    int8_rows<MR>(x + m0 * K, K, q, scale, bias, y + m0 * N, N, n0, n1);
+    w.template rows<MR>(a.x + m0 * K, K, bias, y + m0 * N, N, n0, n1);
+#endif
   }
 };
 
-struct Int4Kernel {
-  const float* x;
-  int64_t K;
-  const uint8_t* q;
-  const uint16_t* sz;
-  const float* bias;
-  float* y;
-  int64_t N;
-  template <int MR>
-  void rows(int64_t m0, int64_t n0, int64_t n1) const {
-    int4_rows<MR>(x + m0 * K, K, q, sz, bias, y + m0 * N, N, n0, n1);
-  }
-};
-#endif
+template <typename Weights>
+void quant_gemv(const float* x, int64_t M, int64_t K, Weights w, const float* bias, float* y, int64_t N,
+                int32_t nthreads) {
+  thread_local Acts acts;
+  acts.quantize(x, M, K);
+  passes(QuantKernel<Weights>{acts, K, w, bias, y, N}, M, N, nthreads);
+}
 
 }  // namespace
 }  // namespace sglpy
@@ -320,26 +422,14 @@ using namespace sglpy;
 // x float32 [M, K], y float32 [M, N]; K a multiple of 16. Returns 0.
 extern "C" int64_t sglpy_gemv_int8(const float* x, int64_t M, int64_t K, const int8_t* q, const float* scale,
                                    const float* bias, float* y, int64_t N, int32_t nthreads) {
-#if defined(SGLPY_Q8_ACT)
-  thread_local Q8Acts acts;
-  acts.quantize(x, M, K);
-  passes(Int8Kernel{acts, K, q, scale, bias, y, N}, M, N, nthreads);
-#else
-  passes(Int8Kernel{x, K, q, scale, bias, y, N}, M, N, nthreads);
-#endif
+  quant_gemv(x, M, K, Int8Weights{q, scale}, bias, y, N, nthreads);
   return 0;
 }
 
 // x float32 [M, K], y float32 [M, N]; K a multiple of 32 (the group size), at most 32 * MAX_GROUPS. Returns 0.
 extern "C" int64_t sglpy_gemv_int4(const float* x, int64_t M, int64_t K, const uint8_t* q, const uint16_t* sz,
                                    const float* bias, float* y, int64_t N, int32_t nthreads) {
-#if defined(SGLPY_Q8_ACT)
-  thread_local Q8Acts acts;
-  acts.quantize(x, M, K);
-  passes(Int4Kernel{acts, K, q, sz, bias, y, N}, M, N, nthreads);
-#else
-  passes(Int4Kernel{x, K, q, sz, bias, y, N}, M, N, nthreads);
-#endif
+  quant_gemv(x, M, K, Int4Weights{q, sz}, bias, y, N, nthreads);
   return 0;
 }
 

@@ -29,7 +29,7 @@ static uint16_t to_bf16(float f) {  // truncation is fine: the reference reads t
 }
 
 int main() {
-  const int K = 96, N = 7, M = 3;
+  const int K = 96, N = 19, M = 3;  // N: two tiles of 8 output rows and a tail of 3
   std::vector<float> x(M * K), y(M * N);
   for (int i = 0; i < M * K; ++i) x[i] = std::sin(0.37 * i) * (1 + i % 5);
   // int8 weights, per-channel scale
@@ -50,15 +50,17 @@ int main() {
       }
       expect("gemv_int8", m * N + n, y[m * N + n], want, (q8act ? bound : 0) + 1e-4 * (1 + std::fabs(want)));
     }
-  // int4: codes [N, K/32, 16] two per byte, bf16 scales then zeros per row
+  // int4: codes [N, K/32, 16] two per byte; bf16 [ceil(N/8), K/32, 2, 8]: per tile of 8 rows and group, their
+  // scales, then their zeros
   const int G = K / 32;
   std::vector<uint8_t> q4(N * G * 16);
-  std::vector<uint16_t> sz(N * 2 * G);
+  std::vector<uint16_t> sz((N + 7) / 8 * G * 16);
+  auto scale_at = [&](int n, int g) { return ((n / 8) * G + g) * 16 + n % 8; };
   for (size_t i = 0; i < q4.size(); ++i) q4[i] = (uint8_t)((i * 29 + 3) % 256);
   for (int n = 0; n < N; ++n)
     for (int g = 0; g < G; ++g) {
-      sz[n * 2 * G + g] = to_bf16(0.02f * (1 + (n + g) % 4));
-      sz[n * 2 * G + G + g] = to_bf16(-0.05f + 0.01f * g);
+      sz[scale_at(n, g)] = to_bf16(0.02f * (1 + (n + g) % 4));
+      sz[scale_at(n, g) + 8] = to_bf16(-0.05f + 0.01f * g);
     }
   sglpy_gemv_int4(x.data(), M, K, q4.data(), sz.data(), nullptr, y.data(), N, 1);
   for (int m = 0; m < M; ++m)
@@ -68,7 +70,7 @@ int main() {
         const int g = k / 32, i = k % 32;
         const uint8_t byte = q4[(n * G + g) * 16 + i % 16];
         const int code = i < 16 ? byte & 15 : byte >> 4;
-        const double w = (code - 8) * bf16(sz[n * 2 * G + g]) + bf16(sz[n * 2 * G + G + g]);
+        const double w = (code - 8) * bf16(sz[scale_at(n, g)]) + bf16(sz[scale_at(n, g) + 8]);
         want += w * x[m * K + k];
         double amax = 0;
         for (int j = g * 32; j < g * 32 + 32; ++j) amax = std::fmax(amax, std::fabs(x[m * K + j]));
