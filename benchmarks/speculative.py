@@ -1,7 +1,12 @@
-"""Speculative decoding (NGRAM, prompt lookup) on the default model: tok/s with and without it, interleaved in one run.
+"""Speculative decoding (NGRAM, prompt lookup; or STANDALONE, a draft model) on the default model: tok/s with and
+without it, interleaved in one run.
 
 python benchmarks/speculative.py [--reps 3] [--concurrency 1,16] [--workloads extract,extract_json,free]
                                  [--threads 2] [--no-llamacpp] [--json out.json]
+                                 [--algorithm STANDALONE --quantization none,int8 --draft-quantization int4]
+
+STANDALONE: the draft is the default model's own GGUF (--draft-model to change it) quantized per
+--draft-quantization; each --quantization (the target's) runs its own engine, one after the other.
 
 Workloads (greedy, up to 128 new tokens, natural ends):
 - extract: a ~500-token product manual in the prompt, the question asks for one section word for word (answers
@@ -164,6 +169,11 @@ def main() -> None:
     ap.add_argument("--workloads", default="extract,extract_json,free")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--num-draft-tokens", type=int, default=4)
+    ap.add_argument("--algorithm", default="NGRAM", choices=["NGRAM", "STANDALONE"])
+    ap.add_argument("--quantization", default="auto", help="the target's, comma-separated: one engine each")
+    ap.add_argument("--draft-model", help="STANDALONE: the draft (default: the default model's GGUF)")
+    ap.add_argument("--draft-quantization", default="int4", help="STANDALONE: the draft's quantization")
+    ap.add_argument("--num-steps", type=int, help="STANDALONE: draft steps per round (default --num-draft-tokens)")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--llamacpp-worker", nargs=2, help=argparse.SUPPRESS)
@@ -175,11 +185,37 @@ def main() -> None:
 
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     print(f"CPU: {cpu}, {os.cpu_count()} vCPU, {args.threads} threads; load {os.getloadavg()}")
-    eng = Engine(None, speculative_algorithm="NGRAM", speculative_num_draft_tokens=args.num_draft_tokens,
-                 num_threads=args.threads)
-    drafter = eng.scheduler.drafter
     peer = None
-    if not args.no_llamacpp:
+    results = {}
+    for quant in args.quantization.split(","):
+        kw = dict(speculative_algorithm=args.algorithm, speculative_num_draft_tokens=args.num_draft_tokens,
+                  num_threads=args.threads, quantization=quant, max_total_tokens=16384)
+        if args.algorithm == "STANDALONE":
+            from sglpy.runtime.model.loader import default_gguf_file
+
+            kw.update(speculative_draft_model_path=args.draft_model or str(default_gguf_file()),
+                      speculative_draft_model_quantization=args.draft_quantization,
+                      speculative_num_steps=args.num_steps)
+        eng = Engine(None, **kw)
+        info = eng.get_server_info()
+        label = f"target {info['quantization']}" + (f", draft {info['draft_quantization']}"
+                                                     if args.algorithm == "STANDALONE" else "")
+        print(f"\n=== {args.algorithm}: {label}")
+        peer = run_cases(eng, args, peer, results, label)
+        eng.shutdown()
+    print(f"\nload after {os.getloadavg()}")
+    if peer is not None:
+        peer.close()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu": cpu, "threads": args.threads, "algorithm": args.algorithm, "results": results}, f,
+                      indent=1)
+
+
+def run_cases(eng, args, peer, results: dict, label: str):
+    """Every workload x concurrency case on one engine, its drafter on and off alternating; returns the peer."""
+    drafter = eng.scheduler.drafter
+    if peer is None and not args.no_llamacpp:
         try:
             import llama_cpp  # noqa: F401
 
@@ -189,7 +225,6 @@ def main() -> None:
     chat = lambda text: eng.tokenizer.apply_chat_template([{"role": "user", "content": text}],  # noqa: E731
                                                           tokenize=False, add_generation_prompt=True)
     cases = [(w, c) for w in args.workloads.split(",") for c in map(int, args.concurrency.split(","))]
-    results = {}
     for w, c in cases:
         prompts = [chat(t) for t in user_texts(w)[:c]]
         sp = sampling(w)
@@ -234,14 +269,8 @@ def main() -> None:
         row["speedup"] = row["spec"]["tok_s"] / row["off"]["tok_s"]
         row["greedy_equal"] = same
         print(f"  speedup {row['speedup']:.2f}x; greedy outputs equal: {same}")
-        results[f"{w}/{c}"] = row
-    print(f"\nload after {os.getloadavg()}")
-    if peer is not None:
-        peer.close()
-    eng.shutdown()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"cpu": cpu, "threads": args.threads, "results": results}, f, indent=1)
+        results[f"{label}/{w}/{c}"] = row
+    return peer
 
 
 if __name__ == "__main__":

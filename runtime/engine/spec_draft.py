@@ -41,6 +41,8 @@ from .truncation import inverse_cdf
 
 logger = logging.getLogger(__name__)
 
+SHORT_EXTEND = 8  # a shadow's pending tokens up to this many run as decode rows (accepted tokens + the target's)
+
 
 def check_draft_vocab(target_tokenizer, target_vocab: int, draft_path: str) -> None:
     """Refuse a draft model whose tokenizer or logits width differs from the target's (ValueError, by name)."""
@@ -162,12 +164,15 @@ class StandaloneDrafter(NgramDrafter):
 
     def _run(self, want: list[_Drafting]) -> None:
         """The draft forwards of one step: the pending extend, then one-token decode steps, batched."""
-        going = sorted(want, key=lambda d: d.ext > 1)  # one-token entries first: the forward's decode rows
-        entries = [BatchEntry(d.req.spec.shadow, d.base, d.ext, sample=True) for d in going]
+        # one-token entries first, then short ones as decode rows of their request (the drafted-entry layout of
+        # model/forward_batch.py: the fused decode layer on CPU), then prompts
+        going = sorted(want, key=lambda d: (d.ext > 1) + (d.ext > SHORT_EXTEND))
+        entries = [self._entry(d.req.spec.shadow, d.base, d.ext) for d in going]
         while entries:
             out = self.runner.forward(entries, sum(1 for e in entries if e.extend_len == 1), self.kv.buffers)
             self.stats["spec_draft_forwards"] += 1
-            rows = torch.tensor(out.sample_row, dtype=torch.int64, device=out.logits.device)
+            last = [row + (len(e.draft) if e.draft else 0) for row, e in zip(out.sample_row, entries)]
+            rows = torch.tensor(last, dtype=torch.int64, device=out.logits.device)
             toks, q_rows = self._pick(out.logits[rows].float(), going)  # [n, vocab] copied: changed in place
             nxt = []
             for d, t, q in zip(going, toks, q_rows):
@@ -192,6 +197,13 @@ class StandaloneDrafter(NgramDrafter):
                 if self.kv.grow(sh, 1):  # else the draft pool is short: this draft stops here
                     going.append(d)
                     entries.append(BatchEntry(sh, sh.kv_len - 1, 1, sample=True))
+
+    @staticmethod
+    def _entry(sh: Req, base: int, ext: int) -> BatchEntry:
+        """The forward entry extending sh by ext tokens from base: up to SHORT_EXTEND run as decode rows."""
+        if 1 < ext <= SHORT_EXTEND:
+            return BatchEntry(sh, base, ext, sample=True, draft=tuple(sh.all_ids[base + 1:base + ext]))
+        return BatchEntry(sh, base, ext, sample=True)
 
     def _pick(self, logits: torch.Tensor, going: list[_Drafting]) -> tuple[list[int | None], list]:
         """One draft token per row of logits [n, vocab] (None: nothing allowed), and q's row for sampled ones."""

@@ -77,6 +77,20 @@ def test_greedy_equal_with_accepts_and_rejections(engines):
     _no_leak(spec)
 
 
+def test_target_as_its_own_draft_is_accepted_whole(tiny_model_path):
+    """The target drafting for itself (float32 both): every greedy draft token is accepted, so the draft KV kept,
+    rolled back and extended across steps (and the short extends run as decode rows) is the target's."""
+    eng = Engine(tiny_model_path, speculative_algorithm="STANDALONE", speculative_draft_model_path=tiny_model_path,
+                 speculative_draft_model_quantization="none", speculative_num_steps=3, **KW)
+    try:
+        eng.generate(prompt=PROMPTS, sampling_params={"max_new_tokens": 40, "temperature": 0, "ignore_eos": True})
+        info = eng.get_server_info()
+        assert info["spec_draft_tokens"] > 60 and info["spec_accepted_tokens"] == info["spec_draft_tokens"], info
+        _no_leak(eng)
+    finally:
+        eng.shutdown()
+
+
 def test_stops_logprobs_constrained_equal(engines):
     base, spec = engines
     cases = [
