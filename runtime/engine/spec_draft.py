@@ -35,6 +35,7 @@ from ..core import BatchEntry, Req
 from ..memory.kv_manager import KVManager
 from ..memory.kv_pool import KVPool, ReqToTokenPool, kv_cache_torch_dtype
 from ..memory.radix_cache import RadixCache
+from .spec_gate import CostGate
 from .spec_ngram import NgramDrafter, SpecState
 from .spec_probs import processed_probs
 from .truncation import inverse_cdf
@@ -98,10 +99,13 @@ class StandaloneDrafter(NgramDrafter):
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed + 1)  # the draft's own draws
         self.stats.update({"spec_draft_forwards": 0})
         self.quantization = r.quantization
+        self.gate: CostGate | None = CostGate()  # drafting only while it is measured faster (None: always)
 
     # ------------------------------------------------------------------ drafting
     def propose_batch(self, reqs: list[Req], limits: list[int], budget: int) -> list[tuple[int, ...]]:
         """Draft for every request at once (k draft forwards); () for those that pause or cannot draft."""
+        if self.gate is not None and not self.gate.decide(reqs, sum(len(r.output_ids) for r in reqs)):
+            return [()] * len(reqs)  # plain steps are the faster ones here (engine/spec_gate.py)
         want: list[_Drafting] = []
         for i, (r, lim) in enumerate(zip(reqs, limits)):
             st = r.spec
@@ -259,5 +263,6 @@ class StandaloneDrafter(NgramDrafter):
     def info(self) -> dict:
         """Counters plus the draft pool's slot counts (kv_used 0 once idle: nothing leaked)."""
         s = self.kv.stats()
-        return {**self.stats, "draft_kv_total": s.total, "draft_kv_free": s.free, "draft_kv_evictable": s.evictable,
+        gate = self.gate.stats if self.gate is not None else {}
+        return {**self.stats, **gate, "draft_kv_total": s.total, "draft_kv_free": s.free, "draft_kv_evictable": s.evictable,
                 "draft_kv_used": s.used, "draft_quantization": self.quantization}

@@ -32,6 +32,7 @@ def engines(tiny_model_path):
     base = Engine(tiny_model_path, **KW)
     spec = Engine(tiny_model_path, speculative_algorithm="STANDALONE", speculative_draft_model_path=tiny_model_path,
                   speculative_draft_model_quantization="int4", **KW)
+    spec.scheduler.drafter.gate = None  # always draft: the tiny draft costs what the target does (gate tested apart)
     yield base, spec
     base.shutdown()
     spec.shutdown()
@@ -82,6 +83,7 @@ def test_target_as_its_own_draft_is_accepted_whole(tiny_model_path):
     rolled back and extended across steps (and the short extends run as decode rows) is the target's."""
     eng = Engine(tiny_model_path, speculative_algorithm="STANDALONE", speculative_draft_model_path=tiny_model_path,
                  speculative_draft_model_quantization="none", speculative_num_steps=3, **KW)
+    eng.scheduler.drafter.gate = None
     try:
         eng.generate(prompt=PROMPTS, sampling_params={"max_new_tokens": 40, "temperature": 0, "ignore_eos": True})
         info = eng.get_server_info()
@@ -164,6 +166,7 @@ def test_rejection_sampling_with_draft_model_matches_target(tiny_model_path, dra
                 exact[(t1, t2)] = q1 * q2
         drafter = eng.scheduler.drafter
         drafter.budget = lambda batch_size: 1 << 20  # every request drafts, at any batch size
+        drafter.gate = None
         before = eng.get_server_info()
         outs = eng.generate(input_ids=[ids] * N, sampling_params={"max_new_tokens": 4, "temperature": 1.0,
                                                                    "top_k": TOP_K})
@@ -184,6 +187,44 @@ def test_rejection_sampling_with_draft_model_matches_target(tiny_model_path, dra
         assert info["kv_used"] == 0 and info["draft_kv_used"] == 0
     finally:
         eng.shutdown()
+
+
+class _Clock:
+    t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def _run_gate(gate, clock, draft_s, plain_s, steps=200):
+    """A one-request decode under the gate: a drafting step gains 4 tokens in draft_s, a plain one 1 in plain_s."""
+    reqs, tokens, drafted = [object()], 0, 0
+    for _ in range(steps):
+        d = gate.decide(reqs, tokens)
+        drafted += d
+        clock.t += draft_s if d else plain_s
+        tokens += 4 if d else 1
+    return drafted
+
+
+def test_cost_gate_drafts_only_where_drafting_is_faster():
+    from sglpy.runtime.engine.spec_gate import CostGate
+
+    c = _Clock()
+    g = CostGate(clock=c)
+    assert _run_gate(g, c, draft_s=1.0, plain_s=0.5) > 180  # 4 tok/s vs 2: drafts, probing plain now and then
+    assert g.rate[True] == pytest.approx(4.0) and g.rate[False] == pytest.approx(2.0)
+    c = _Clock()
+    g = CostGate(clock=c)
+    assert _run_gate(g, c, draft_s=3.0, plain_s=0.5) < 20  # 1.3 tok/s vs 2: plain steps, probing drafts
+    assert g.stats["spec_gate_off_steps"] > 180 and g.stats["spec_gate_probes"] > 0
+    c = _Clock()
+    g = CostGate(clock=c)
+    reqs = [object()]
+    g.decide(reqs, 0)
+    c.t += 100.0  # the decoding requests changed in between (a new one, an idle gap): no sample
+    g.decide([object()], 1)
+    assert g.rate[True] is None
 
 
 def test_judge_is_exact_on_a_tiny_vocabulary():
