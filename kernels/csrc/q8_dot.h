@@ -162,13 +162,20 @@ static inline void load_tile_s8(const int8_t* p, int64_t stride, TileBlock& t) {
 #endif
   }
 }
+// two chains of 4 (one chain of 8 dependent dot products is latency-bound at one row)
 static inline __m256i dpbusd8(__m256i acc, const TileBlock& t, const int8_t* xq) {
+  __m256i b = _mm256_setzero_si256();
+#pragma GCC unroll 4
+  for (int j = 0; j < 8; j += 2) {
 #if defined(__AVXVNNI__)
-  for (int j = 0; j < 8; ++j) acc = _mm256_dpbusd_avx_epi32(acc, t.u[j], bcast_dword(xq + 4 * j));
+    acc = _mm256_dpbusd_avx_epi32(acc, t.u[j], bcast_dword(xq + 4 * j));
+    b = _mm256_dpbusd_avx_epi32(b, t.u[j + 1], bcast_dword(xq + 4 * j + 4));
 #else
-  for (int j = 0; j < 8; ++j) acc = _mm256_dpbusd_epi32(acc, t.u[j], bcast_dword(xq + 4 * j));
+    acc = _mm256_dpbusd_epi32(acc, t.u[j], bcast_dword(xq + 4 * j));
+    b = _mm256_dpbusd_epi32(b, t.u[j + 1], bcast_dword(xq + 4 * j + 4));
 #endif
-  return acc;
+  }
+  return _mm256_add_epi32(acc, b);
 }
 // Exact int32 sums over one block of 32 inputs, lane c = channel c: codes . xq (int4), w . xq (int8). AVX2 and VNNI
 // give the same integers, so the float results that follow are the same at both levels.

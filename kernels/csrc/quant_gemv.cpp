@@ -204,10 +204,14 @@ template <int MR>
 void int4_tiles_q8(const Q8Row* a, int64_t K, const uint8_t* q, const uint16_t* sz, const float* bias, float* y,
                    int64_t N, int64_t t0, int64_t t1) {
   const int64_t groups = K / 32;
+  const int8_t* xq[MR];  // the rows' fields in locals: the row loops below unroll with accumulators in registers
+  const float *d[MR], *qsf[MR];
+  for (int m = 0; m < MR; ++m) xq[m] = a[m].q, d[m] = a[m].d, qsf[m] = a[m].qsf;
   for (int64_t t = t0; t < t1; ++t) {
     const uint8_t* qt = q + t * TILE * groups * 16;
     const uint16_t* st = sz + t * groups * 16;
     __m256 acc[MR];
+#pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
       prefetch_share(qt + PREFETCH_TILES * TILE * groups * 16, TILE * groups * 16, g, groups);
@@ -216,13 +220,15 @@ void int4_tiles_q8(const Q8Row* a, int64_t K, const uint8_t* q, const uint16_t* 
       load_tile_u4(qt + g * 16, groups * 16, w);
       const __m256 s = bf16x8(st + g * 16);
       const __m256 z = _mm256_fnmadd_ps(_mm256_set1_ps(8.f), s, bf16x8(st + g * 16 + 8));  // z - 8 s
+#pragma GCC unroll 8
       for (int m = 0; m < MR; ++m) {
-        const __m256 dot = _mm256_cvtepi32_ps(tile_dot_u4(w, a[m].q + g * 32));
-        const __m256 r = _mm256_fmadd_ps(dot, s, _mm256_mul_ps(z, _mm256_set1_ps(a[m].qsf[g])));
-        acc[m] = _mm256_fmadd_ps(r, _mm256_set1_ps(a[m].d[g]), acc[m]);
+        const __m256 dot = _mm256_cvtepi32_ps(tile_dot_u4(w, xq[m] + g * 32));
+        const __m256 r = _mm256_fmadd_ps(dot, s, _mm256_mul_ps(z, _mm256_set1_ps(qsf[m][g])));
+        acc[m] = _mm256_fmadd_ps(r, _mm256_set1_ps(d[m][g]), acc[m]);
       }
     }
     const __m256 b = bias != nullptr ? _mm256_loadu_ps(bias + t * TILE) : _mm256_setzero_ps();
+#pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) _mm256_storeu_ps(y + m * N + t * TILE, _mm256_add_ps(acc[m], b));
   }
 }
@@ -233,9 +239,14 @@ template <int MR>
 void int8_tiles_q8(const Q8Row* a, int64_t K, const int8_t* q, const float* scale, const float* bias, float* y,
                    int64_t N, int64_t t0, int64_t t1) {
   const int64_t full = K / 32, blocks = (K + 31) / 32;
+  const int8_t* xq[MR];
+  const float* d[MR];
+  const int32_t* qs[MR];
+  for (int m = 0; m < MR; ++m) xq[m] = a[m].q, d[m] = a[m].d, qs[m] = a[m].qs;
   for (int64_t t = t0; t < t1; ++t) {
     const int8_t* qt = q + t * TILE * K;
     __m256 acc[MR];
+#pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
       prefetch_share(qt + PREFETCH_TILES * TILE * K, TILE * K, b, blocks);
@@ -247,13 +258,15 @@ void int8_tiles_q8(const Q8Row* a, int64_t K, const int8_t* q, const float* scal
         for (int c = 0; c < TILE; ++c) std::memcpy(pad + c * 32, qt + c * K + b * 32, (size_t)(K - b * 32));
         load_tile_s8(pad, 32, w);
       }
+#pragma GCC unroll 8
       for (int m = 0; m < MR; ++m) {
-        const __m256 dot = _mm256_cvtepi32_ps(tile_dot_s8(w, a[m].q + b * 32, a[m].qs[b]));
-        acc[m] = _mm256_fmadd_ps(dot, _mm256_set1_ps(a[m].d[b]), acc[m]);
+        const __m256 dot = _mm256_cvtepi32_ps(tile_dot_s8(w, xq[m] + b * 32, qs[m][b]));
+        acc[m] = _mm256_fmadd_ps(dot, _mm256_set1_ps(d[m][b]), acc[m]);
       }
     }
     const __m256 sc = _mm256_loadu_ps(scale + t * TILE);
     const __m256 bb = bias != nullptr ? _mm256_loadu_ps(bias + t * TILE) : _mm256_setzero_ps();
+#pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) _mm256_storeu_ps(y + m * N + t * TILE, _mm256_fmadd_ps(acc[m], sc, bb));
   }
 }
