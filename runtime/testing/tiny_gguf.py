@@ -11,7 +11,8 @@ import pathlib
 
 # HF architecture -> llama.cpp architecture name (Mixtral is written as `llama` with experts, as llama.cpp does)
 GGUF_ARCH = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe", "Gemma2ForCausalLM": "gemma2",
-             "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3", "MixtralForCausalLM": "llama"}
+             "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3", "MixtralForCausalLM": "llama",
+             "LlamaForCausalLM": "llama"}  # a plain `llama` file goes to transformers' GGUF reader
 
 
 def _add_tokenizer(writer, vocab: int) -> None:

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from sglpy.runtime.model.gguf_convert import readable_tensor_types
 from sglpy.runtime.model.loader import convert_gguf
 from sglpy.runtime.testing.tiny_gguf import write_family_gguf
-from sglpy.runtime.testing.tiny_model import make_family_model
+from sglpy.runtime.testing.tiny_model import make_family_model, make_tiny_model
 
 from test_engine_model import _hf, hf_logits, make_runner, our_logits
 
@@ -73,6 +73,30 @@ def test_quantized_gguf_loads_within_its_rounding(tiny, qtype):
                           ("token_embd.weight", "model.embed_tokens.weight")):
         t = tensors[name]
         assert torch.equal(state[hf_name], torch.from_numpy(gguf.dequantize(t.data, t.tensor_type).copy()))
+    for a, b in zip(our_logits(make_runner(folder, max_total_tokens=128), PROMPTS), want):
+        err = ((a - b).norm() / b.norm()).item()
+        assert 0 < err < TOLERANCE[qtype], f"{qtype}: relative logit error {err:.4f}"
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf_types_llama")
+    hf = make_tiny_model(root / "hf", hidden=256, heads=4, kv_heads=2, intermediate=256, extra=dict(vocab_size=512))
+    return root, hf, write_family_gguf(hf, root / "f32.gguf"), hf_logits(_hf(hf), PROMPTS)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_0"])
+def test_llama_file_through_transformers_reader(tiny_llama, qtype):
+    """A plain `llama` file (the Llama family goes to transformers' GGUF reader, which decodes with the same gguf
+    package): a K-quant and a 32-block type load within their rounding (measured 0.26-0.32 for Q4_K)."""
+    root, hf, f32, want = tiny_llama
+    path = _quantized_file(root, hf, f32, qtype)
+    folder = str(convert_gguf(path, root / f"converted-{qtype}"))
+    down = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "blk.0.ffn_down.weight")
+    assert down.tensor_type.name == qtype
+    state = load_file(pathlib.Path(folder) / "model.safetensors")
+    assert torch.equal(state["model.layers.0.mlp.down_proj.weight"],
+                       torch.from_numpy(gguf.dequantize(down.data, down.tensor_type).copy()))
     for a, b in zip(our_logits(make_runner(folder, max_total_tokens=128), PROMPTS), want):
         err = ((a - b).norm() / b.norm()).item()
         assert 0 < err < TOLERANCE[qtype], f"{qtype}: relative logit error {err:.4f}"
