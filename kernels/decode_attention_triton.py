@@ -36,18 +36,20 @@ def _key_range(seq_len, sid, num_splits, fixed_split, window, BLOCK_N: tl.conste
     # lengths. At least one tile, so an (invalid, unchecked on CUDA) zero length yields NaN rather than a division
     # by 0.
     split_len = tl.maximum(tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N), 1) * BLOCK_N
-    first_split = 0
+    # every name this runtime `if` sets is set in both branches as a tensor (the compiler merges only those)
     if fixed_split > 0:  # deterministic inference: split points at multiples of fixed_split, whatever the batch
         split_len = fixed_split
         start = sid * split_len
+        end = tl.minimum(start + split_len, seq_len)
+        first_split = start * 0
         if HAS_WINDOW:
             first_split = first // split_len
             start = tl.maximum(start, first)
-        end = tl.minimum(sid * split_len + split_len, seq_len)
         used = tl.cdiv(seq_len, split_len)
     else:
         start = first + sid * split_len
         end = tl.minimum(start + split_len, seq_len)
+        first_split = start * 0
         used = tl.cdiv(span, split_len)
     return start, end, first_split, used
 
