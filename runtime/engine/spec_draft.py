@@ -125,6 +125,8 @@ class StandaloneDrafter(NgramDrafter):
                 budget -= k
         drafts: list[tuple[int, ...]] = [()] * len(reqs)
         if not want:
+            if self.gate is not None:
+                self.gate.drafted(False)
             return drafts
         try:
             self._run(want)
@@ -138,6 +140,8 @@ class StandaloneDrafter(NgramDrafter):
         for d in want:
             drafts[d.index] = tuple(d.tokens)
             d.req.spec.q = torch.stack(d.qs) if d.qs and not d.req.sampling.greedy else None  # [k, vocab]
+        if self.gate is not None:
+            self.gate.drafted(any(drafts))
         return drafts
 
     def _sync(self, r: Req) -> int:

@@ -8,8 +8,10 @@ is the faster one:
 - a sample is one step: output tokens the step's decoding requests gained over the time from its schedule to the
   next one (draft forwards, target forward, verification, emit); samples are kept only while the same requests
   decode in consecutive steps (a new request's prefill or a finish starts over);
-- each mode's rate is an exponential average of its samples; the mode not in use is probed one step in every
-  `probe_every`, so a change of batch or workload is seen;
+- each mode's rate is an exponential average of its samples; the mode not in use is probed now and then, so a
+  change of batch or workload is seen: `probe_every` steps after a change of decision, twice as long after each
+  probe that left the decision as it was (up to `max_probe_every`), since a probe costs (a drafting probe first
+  extends the draft KV over every token decoded without it);
 - drafting goes on while its rate is at least `margin` of the plain rate (or either is not measured yet).
 """
 
@@ -26,12 +28,16 @@ EMA = 0.3  # weight of a new sample in a mode's average rate
 class CostGate:
     """Drafting on or off from measured tokens per second with and without drafts."""
 
-    probe_every: int = 32  # steps between probes of the mode not in use
+    probe_every: int = 32  # steps between probes of the mode not in use, after a change of decision
+    max_probe_every: int = 512  # the longest interval, reached while the decision holds
     margin: float = 0.97  # draft while its rate >= margin * the plain rate
     clock: Callable[[], float] = time.perf_counter
     rate: dict = field(default_factory=lambda: {True: None, False: None})  # drafting? -> tokens/s average
     _last: tuple | None = None  # (time, request ids, their token count, drafted) at the previous step
     _steps: int = 0
+    _interval: int = 0  # steps between probes now
+    _next_probe: int = 0
+    _decision: bool | None = None  # the last decision taken on the rates (not a probe)
     stats: dict = field(default_factory=lambda: {"spec_gate_off_steps": 0, "spec_gate_probes": 0})
 
     def decide(self, reqs: list, tokens: int) -> bool:
@@ -39,7 +45,8 @@ class CostGate:
         previous step's sample, then whether this step drafts."""
         now = self.clock()
         key = tuple(id(r) for r in reqs)
-        if self._last is not None and self._last[1] == key and now > self._last[0]:
+        # only the same requests decoding in consecutive steps, gaining tokens (a jump-forward rewrite can shrink)
+        if self._last is not None and self._last[1] == key and now > self._last[0] and tokens >= self._last[2]:
             sample = (tokens - self._last[2]) / (now - self._last[0])
             old = self.rate[self._last[3]]
             self.rate[self._last[3]] = sample if old is None else (1 - EMA) * old + EMA * sample
@@ -51,10 +58,20 @@ class CostGate:
             draft = self._steps % 4 != 0  # a first plain sample soon
         else:
             draft = on >= self.margin * off
-            if self._steps % self.probe_every == 0:
+            if draft != self._decision:  # the rates changed the decision: look again soon
+                self._decision, self._interval = draft, self.probe_every
+                self._next_probe = self._steps + self._interval
+            elif self._steps >= self._next_probe:
                 draft = not draft
                 self.stats["spec_gate_probes"] += 1
+                self._interval = min(2 * self._interval, self.max_probe_every)
+                self._next_probe = self._steps + self._interval
         if not draft:
             self.stats["spec_gate_off_steps"] += 1
         self._last = (now, key, tokens, draft)
         return draft
+
+    def drafted(self, any_draft: bool) -> None:
+        """What the step did: a step allowed to draft where no request drafted (all paused) is a plain sample."""
+        if self._last is not None and self._last[3] and not any_draft:
+            self._last = self._last[:3] + (False,)

@@ -196,9 +196,9 @@ class _Clock:
         return self.t
 
 
-def _run_gate(gate, clock, draft_s, plain_s, steps=200):
+def _run_gate(gate, clock, draft_s, plain_s, steps=200, reqs=None):
     """A one-request decode under the gate: a drafting step gains 4 tokens in draft_s, a plain one 1 in plain_s."""
-    reqs, tokens, drafted = [object()], 0, 0
+    reqs, tokens, drafted = reqs or [object()], 0, 0
     for _ in range(steps):
         d = gate.decide(reqs, tokens)
         drafted += d
@@ -218,9 +218,15 @@ def test_cost_gate_drafts_only_where_drafting_is_faster():
     g = CostGate(clock=c)
     assert _run_gate(g, c, draft_s=3.0, plain_s=0.5) < 20  # 1.3 tok/s vs 2: plain steps, probing drafts
     assert g.stats["spec_gate_off_steps"] > 180 and g.stats["spec_gate_probes"] > 0
+    # a decision that holds is probed less and less often; a change of costs turns it over within a few steps
     c = _Clock()
     g = CostGate(clock=c)
     reqs = [object()]
+    assert _run_gate(g, c, draft_s=1.0, plain_s=0.5, steps=2000, reqs=reqs) > 1990
+    assert g.stats["spec_gate_probes"] <= 7
+    assert _run_gate(g, c, draft_s=3.0, plain_s=0.5, steps=500, reqs=reqs) < 30
+    c = _Clock()
+    g = CostGate(clock=c)
     g.decide(reqs, 0)
     c.t += 100.0  # the decoding requests changed in between (a new one, an idle gap): no sample
     g.decide([object()], 1)
