@@ -113,9 +113,18 @@ def test_stops_logprobs_constrained_equal(engines):
 def test_seeded_sampling_reproducible(engines):
     _, spec = engines
     sp = {"max_new_tokens": 24, "temperature": 0.8, "top_k": 5, "seed": 11}
-    a = spec.generate(prompt=PROMPTS, sampling_params=sp)
-    b = spec.generate(prompt=PROMPTS, sampling_params=sp)
+    # the same engine state both times (caches flushed): a draft computed from cached KV can differ in the last
+    # bits from one computed fresh, and a sampled draft follows its q
+    assert spec.flush_cache()
+    a = spec.generate(prompt=PROMPTS, sampling_params=sp, return_logprob=True, top_logprobs_num=2)
+    assert spec.flush_cache()
+    b = spec.generate(prompt=PROMPTS, sampling_params=sp, return_logprob=True, top_logprobs_num=2)
     assert [x["output_ids"] for x in a] == [x["output_ids"] for x in b]
+    assert _lps(a) == pytest.approx(_lps(b), abs=1e-5)
+    for o in a:  # judged tokens carry the target's logprob records, one per token
+        lps = o["meta_info"]["output_token_logprobs"]
+        assert [e[1] for e in lps] == o["output_ids"] and all(e[0] <= 0 for e in lps)
+        assert all(len(t) == 2 for t in o["meta_info"]["output_top_logprobs"])
     _no_leak(spec)
 
 
