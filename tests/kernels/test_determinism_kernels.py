@@ -35,7 +35,7 @@ def _linear(kind: str, n: int, k: int):
 
 
 @pytest.mark.parametrize("kind,n,k", [("f32", 96, 64), ("f32", 40, 37), ("int8", 96, 64), ("int4", 96, 64),
-                                      ("int4", 1536, 576)])
+                                      ("int4", 1536, 576), ("int8", 33, 80), ("int4", 70, 96)])  # tail rows
 def test_linear_row_depends_on_its_row_alone(kind, n, k):
     f = _linear(kind, n, k)
     x = torch.randn(64, k, generator=torch.Generator().manual_seed(1))

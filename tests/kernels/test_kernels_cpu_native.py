@@ -380,6 +380,26 @@ def test_every_isa_level_this_cpu_runs_matches_the_references(isa):
     torch.testing.assert_close(caches[0].float(), caches[2].float(), rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.skipif(find_compiler() is None, reason="no C++ compiler on this machine")
+def test_avx512_and_avx2_gemvs_give_the_same_bits():
+    """Both x86 int8-activation levels compute the same integer block dot products (vpdpbusd, or vpmaddubsw +
+    vpmaddwd) and the same float steps after them: equal outputs (the int4 tail rows past the last tile of 8 sum
+    their zero-point terms at the level's vector width, so they are equal only below 8 groups, as here)."""
+    from sglpy.kernels.cpu_isa import read_cpu_flags, runnable_levels
+    from sglpy.kernels.quant_linear import pack_linear
+    from sglpy.kernels.quant_linear_cpu import quant_linear_cpu
+
+    if not {"avx512", "avx2"} <= set(runnable_levels(read_cpu_flags())):
+        pytest.skip("this CPU does not run both the avx512 and the avx2 level")
+    libs = [build_native(find_compiler(), cpu_native.cache_dir(), isa=lv).lib for lv in ("avx512", "avx2")]
+    g = torch.Generator().manual_seed(5)
+    for kind, (n, k) in [("int8", (45, 80)), ("int4", (48, 576)), ("int4", (45, 96))]:
+        p = pack_linear(torch.randn(n, k, generator=g) * 0.05, torch.randn(n, generator=g), kind, 32, native=True)
+        x = torch.randn(9, k, generator=g)
+        a, b = (quant_linear_cpu(lib, x, p.kind, p.qweight, p.scales, p.bias, n) for lib in libs)
+        assert torch.equal(a, b), (kind, (a - b).abs().max().item())
+
+
 @needs_native
 def test_wrappers_refuse_shapes_the_kernels_would_read_past():
     from sglpy.kernels.quant_linear import pack_linear
