@@ -52,9 +52,10 @@ class FamilyAttention(LlamaAttention):
         k_cache, v_cache = kv.k_buffer[self.layer_id], kv.v_buffer[self.layer_id]
         q, k, v = self.qkv_proj(x).split([h * d, g * d, g * d], dim=-1)  # x: [t, hidden] -> [t, (h + 2g) d]
         q, k, v = q.reshape(t, h, d), k.reshape(t, g, d), v.reshape(t, g, d)
-        if self.qk_norm:
-            q = self.q_norm.forward(q.reshape(t * h, d))[0].view(t, h, d)
-            k = self.k_norm.forward(k.reshape(t * g, d))[0].view(t, g, d)
+        if self.qk_norm:  # contiguous rows: with one kv head, k.reshape is a strided view that counts as contiguous
+            # only at t == 1, so a lone decode row would run the native norm and a batched one torch's (other bits)
+            q = self.q_norm.forward(q.reshape(t * h, d).contiguous())[0].view(t, h, d)
+            k = self.k_norm.forward(k.reshape(t * g, d).contiguous())[0].view(t, g, d)
         rows = plan.rope[self.rope_key]
         q, k = rotate(q, rows), rotate(k, rows)
         store_kv_unchecked(k_cache, v_cache, fb.out_cache_loc, k, v.contiguous())

@@ -73,15 +73,11 @@ def graph_blocker(config, max_context: int | None = None) -> str | None:
 
 
 def determinism_blocker(config) -> str | None:
-    """Why deterministic inference is refused for this model (None: it is not): experts, and windowed or soft-capped
-    attention, which the batch-invariance matrix (docs/determinism.md) does not cover."""
-    limit = int(getattr(config, "max_position_embeddings", 0) or 0)
+    """Why deterministic inference is refused for this model (None: it is not): experts. Sliding windows and
+    soft-caps are constants of the native attention kernels, which keep their fixed key blocks with them (the
+    batch-invariance matrix covers Gemma 2 and 3, docs/determinism.md)."""
     if any(moe_layers(config)):
         return "its experts are grouped on the host each step (runtime/model/moe.py)"
-    if getattr(config, "attn_logit_softcapping", None):
-        return "soft-capped attention is not covered by the batch-invariance matrix"
-    if any(w is not None and w < limit for w in layer_windows(config)):
-        return "sliding-window attention is not covered by the batch-invariance matrix"
     return None
 
 
