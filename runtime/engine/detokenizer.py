@@ -5,6 +5,11 @@ once per emitted chunk (`catch_up`: at its finish, or when an output is built), 
 ends on a complete character gives the text of pushing its tokens one by one (the decode of the window past
 the last complete character either way); one that ends inside a character, and every chunk on tokenizers that
 clean up spaces around punctuation across a window edge, is pushed one token at a time.
+
+A per-token push (stop strings, streaming) on a byte-level tokenizer takes no decode call in the steady state:
+such a tokenizer's text of ids is the lossy UTF-8 decode of their bytes joined, so while every token since the
+last emitted text decodes alone to valid text (no U+FFFD), the window's text is the tokens' own texts joined and
+the new token's text alone is the delta push would compute. Any other token takes the decoding path.
 """
 
 from __future__ import annotations
@@ -38,6 +43,15 @@ def backend_decode(tokenizer):
     return getattr(backend, "decode", None)
 
 
+def _byte_level(tokenizer) -> bool:
+    """Whether the backend's decoder is the byte-level one alone (text = lossy UTF-8 of the tokens' bytes joined)."""
+    try:
+        from tokenizers import decoders
+    except ImportError:
+        return False
+    return type(getattr(tokenizer._tokenizer, "decoder", None)) is decoders.ByteLevel
+
+
 def _single_token_cache(tokenizer, key: tuple) -> dict | None:
     try:
         per_tokenizer = _single_token_text.setdefault(tokenizer, {})
@@ -57,6 +71,8 @@ class IncrementalDetokenizer:
         self.single = _single_token_cache(tokenizer, (skip_special_tokens, spaces_between_special_tokens))
         self.fast = backend_decode(tokenizer)  # spaces_between_special_tokens means nothing to a fast tokenizer
         self.chunked = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self.concat = self.single is not None and self.fast is not None and _byte_level(tokenizer)
+        self.tail_clean = False  # concat, and every token of ids[prefix_offset:] decodes alone to valid text
         self.broken = False
         self.ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:])
         self.prefix_offset = 0
@@ -83,6 +99,26 @@ class IncrementalDetokenizer:
 
     def push(self, token_ids: list[int]) -> str:
         """Append tokens; return the newly completed text (maybe empty)."""
+        if self.tail_clean and len(token_ids) == 1:
+            t = token_ids[0]
+            text = self.single.get(t)
+            if text is None:
+                text = self.single[t] = self._decode_call(token_ids)
+            if "\ufffd" not in text:  # the window's text is its tokens' texts joined (module docstring)
+                self.ids.append(t)
+                if text:
+                    self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+                return text
+        delta = self._push(token_ids)
+        window = self.ids[self.prefix_offset:]
+        # the fast path resumes once the window is short and clean (checked on single pushes only, so a long run
+        # of tokens that end inside a character costs no rescans)
+        self.tail_clean = (self.concat and len(token_ids) == 1 and len(window) <= 8
+                           and all("\ufffd" not in self._decode([t]) for t in window))
+        return delta
+
+    def _push(self, token_ids: list[int]) -> str:
+        """push by decoding the window with and without the new tokens."""
         self.ids.extend(token_ids)
         prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
         new_text = self._decode(self.ids[self.prefix_offset:])
@@ -117,6 +153,7 @@ class IncrementalDetokenizer:
             new_text = self._decode(self.ids[self.prefix_offset:] + pending)
             if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
                 self.ids.extend(pending)
+                self.tail_clean = False  # the next push decodes and checks the new window
                 self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
                 return new_text[len(prefix_text):]
             # the chunk ends inside a character: single pushes emit what came before it, so do those
@@ -129,4 +166,5 @@ class IncrementalDetokenizer:
         prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
         new_text = self._decode(self.ids[self.prefix_offset:])
         self.prefix_offset = self.read_offset = len(self.ids)
+        self.tail_clean = False
         return new_text[len(prefix_text):].rstrip("\ufffd")

@@ -7,6 +7,10 @@ reports a regex stop by its pattern. A streamed chunk never shows text that a la
 for a stop string, the longest suffix that is a prefix of it is held back; for a stop_regex, everything
 from the earliest position where a match could still start (a partial match reaching the end of the text,
 found with the `regex` module's partial matching) is held back.
+With min_new_tokens <= 1 every text was searched as it grew (from its window on, and a window never starts before
+the previous one), so a new match ends in the new text and includes its stop string's last character: stop strings
+alone are searched only when the new text has one of those characters, with the same result. With a larger
+min_new_tokens the first search also sees text that was never searched (a match may lie before the new text).
 Patterns run on the `regex` module (Python `re` syntax, VERSION0) with a time budget per search, so a
 pattern that backtracks catastrophically aborts its own request instead of stalling the step loop.
 """
@@ -72,6 +76,14 @@ def _first_text_stop(text: str, s: SamplingParams, old_len: int) -> tuple[int, i
     return best
 
 
+def _may_end_in(stops: tuple[str, ...], delta: str) -> bool:
+    """Whether a stop string's last character is in the new text: where every earlier text was searched (below)."""
+    for stop in stops:
+        if stop[-1] in delta:
+            return True
+    return False
+
+
 def append_text(req: Req, delta: str) -> FinishReason | None:
     """Add decoded text; trim and finish on the first stop string or stop_regex match."""
     if not delta:
@@ -80,6 +92,8 @@ def append_text(req: Req, delta: str) -> FinishReason | None:
     req.text += delta
     s = req.sampling
     if (not s.stop and not s.stop_regex) or len(req.output_ids) < s.min_new_tokens:
+        return None
+    if not s.stop_regex and s.min_new_tokens <= 1 and not _may_end_in(s.stop, delta):
         return None
     try:
         hit = _first_text_stop(req.text, s, old_len)

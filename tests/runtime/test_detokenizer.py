@@ -78,3 +78,50 @@ def test_backend_decode_gives_the_tokenizers_text(tokenizer):
     assert backend_decode(overriding) is None
     d = IncrementalDetokenizer(overriding, [1])
     assert d.push(tokenizer.encode(" hi", add_special_tokens=False)) == " HI"
+
+
+def _decoding(tokenizer, prompt, skip):
+    """A detokenizer that always decodes the window (the byte-level shortcut off): the oracle."""
+    d = IncrementalDetokenizer(tokenizer, prompt, skip)
+    d.concat = False
+    return d
+
+
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_byte_level_pushes_give_the_text_of_decoding_the_window(tokenizer, skip_special):
+    """Per-token pushes without a decode call give the same deltas, token by token, as decoding the window:
+    multi-byte characters split across tokens, specials (skipped or not), any ids; then the same flush."""
+    rng = random.Random(2)
+    prompt = tokenizer.encode("A prompt with context:")
+    calls = []
+    fast = IncrementalDetokenizer(tokenizer, prompt, skip_special)
+    assert fast.concat  # the default tokenizer's decoder is byte-level: the shortcut is on
+    for ids in _sequences(tokenizer, 400, rng):
+        fast, slow = IncrementalDetokenizer(tokenizer, prompt, skip_special), _decoding(tokenizer, prompt, skip_special)
+        call = fast._decode_call
+        fast._decode_call = lambda ids, call=call: calls.append(len(ids)) or call(ids)
+        for i, t in enumerate(ids):
+            assert fast.catch_up(ids[:i + 1]) == slow.catch_up(ids[:i + 1]), ids[:i + 1]
+            assert (fast.prefix_offset, fast.read_offset) == (slow.prefix_offset, slow.read_offset)
+        assert fast.flush() == slow.flush(), ids
+    assert calls  # the oracle's own decodes are not counted: the shortcut did decode where it had to
+    text = tokenizer.encode(" plain words, one token each, in the steady state", add_special_tokens=False)
+    fast = IncrementalDetokenizer(tokenizer, prompt, skip_special)
+    call, calls = fast._decode_call, []
+    fast._decode_call = lambda ids: calls.append(len(ids)) or call(ids)
+    assert "".join(fast.push([t]) for t in text) == tokenizer.decode(text)
+    assert max(calls[2:], default=1) == 1  # after the first push, no window is decoded (single texts are memoised)
+
+
+def test_a_byte_level_window_decodes_to_its_tokens_texts_joined(tokenizer):
+    """What the shortcut rests on: where every token alone decodes to valid text, the window's text is theirs joined."""
+    rng = random.Random(3)
+    vocab = len(tokenizer)
+    ids = list(range(vocab)) if vocab <= 4096 else rng.sample(range(vocab), 4096)
+    ids += list(tokenizer.all_special_ids)
+    for skip in (True, False):
+        single = {t: tokenizer.decode([t], skip_special_tokens=skip) for t in ids}
+        clean = [t for t in ids if "\ufffd" not in single[t]]
+        for _ in range(2000):
+            window = [rng.choice(clean) for _ in range(rng.randrange(2, 6))]
+            assert tokenizer.decode(window, skip_special_tokens=skip) == "".join(single[t] for t in window), window

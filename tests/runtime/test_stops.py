@@ -81,3 +81,52 @@ def test_a_catastrophic_stop_regex_aborts_its_own_request():
     _feed(req, ["a"] * 60)
     assert req.finish_reason is not None and req.finish_reason.type == "abort"
     assert "stop_regex" in req.finish_reason.message
+
+
+def _search_everything(req: Req, delta: str):
+    """append_text as it was before the last-character pre-filter: every new text is searched (the oracle)."""
+    from sglpy.runtime.engine.stops import _first_text_stop
+
+    if not delta:
+        return None
+    old_len = len(req.text)
+    req.text += delta
+    s = req.sampling
+    if (not s.stop and not s.stop_regex) or len(req.output_ids) < s.min_new_tokens:
+        return None
+    hit = _first_text_stop(req.text, s, old_len)
+    if hit is None:
+        return None
+    start, end, matched = hit
+    req.text = req.text[: end if s.no_stop_trim else start]
+    return FinishReason("stop", matched=matched)
+
+
+def _run_to_stop(append, req: Req, pieces: list[str]) -> tuple:
+    for step, piece in enumerate(pieces):
+        req.output_ids.append(0)
+        reason = append(req, piece)
+        if reason is not None:
+            return step, req.text, reason
+    return None, req.text, None
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.text(alphabet="ab.é東🙂", max_size=3), min_size=1, max_size=16),  # "" = a token with no text yet
+       st.lists(st.text(alphabet="ab.é東🙂", min_size=1, max_size=5), min_size=1, max_size=3),
+       st.integers(0, 4), st.booleans(), st.booleans())
+def test_stop_strings_finish_where_searching_every_text_does(pieces, stop, min_new, no_trim, with_regex):
+    """The pre-filter changes no finish step, text or matched string: stop strings of different lengths,
+    matches spanning pieces, min_new_tokens (with which a match may lie wholly in text never searched), no_stop_trim,
+    and a stop_regex beside them."""
+    sp = dict(stop=stop, min_new_tokens=min_new, no_stop_trim=no_trim, stop_regex=["b\\.é"] if with_regex else [])
+    assert (_run_to_stop(append_text, _req(**sp), pieces)
+            == _run_to_stop(_search_everything, _req(**sp), pieces))
+
+
+def test_a_short_stop_found_in_older_text_once_min_new_tokens_is_reached():
+    """Searching only where a stop string could end would miss this: "ab" lies before the third token's text."""
+    for min_new in (0, 3):
+        req = _req(stop=["ab", "xxxxxxxx"], min_new_tokens=min_new)
+        step, text, reason = _run_to_stop(append_text, req, ["z", "ab", "c", "d"])
+        assert (step, text, reason.matched) == ((1, "z", "ab") if min_new == 0 else (2, "z", "ab"))
