@@ -133,6 +133,8 @@ class IncrementalDetokenizer:
         if self.broken:  # a decode raised already: that failure ended the request (its phase says where)
             return ""
         try:
+            if len(output_ids) == len(self.ids) - self.start + 1 and output_ids[-1] >= 0:
+                return self.push(output_ids[-1:])  # the per-token case (stop strings, streaming)
             return self._catch_up(output_ids)
         except Exception:
             self.broken = True
