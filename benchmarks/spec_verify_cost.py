@@ -1,6 +1,6 @@
 """What a speculative verify forward costs: k + 1 decode rows of one request against a one-row decode step.
 
-python benchmarks/spec_verify_cost.py [quantization: auto|none|int8|int4] [reps]
+python benchmarks/spec_verify_cost.py [quantization: auto|none|int8|int4] [reps] [max draft tokens, default 5]
 
 The default model, one request with a 480-token prompt in the KV pool, 1 thread; the row counts alternate in
 order and reverse per repetition (interleaved), each forward's KV rolled back after it. A verify of k draft tokens
@@ -32,9 +32,10 @@ req.output_ids = [5]
 kv.assign_row(req)
 kv.grow(req, 480)
 r.forward([BatchEntry(req, 0, 480, sample=True)], 0, kv.buffers)
-times = {k: [] for k in range(6)}
+max_k = int(sys.argv[3]) if len(sys.argv) > 3 else 5
+times = {k: [] for k in range(max_k + 1)}
 for rep in range(int(sys.argv[2]) if len(sys.argv) > 2 else 60):
-    for k in (range(6) if rep % 2 == 0 else reversed(range(6))):
+    for k in (range(max_k + 1) if rep % 2 == 0 else reversed(range(max_k + 1))):
         kv.grow(req, 1 + k)
         e = BatchEntry(req, 480, 1 + k, sample=True, draft=tuple(range(7, 7 + k))) if k else \
             BatchEntry(req, 480, 1, sample=True)

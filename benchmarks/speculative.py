@@ -2,7 +2,7 @@
 without it, interleaved in one run.
 
 python benchmarks/speculative.py [--reps 3] [--concurrency 1,16] [--workloads extract,extract_json,free]
-                                 [--threads 2] [--no-llamacpp] [--json out.json]
+                                 [--threads 2] [--no-llamacpp] [--json out.json] [--ungated]
                                  [--algorithm STANDALONE --quantization none,int8 --draft-quantization int4]
 
 STANDALONE: the draft is the default model's own GGUF (--draft-model to change it) quantized per
@@ -144,15 +144,22 @@ class LlamaPeer:
 
 
 # ------------------------------------------------------------------ the sglpy side
-def run_sglpy(eng, drafter, prompts: list[str], sp: dict, spec: bool) -> dict:
-    """One timed generate of all prompts at once, with the drafter on or off."""
+def run_sglpy(eng, drafter, prompts: list[str], sp: dict, spec: bool, ungated: bool = False) -> dict:
+    """One timed generate of all prompts at once, with the drafter on or off (ungated: NGRAM's acceptance gate for
+    batches off, every request drafts up to the batch policy's cap)."""
+    from sglpy.runtime.engine import spec_ngram
+
     eng.scheduler.drafter = drafter if spec else None
+    row_cost = spec_ngram.ROW_COST
+    if ungated:
+        spec_ngram.ROW_COST = 0.0
     s0 = dict(drafter.stats)
     steps0 = eng.stats["num_steps"]
     t = time.perf_counter()
     outs = eng.generate(prompt=prompts, sampling_params=sp)
     dt = time.perf_counter() - t
     eng.scheduler.drafter = drafter
+    spec_ngram.ROW_COST = row_cost
     n = sum(o["meta_info"]["completion_tokens"] for o in outs)
     d = {k: drafter.stats[k] - s0[k] for k in s0}
     forwards = sum(o["meta_info"]["completion_tokens"] - o["meta_info"].get("jump_forward_tokens", 0) for o in outs)
@@ -175,6 +182,8 @@ def main() -> None:
     ap.add_argument("--draft-quantization", default="int4", help="STANDALONE: the draft's quantization")
     ap.add_argument("--num-steps", type=int, help="STANDALONE: draft steps per round (default --num-draft-tokens)")
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--ungated", action="store_true",
+                    help="NGRAM: also run the drafter without its acceptance gate for batches (mode spec_ungated)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--llamacpp-worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -229,12 +238,13 @@ def run_cases(eng, args, peer, results: dict, label: str):
         prompts = [chat(t) for t in user_texts(w)[:c]]
         sp = sampling(w)
         print(f"\n{w}, {c} request(s): prompt {len(eng.tokenizer(prompts[0]).input_ids)} tokens")
-        modes = ["spec", "off"] + (["llama", "llama+lookup2", "llama+lookup10"] if peer is not None and c == 1 else [])
+        modes = ["spec", "off"] + (["spec_ungated"] if args.ungated and c > 1 else [])
+        modes += ["llama", "llama+lookup2", "llama+lookup10"] if peer is not None and c == 1 else []
         runs: dict[str, list[dict]] = {m: [] for m in modes}
 
         def once(m):
-            if m in ("spec", "off"):
-                return run_sglpy(eng, drafter, prompts, sp, m == "spec")
+            if m in ("spec", "off", "spec_ungated"):
+                return run_sglpy(eng, drafter, prompts, sp, m != "off", m == "spec_ungated")
             mode = {"llama": "plain", "llama+lookup2": "lookup2", "llama+lookup10": "lookup10"}[m]
             return peer.run(prompts[0], mode, sp.get("json_schema"))
 
@@ -255,7 +265,7 @@ def run_cases(eng, args, peer, results: dict, label: str):
             rates = [r["n"] / r["s"] for r in rs]
             row[m] = {"tok_s": statistics.median(rates), "min": min(rates), "max": max(rates), "tokens": rs[0]["n"]}
             extra = ""
-            if m == "spec":
+            if m.startswith("spec"):
                 acc = sum(r["spec_accepted_tokens"] for r in rs)
                 drafted = sum(r["spec_draft_tokens"] for r in rs)
                 verify = sum(r["spec_verify_steps"] for r in rs)
@@ -269,6 +279,9 @@ def run_cases(eng, args, peer, results: dict, label: str):
         row["speedup"] = row["spec"]["tok_s"] / row["off"]["tok_s"]
         row["greedy_equal"] = same
         print(f"  speedup {row['speedup']:.2f}x; greedy outputs equal: {same}")
+        if "spec_ungated" in row:
+            row["speedup_ungated"] = row["spec_ungated"]["tok_s"] / row["off"]["tok_s"]
+            print(f"  speedup without the acceptance gate {row['speedup_ungated']:.2f}x")
         results[f"{label}/{w}/{c}"] = row
     return peer
 

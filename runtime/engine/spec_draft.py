@@ -36,7 +36,7 @@ from ..memory.kv_manager import KVManager
 from ..memory.kv_pool import KVPool, ReqToTokenPool, kv_cache_torch_dtype
 from ..memory.radix_cache import RadixCache
 from .spec_gate import CostGate
-from .spec_ngram import NgramDrafter, SpecState
+from .spec_ngram import MAX_DRAFT_BATCH, NgramDrafter, SpecState
 from .spec_probs import processed_probs
 from .truncation import inverse_cdf
 
@@ -84,7 +84,7 @@ class StandaloneDrafter(NgramDrafter):
         from ..model.runner import ModelRunner
 
         k = cfg.speculative_num_steps or cfg.speculative_num_draft_tokens
-        super().__init__(k, 1, 1, eos_ids, jump_forward=not cfg.disable_jump_forward)
+        super().__init__(k, 1, 1, eos_ids, max_batch=MAX_DRAFT_BATCH, jump_forward=not cfg.disable_jump_forward)
         path = resolve_model_path(cfg.speculative_draft_model_path)
         check_draft_vocab(target_tokenizer, target_vocab, path)
         dcfg = dataclasses.replace(cfg, model=path, quantization=cfg.speculative_draft_model_quantization or "auto",

@@ -10,8 +10,13 @@ decode, so a wrong draft costs compute, never a different output. What the draft
 - the length: k tokens at most (speculative_num_draft_tokens), one more after a draft accepted whole, accepted + 1
   after a partial one; a draft with nothing accepted pauses drafting for that request (1, 2, 4, .. 16 steps) so
   free writing, where matches rarely continue, falls back to plain decode steps;
-- the batch policy: no drafts when more than MAX_DRAFT_BATCH requests decode (a verify forward runs every drafted
-  token through the whole model: on a compute-bound CPU a big batch already uses the cores; docs/speculative.md).
+- the batch policy: no drafts when more than NGRAM_MAX_DRAFT_BATCH requests decode (a verify forward runs every
+  drafted token through the whole model: on a compute-bound CPU a big batch already uses the cores; measured:
+  8 requests drafting ran 0.93-0.95x, docs/speculative.md);
+  in a batch of b >= 2 a request drafts only while its recent acceptance (accepted over drafted tokens, averaged)
+  is at least min_rate(b): a draft row costs ROW_COST of a one-row step whatever the batch, while the token it
+  may save costs the batch's step over b, so the break-even acceptance rises with b (one request alone keeps the
+  pause rule only). A request held back regains confidence a little each step and so probes again now and then.
 """
 
 from __future__ import annotations
@@ -21,10 +26,22 @@ from typing import Any
 
 from ..core import Req
 
-MAX_DRAFT_BATCH = 8  # decode batch size above which no request drafts (measured: docs/speculative.md)
+MAX_DRAFT_BATCH = 8  # decode batch size above which no request drafts (STANDALONE, its cost gate decides below)
+NGRAM_MAX_DRAFT_BATCH = 4  # NGRAM's: 8 requests drafting ran 0.93-0.95x, 4 0.99-1.18x (docs/speculative.md)
 MAX_VERIFY_ROWS = 16  # most decode rows (drafts included) of a drafting step: the CPU's fused decode layer's limit
 MAX_CANDIDATES = 64  # most recent occurrences of the last token tried per draft (bounds the host time per step)
 MAX_PAUSE = 16  # longest pause (steps) after drafts that were rejected whole
+# a verify row's cost over a one-row decode step, host work included: the forward alone adds 0.15-0.2 per row
+# (benchmarks/spec_verify_cost.py, int4 default model, 1 thread); 0.35 fits the batches of 2-8 measured end to end
+ROW_COST = 0.35
+RATE_DECAY = 0.5  # weight of the newest verify in a request's acceptance average
+RATE_RECOVERY = 0.05  # share of the gap to 1 a held-back request's average regains per step (probing)
+
+
+def min_rate(batch: int) -> float:
+    """Acceptance a request needs to draft in a decode batch of this size: ROW_COST * b / (1 + ROW_COST * (b - 1)),
+    the cost of a draft row over the cost per request of the batch's step (0 for one request: the pause rule)."""
+    return 0.0 if batch <= 1 else ROW_COST * batch / (1 + ROW_COST * (batch - 1))
 
 
 @dataclass
@@ -39,6 +56,7 @@ class SpecState:
     verify_ct: int = 0  # verify forwards (SGLang's meta_info spec_verify_ct)
     drafted: int = 0  # draft tokens proposed and verified
     accepted: int = 0  # draft tokens the target agreed with
+    rate: float = 1.0  # recent acceptance (accepted over drafted tokens, averaged with RATE_DECAY); starts hopeful
     q: Any = None  # STANDALONE, sampled request: the draft's distributions of its draft tokens, [k, vocab]
     shadow: Any = None  # STANDALONE: the draft model's Req mirroring this request (its draft KV)
     generator: Any = None  # STANDALONE, seeded request: the draft's own draws (reruns draft the same tokens)
@@ -48,7 +66,7 @@ class NgramDrafter:
     """Proposes prompt-lookup drafts and adapts each request's draft length to its acceptance."""
 
     def __init__(self, num_draft_tokens: int, min_window: int, max_window: int, eos_ids: set[int],
-                 max_batch: int = MAX_DRAFT_BATCH, jump_forward: bool = False):
+                 max_batch: int = NGRAM_MAX_DRAFT_BATCH, jump_forward: bool = False):
         self.max_k, self.min_window, self.max_window = num_draft_tokens, min_window, max_window
         self.jump_forward = jump_forward  # a draft stops where the guide forces a string (jump-forward appends it)
         self.eos_ids = frozenset(eos_ids)
@@ -97,7 +115,13 @@ class NgramDrafter:
     def propose_batch(self, reqs: list[Req], limits: list[int], budget: int) -> list[tuple[int, ...]]:
         """Drafts for reqs in order, each within its limit and what is left of the step's budget of draft tokens."""
         out = []
+        need = min_rate(len(reqs))
         for r, lim in zip(reqs, limits):
+            st = r.spec
+            if need and st is not None and st.rate < need:  # not worth a row in this batch: regain, probe later
+                st.rate += RATE_RECOVERY * (1.0 - st.rate)
+                out.append(())
+                continue
             d = self.propose(r, min(lim, budget)) if budget > 0 else ()
             budget -= len(d)
             out.append(d)
@@ -148,6 +172,8 @@ class NgramDrafter:
         self.stats["spec_verify_steps"] += 1
         self.stats["spec_draft_tokens"] += drafted
         self.stats["spec_accepted_tokens"] += accepted
+        if drafted:
+            st.rate += RATE_DECAY * (accepted / drafted - st.rate)
         if accepted >= drafted:
             st.k = min(st.k + 1, self.max_k)
             st.misses = 0

@@ -7,7 +7,7 @@ import pytest
 
 from sglpy.runtime.core import BatchEntry, Req
 from sglpy.runtime.engine import Engine
-from sglpy.runtime.engine.spec_ngram import NgramDrafter, SpecState
+from sglpy.runtime.engine.spec_ngram import NgramDrafter, SpecState, min_rate
 from sglpy.runtime.model.forward_batch import build_host_batch
 from sglpy.runtime.sampling_params import SamplingParams
 
@@ -229,7 +229,29 @@ def test_drafter_adapts_and_pauses():
     assert len(d.propose(r, 10)) == 1
     d.record(r, 1, 1)
     assert r.spec.k == 2 and r.spec.misses == 0
-    assert d.budget(4) == 12 and d.budget(9) == 0
+    assert d.budget(4) == 12 and d.budget(5) == 0  # NGRAM drafts for 4 decoding requests at most
+
+
+
+def test_drafter_batch_gate_by_acceptance():
+    """In a batch a request drafts only while its recent acceptance pays for a row; alone it always may."""
+    assert min_rate(1) == 0.0 and 0 < min_rate(2) < min_rate(4) < min_rate(8) < 1
+    d = NgramDrafter(4, 1, 8, set())
+    good, bad = _req([1, 2, 3, 4, 5, 6, 1, 2]), _req([7, 8, 9, 10, 11, 7, 8])
+    first = d.propose_batch([good, bad], [10, 10], 14)
+    assert len(first[0]) == 4 and len(first[1]) == 4  # hopeful start: both draft
+    d.record(good, 4, 4)
+    d.record(bad, 4, 0)
+    bad.spec.pause = 0
+    assert good.spec.rate == 1.0 and bad.spec.rate == 0.5 < min_rate(4)
+    quiet = d.propose_batch([good, bad, _req([3]), _req([3])], [10] * 4, 12)
+    assert len(quiet[0]) == 4 and quiet[1] == ()  # held back in a batch of 4, not alone
+    steps = 1
+    while not d.propose_batch([good, bad, _req([3]), _req([3])], [10] * 4, 12)[1]:
+        steps += 1  # regains a little each held-back step, then probes
+    assert 5 < steps < 40
+    bad.spec.rate = 0.0
+    assert d.propose_batch([bad], [10], 15)[0]  # alone: only the pause rule applies
 
 
 def test_drafter_cut_by_grammar():
