@@ -180,8 +180,10 @@ class EngineProtocol(Protocol):
         """Validate and tokenize one prompt; ValueError names the problem. A constraint's compile starts:
         req.guide is a concurrent Future (its exception a ValueError), None without a constraint."""
 
-    def submit(self, req: GenerateReq, sink: OutputSink) -> None:
-        """Queue a built request (waiting for req.guide if it is not done); its outputs go to `sink`."""
+    def submit(self, req: GenerateReq, sink: OutputSink,
+               on_error: Callable[[Exception], None] | None = None) -> None:
+        """Queue a built request without waiting for its constraint's compile; its outputs go to `sink`. A compile
+        that fails is passed to `on_error` when given (else it ends the request with a final output)."""
 
     def abort(self, rid: str) -> None:
         """Abort a request (its final output says so); unknown rids are ignored."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Callable
 
 from sglpy.runtime.config import CPU_MAX_TOTAL_TOKENS, EngineConfig
 from sglpy.runtime.core import FinishReason, OutputSink, Req, TokenLogprob
@@ -101,7 +102,8 @@ class FakeEngine:
             self._hang = True
         return build_request(inp, self.text, self.limits, compile_guide=None)
 
-    def submit(self, req: GenerateReq, sink: OutputSink) -> None:
+    def submit(self, req: GenerateReq, sink: OutputSink,
+               on_error: Callable[[Exception], None] | None = None) -> None:  # no constraints here: nothing fails
         r = Req(rid=req.rid, input_ids=req.input_ids, sampling=req.sampling, extra_key=req.extra_key, sink=sink,
                 stream=req.stream, trace=RequestTrace(live=req.trace == "live") if req.trace else None,
                 **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})

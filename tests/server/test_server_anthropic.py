@@ -13,7 +13,7 @@ anthropic = pytest.importorskip("anthropic")
 
 @pytest.fixture(scope="module")
 def srv():
-    with run_server("--engine-factory", FAKE, env={"SGLPY_FAKE_TOKEN_DELAY": "0.001"}) as s:
+    with run_server("--engine-factory", FAKE, env={"SGLPY_FAKE_TOKEN_DELAY": "0.02"}) as s:
         yield s
 
 
