@@ -1,7 +1,8 @@
 """JSON extraction on the default model: unconstrained vs constrained vs constrained + jump-forward.
 
 python benchmarks/json_decode.py [--requests 64] [--threads 2] [--model PATH|preset:smollm2-135m] [--device cuda]
-                                 [--jump-min-tokens auto,1,4,8] [--extend-graphs on,off]
+                                 [--jump-min-tokens auto,1,4,8] [--extend-graphs on,off] [--repeat 3]
+                                 [--warmup auto|on|off]
 
 In the spirit of the SGLang paper's JSON benchmark: a schema with many fixed keys and short values,
 64 requests submitted at once. Reports model forward steps, output tokens/s, latency, validity and
@@ -53,9 +54,17 @@ def prompts(tok, n):
     return out
 
 
-def run_mode(eng, texts, mode, min_jump=None, extend_graphs=True):
-    """One mode; min_jump sets the shortest jump applied (None: the engine's own choice); extend_graphs False
-    runs jumped spans eagerly (the multi-token CUDA-graph steps of runtime/model/extend_graph.py set aside)."""
+def run_mode(eng, texts, mode, min_jump=None, extend_graphs=True, warmup=False, repeat=1):
+    """One mode: `warmup` runs it once untimed first (Triton compiles, first-use buffers), then `repeat` timed runs
+    on a flushed cache, the median kept. min_jump sets the shortest jump applied (None: the engine's own choice);
+    extend_graphs False runs jumped spans eagerly (the multi-token CUDA-graph steps of extend_graph.py set aside)."""
+    runs = [_run_once(eng, texts, mode, min_jump, extend_graphs) for _ in range(int(warmup) + repeat)][int(warmup):]
+    best = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+    best["spread"] = (min(r["seconds"] for r in runs), max(r["seconds"] for r in runs))
+    return best
+
+
+def _run_once(eng, texts, mode, min_jump, extend_graphs):
     sp = {"max_new_tokens": 160, "temperature": 0}
     if mode != "unconstrained":
         sp["json_schema"] = json.dumps(SCHEMA)
@@ -89,6 +98,36 @@ def run_mode(eng, texts, mode, min_jump=None, extend_graphs=True):
                 valid=valid, n=len(outs), grammar_share=grammar_s / step_s if step_s else 0.0)
 
 
+def _profile(eng, texts, mode: str) -> str:
+    """cProfile of the step loop (the loop thread) over one run of `mode`: top functions, own and cumulative."""
+    import cProfile
+    import io
+    import pstats
+
+    from host_overhead import step_target
+
+    obj, name = step_target(eng)
+    orig, prof = getattr(obj, name), cProfile.Profile()
+
+    def profiled(*a, **k):
+        prof.enable()
+        try:
+            return orig(*a, **k)
+        finally:
+            prof.disable()
+
+    setattr(obj, name, profiled)
+    try:
+        r = _run_once(eng, texts, mode, None, True)
+    finally:
+        setattr(obj, name, orig)
+    out = io.StringIO()
+    out.write(f"\nprofile of {mode}: {r['steps']} steps in {r['seconds']:.3f} s\n")
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(prof, stream=out).sort_stats(key).print_stats(22)
+    return out.getvalue()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=64)
@@ -101,6 +140,13 @@ def main():
                     "(auto = the engine's choice: 1 on CPU, more under CUDA graphs), e.g. auto,1,4,8")
     ap.add_argument("--extend-graphs", default="on", help="on, off or on,off: jumped spans through the captured "
                     "multi-token steps, or eagerly (only differs under CUDA graphs)")
+    ap.add_argument("--repeat", type=int, default=1, help="timed runs per mode; the median is printed")
+    ap.add_argument("--warmup", default="auto", choices=["auto", "on", "off"],
+                    help="one untimed run per mode first (auto: on for CUDA, where the first run of a mode "
+                         "compiles Triton kernels for its shapes)")
+    ap.add_argument("--profile", default=None, metavar="MODE",
+                    help="after the table, one more run of MODE (e.g. constrained+jump) under cProfile of the "
+                         "step loop: the top functions by own and by cumulative time")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from sglpy.runtime.engine import Engine
@@ -109,28 +155,35 @@ def main():
     cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
     eng = Engine(model_from_spec(args.model), num_threads=args.threads, device=args.device,
                  dtype=args.dtype or ("bfloat16" if cuda else "float32"), max_total_tokens=65536)
+    warm = args.warmup == "on" or (args.warmup == "auto" and cuda)
+    kw = dict(warmup=warm, repeat=args.repeat)
     print(f"device {eng.runner.device} ({torch.cuda.get_device_name() if cuda else 'cpu'}), model {eng.model_path}")
     texts = prompts(eng.tokenizer, args.requests)
     t = time.perf_counter()
     eng.constrained.compile("json_schema", json.dumps(SCHEMA)).result()  # a Future: compiled in a worker
     print(f"schema compile (cold, in a compile worker): {time.perf_counter() - t:.2f}s")
-    rows = [run_mode(eng, texts, m) for m in ("unconstrained", "constrained")]
+    rows = [run_mode(eng, texts, m, **kw) for m in ("unconstrained", "constrained")]
     print(f"jump-forward's shortest jump under this engine (auto): {eng.constrained.min_jump_tokens}")
     for x in args.extend_graphs.split(","):
         for j in args.jump_min_tokens.split(","):
             label = "constrained+jump" + ("" if j == "auto" else f" min{j}") + (" eager" if x == "off" else "")
-            rows.append(run_mode(eng, texts, label, None if j == "auto" else int(j), x == "on"))
+            rows.append(run_mode(eng, texts, label, None if j == "auto" else int(j), x == "on", **kw))
+    prof = _profile(eng, texts, args.profile) if args.profile else None
     eng.shutdown()
     try:
         import outlines  # noqa: F401
         print("outlines is installed but not wired into this benchmark yet")
     except ImportError:
         print("outlines not installed: skipped (optional)")
+    print(f"\nwarm-up run per mode: {'yes' if warm else 'no'}; timed runs per mode: {args.repeat} (median, [min-max])")
     print(f"\n{'mode':<29}{'steps':>7}{'sec':>8}{'out tok':>9}{'jumped':>8}{'tok/s':>8}{'lat p50':>9}"
           f"{'valid':>8}{'grammar %':>11}")
     for r in rows:
-        print(f"{r['mode']:<29}{r['steps']:>7}{r['seconds']:>8.1f}{r['out_tokens']:>9}{r['jumped']:>8}"
-              f"{r['tok_s']:>8.1f}{r['lat_p50']:>8.1f}s{r['valid']:>5}/{r['n']:<3}{100 * r['grammar_share']:>9.1f}%")
+        print(f"{r['mode']:<29}{r['steps']:>7}{r['seconds']:>8.3f}{r['out_tokens']:>9}{r['jumped']:>8}"
+              f"{r['tok_s']:>8.1f}{r['lat_p50']:>8.1f}s{r['valid']:>5}/{r['n']:<3}{100 * r['grammar_share']:>9.1f}%"
+              + (f"  [{r['spread'][0]:.3f}-{r['spread'][1]:.3f}]" if args.repeat > 1 else ""))
+    if prof:
+        print(prof)
     c = rows[1]
     for j in rows[2:]:
         print(f"\n{j['mode']} vs constrained: {c['seconds'] / j['seconds']:.2f}x faster end to end, "
