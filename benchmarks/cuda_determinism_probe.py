@@ -83,8 +83,7 @@ def main():
     from sglpy.runtime.model import runner
     from sglpy.runtime.testing.tiny_model import make_preset_model
 
-    real_refuse = runner.refuse_nondeterministic
-    runner.refuse_nondeterministic = lambda cfg, device: real_refuse(cfg, torch.device("cpu"))  # the probe only
+    runner.refuse_nondeterministic = lambda cfg, device: None  # this probe only: the refusal is what it tests
     path = make_preset_model(os.path.join(tempfile.gettempdir(), "sglpy-det-probe"), "llama-1b", num_layers=2)
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}")
     for variant in args.variants.split(","):
