@@ -4,6 +4,9 @@
 // Pairs are grouped per expert so tokens sharing an expert read its weights once; experts run in ascending order
 // and each adds weight * y to its tokens' rows, as moe_experts' index_add_ does (the same float32 operations, so
 // the int8/int4 results equal the Python path's bit for bit: the GEMVs are quant_gemv.cpp's).
+// Batch-invariant (deterministic inference, docs/determinism.md): the GEMVs and silu * up compute each row alone,
+// and a token's output sums its own experts' terms in ascending expert order from zero, so its bits never depend
+// on which other tokens share the call or how many there are.
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -58,28 +61,33 @@ extern "C" int64_t sglpy_moe_experts(const float* x, int64_t M, int64_t H, int64
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
     for (int64_t p = 0; p < pairs; ++p) order[fill[ids[p]]++] = p;
   }
-  // scratch per expert run of c rows: xs [c, H], gate_up [c, 2I], act [c, I], y [c, H]
+  // scratch per block of at most BLOCK rows of one expert: xs [c, H], gate_up [c, 2I], act [c, I], y [c, H]. An
+  // expert's rows run in blocks so the scratch stays small for a prefill (deterministic inference sends every row
+  // here); the GEMVs compute each row alone, so the blocking changes no bits.
+  constexpr int64_t BLOCK = 64;
   thread_local std::vector<float> scratch;
-  const size_t need = static_cast<size_t>(pairs) * static_cast<size_t>(2 * H + 3 * I);
+  const int64_t rows = pairs < BLOCK ? pairs : BLOCK;
+  const size_t need = static_cast<size_t>(rows) * static_cast<size_t>(2 * H + 3 * I);
   if (scratch.size() < need) scratch.resize(need);
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(M * H));
   for (int64_t e = 0; e < E; ++e) {
-    const int64_t c = start[e + 1] - start[e];
-    if (c == 0) continue;  // an expert no token chose is never read
-    const int64_t* sel = order.data() + start[e];
-    float* xs = scratch.data();
-    float* gu = xs + c * H;
-    float* act = gu + c * 2 * I;
-    float* y = act + c * I;
-    for (int64_t r = 0; r < c; ++r) std::memcpy(xs + r * H, x + (sel[r] / top_k) * H, sizeof(float) * H);
-    expert_gemv(kind, xs, c, H, gu_w[e], gu_s[e], gu, 2 * I, nthreads);
-    sglpy_silu_mul(gu, c, I, act, nthreads);
-    expert_gemv(kind, act, c, I, dn_w[e], dn_s[e], y, H, nthreads);
-    for (int64_t r = 0; r < c; ++r) {
-      const float w = weights[sel[r]];
-      float* o = out + (sel[r] / top_k) * H;
-      const float* yr = y + r * H;
-      for (int64_t h = 0; h < H; ++h) o[h] += yr[h] * w;  // (y * w) rounded, then added: index_add_'s order
+    for (int64_t b = start[e]; b < start[e + 1]; b += BLOCK) {  // an expert no token chose is never read
+      const int64_t c = start[e + 1] - b < BLOCK ? start[e + 1] - b : BLOCK;
+      const int64_t* sel = order.data() + b;
+      float* xs = scratch.data();
+      float* gu = xs + c * H;
+      float* act = gu + c * 2 * I;
+      float* y = act + c * I;
+      for (int64_t r = 0; r < c; ++r) std::memcpy(xs + r * H, x + (sel[r] / top_k) * H, sizeof(float) * H);
+      expert_gemv(kind, xs, c, H, gu_w[e], gu_s[e], gu, 2 * I, nthreads);
+      sglpy_silu_mul(gu, c, I, act, nthreads);
+      expert_gemv(kind, act, c, I, dn_w[e], dn_s[e], y, H, nthreads);
+      for (int64_t r = 0; r < c; ++r) {
+        const float w = weights[sel[r]];
+        float* o = out + (sel[r] / top_k) * H;
+        const float* yr = y + r * H;
+        for (int64_t h = 0; h < H; ++h) o[h] += yr[h] * w;  // (y * w) rounded, then added: index_add_'s order
+      }
     }
   }
   return 0;

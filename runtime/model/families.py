@@ -72,12 +72,14 @@ def graph_blocker(config, max_context: int | None = None) -> str | None:
     return None
 
 
-def determinism_blocker(config) -> str | None:
-    """Why deterministic inference is refused for this model (None: it is not): experts. Sliding windows and
-    soft-caps are constants of the native attention kernels, which keep their fixed key blocks with them (the
-    batch-invariance matrix covers Gemma 2 and 3, docs/determinism.md)."""
-    if any(moe_layers(config)):
-        return "its experts are grouped on the host each step (runtime/model/moe.py)"
+def determinism_blocker(config, device_type: str = "cpu") -> str | None:
+    """Why deterministic inference is refused for this model on `device_type` (None: it is not): experts off CPU.
+    On CPU a mixture of experts runs every row through the native per-row call (runtime/model/moe.py); the fused
+    Triton kernel groups tokens per expert by the batch. Sliding windows and soft-caps are constants of the native
+    attention kernels, which keep their fixed key blocks with them (the batch-invariance matrix covers Gemma 2 and
+    3 and both MoE families, docs/determinism.md)."""
+    if device_type != "cpu" and any(moe_layers(config)):
+        return "its experts are grouped per step by the batch in the fused kernel (runtime/model/moe.py)"
     return None
 
 

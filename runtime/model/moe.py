@@ -5,6 +5,11 @@ On CUDA the float experts run in the fused Triton kernel (kernels/fused_moe.py: 
 grouped GEMM launch per projection). On CPU, decode-sized batches (up to NATIVE_MAX_ROWS rows of float32) run in
 one native call over float32 or int8/int4 experts (kernels/moe_cpu.py); larger ones, and CPUs without the native
 kernels, as one GEMM pair per active expert (float, or packed per expert through the quantized linear kernels).
+
+Deterministic inference (`batch_invariant`, docs/determinism.md) sends every row count on CPU through the native
+call: its GEMVs compute each row alone and a token sums its own experts in ascending order, so a token's output never
+depends on the other tokens of the step. Without the native kernels for these weights (e.g. bf16 experts) the
+tokens run one at a time, in order, through the reference.
 """
 
 from __future__ import annotations
@@ -103,6 +108,7 @@ class MoEBlock(nn.Module):
         self.renormalize = True if family == "mixtral" else bool(getattr(config, "norm_topk_prob", False))
         self.gate = nn.Linear(config.hidden_size, self.num_experts, bias=False)
         self._native: NativeExperts | None = None  # pointer tables for csrc/moe.cpp, built on first CPU decode
+        self.batch_invariant = False  # deterministic inference (set by quantization.make_batch_invariant)
         self.experts = nn.ModuleList(Expert(config.hidden_size, inter) for _ in range(self.num_experts))
 
     def fuse(self) -> None:
@@ -125,8 +131,10 @@ class MoEBlock(nn.Module):
         return sum(q.packed.nbytes for q in (*self.q_gate_up, *self.q_down))
 
     def _native_experts(self, x: torch.Tensor) -> NativeExperts | None:
-        """The experts' tables for the native CPU call when x is a few float32 CPU rows and the weights fit it."""
-        if x.device.type != "cpu" or x.dtype != torch.float32 or x.shape[0] > NATIVE_MAX_ROWS:
+        """The experts' tables for the native CPU call when x is a few float32 CPU rows (any number of rows under
+        batch_invariant) and the weights fit it."""
+        many = x.shape[0] > NATIVE_MAX_ROWS and not self.batch_invariant
+        if x.device.type != "cpu" or x.dtype != torch.float32 or many:
             return None
         if hasattr(self, "q_gate_up"):
             if self._native is None:
@@ -145,12 +153,20 @@ class MoEBlock(nn.Module):
         lib = native_lib() if native is not None else None
         if lib is not None:  # decode rows: every token's top-k experts in one call (csrc/moe.cpp)
             y = moe_experts_cpu(lib, x, routing.ids, routing.weights, native)
-        elif hasattr(self, "q_gate_up"):
-            y = moe_experts(x, routing, self.q_gate_up, self.q_down)
-        elif x.is_cuda:  # the fused Triton kernel (the torch reference under SGLPY_DISABLE_TRITON=1)
-            y = fused_moe_unchecked(x, self.w_gate_up, self.w_down, routing.ids, routing.weights)
+        elif self.batch_invariant and x.shape[0] > 1:  # no native call here: one token at a time, in order
+            y = torch.cat([self._experts(x[i:i + 1], Routing(routing.ids[i:i + 1], routing.weights[i:i + 1]))
+                           for i in range(x.shape[0])])
         else:
-            y = moe_reference(x, self.w_gate_up, self.w_down, routing)
+            y = self._experts(x, routing)
         if self.group is not None:  # tensor parallel: the ranks' intermediate slices summed
             self.group.all_reduce(y)
         return y
+
+    def _experts(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """x: [tokens, hidden] -> [tokens, hidden] through the chosen experts, off the native CPU call."""
+        if hasattr(self, "q_gate_up"):
+            return moe_experts(x, routing, self.q_gate_up, self.q_down)
+        if x.is_cuda:  # the fused Triton kernel (the torch reference under SGLPY_DISABLE_TRITON=1)
+            return fused_moe_unchecked(x, self.w_gate_up, self.w_down, routing.ids, routing.weights)
+        return moe_reference(x, self.w_gate_up, self.w_down, routing)
+

@@ -237,9 +237,14 @@ def make_batch_invariant(model: nn.Module) -> int:
     with torch.no_grad():
         for layer in model.model.layers:
             for parent in list(layer.modules()):
+                moe = hasattr(parent, "batch_invariant") and hasattr(parent, "top_k")  # a MoEBlock (moe.py)
+                if moe:  # its experts' rows take the native call at any row count
+                    parent.batch_invariant = True
                 for name, child in list(parent.named_children()):
                     if needs_wrap(child):
-                        setattr(parent, name, RowByRowLinear(child, split))
+                        # a router is a few columns: the native GEMV for every row, never the dense 64-row tiles
+                        router = moe and name == "gate"
+                        setattr(parent, name, RowByRowLinear(child, None if router else split))
                         count += 1
         head = model.logits_head
         if head is None:  # the float (tied) head: its own module now, the weight is shared, not copied

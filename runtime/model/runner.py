@@ -58,9 +58,10 @@ class ModelRunner:
         if self.group is not None and self.group.device.type == "cuda":
             self.device = self.group.device
         self.model = load_model(model_path, self.dtype, self.device, self.group)
-        if cfg.enable_deterministic_inference and determinism_blocker(self.model.config) is not None:
+        blocker = determinism_blocker(self.model.config, self.device.type)
+        if cfg.enable_deterministic_inference and blocker is not None:
             raise ValueError(f"enable_deterministic_inference is not supported with {type(self.model).__name__}: "
-                             f"{determinism_blocker(self.model.config)}, outside the batch-invariant kernels "
+                             f"{blocker}, outside the batch-invariant kernels "
                              "(docs/determinism.md); unset the flag for this model")
         # what runs: none, int8 or int4 (auto looks at the loaded weights)
         mode = fit_quantization(self.model.config, cfg.quantization)  # a family that cannot quantize: none

@@ -105,3 +105,41 @@ def test_native_call_reads_only_the_chosen_experts():
                 for i, p in enumerate(gu)]
     got = moe_experts_cpu(lib, x, r.ids, r.weights, packed_experts(poisoned, dn))
     assert torch.isfinite(got).all() and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("mode", ["none", "int8", "int4"])
+def test_batch_invariant_block_rows_depend_on_their_token_alone(mode):
+    """Deterministic inference: a block flagged batch_invariant takes the native call at any row count (here 150
+    tokens, so some expert runs past a 64-row block of csrc/moe.cpp), and each token's output equals its output
+    alone, bit for bit, as the first row, a middle row or the last of any batch. The router runs as
+    make_batch_invariant wraps it (the native GEMV for every row)."""
+    from sglpy.runtime.model.quantization import RowByRowLinear
+
+    b = _block(mode)
+    gate, b.gate, b.batch_invariant = b.gate, RowByRowLinear(b.gate), True
+    try:
+        torch.manual_seed(5)
+        x = torch.randn(150, 64)
+        with torch.no_grad():
+            many = b(x)
+            alone = torch.cat([b(x[i:i + 1]) for i in range(150)])
+            shifted = b(torch.cat([torch.randn(37, 64), x[100:]]))[37:]
+    finally:
+        b.gate, b.batch_invariant = gate, False
+    assert torch.equal(many, alone)
+    assert torch.equal(shifted, alone[100:])
+
+
+def test_batch_invariant_block_without_native_experts_runs_token_by_token(monkeypatch):
+    """bf16 experts have no native call: under batch_invariant the tokens run one at a time through the reference,
+    so a token's output is its output alone."""
+    b = MoEBlock(types.SimpleNamespace(hidden_size=64, moe_intermediate_size=32, intermediate_size=64, num_experts=6,
+                                       num_experts_per_tok=2, norm_topk_prob=True), "qwen3-moe")
+    b.fuse()
+    b = b.to(torch.bfloat16)
+    from sglpy.runtime.model.quantization import RowByRowLinear
+
+    b.gate, b.batch_invariant = RowByRowLinear(b.gate), True  # as make_batch_invariant wraps it: row by row
+    x = torch.randn(9, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(b(x), torch.cat([b(x[i:i + 1]) for i in range(9)]))

@@ -70,6 +70,16 @@ def test_deterministic_matrix_windowed_soft_capped(tmp_path, family):
     check_matrix(str(make_family_model(tmp_path / family, family)), "none", n=3, tokens=5)
 
 
+@pytest.mark.parametrize("family,quantization", [("mixtral", "none"), ("qwen3-moe", "int8"), ("mixtral", "int4")])
+def test_deterministic_matrix_mixture_of_experts(tmp_path, family, quantization):
+    """Experts on CPU: every row (prompt or generated, any row count) takes the native per-row call and each token
+    sums its own experts in a fixed order; the router runs the native GEMV. Without that, float32 experts ran
+    torch's GEMM per expert over the step's grouped tokens (together matched 4/6)."""
+    from sglpy.runtime.testing.tiny_model import make_family_model
+
+    check_matrix(str(make_family_model(tmp_path / family, family)), quantization, n=3, tokens=5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("quantization", ["none", "int8", "int4", "auto"])
 def test_deterministic_matrix_20_sampled_20_greedy(tiny_model_path, quantization):
@@ -124,9 +134,13 @@ def test_settings_it_cannot_honour_are_refused_by_name(tmp_path, tiny_model_path
 
     with pytest.raises(ValueError, match="tensor parallelism"):
         Engine(tiny_model_path, enable_deterministic_inference=True, tp_size=2)
-    for family in ("qwen3-moe", "mixtral"):
-        with pytest.raises(ValueError, match="enable_deterministic_inference .*experts"):
-            Engine(make_family_model(tmp_path / family, family), enable_deterministic_inference=True)
+    from sglpy.runtime.model.families import determinism_blocker
+    from transformers import AutoConfig
+
+    for family in ("qwen3-moe", "mixtral"):  # experts: allowed on CPU, refused where the fused kernel runs them
+        config = AutoConfig.from_pretrained(make_family_model(tmp_path / family, family))
+        assert determinism_blocker(config, "cpu") is None
+        assert "experts" in determinism_blocker(config, "cuda")
     monkeypatch.setenv("SGLPY_DISABLE_CPU_KERNELS", "1")
     with pytest.raises(ValueError, match="native CPU kernels"):
         Engine(tiny_model_path, enable_deterministic_inference=True)
