@@ -105,6 +105,8 @@ class Engine(OfflineAPI):
         r.init_decode_graphs(cfg, self.kv.buffers, self.kv.padding)
         self.limits = RequestLimits(r.vocab_size, self.max_context, total)
         self.scheduler = Scheduler(cfg, self.kv, self.max_context)
+        if r.extend_graphs is not None:
+            self.scheduler.span_cap = cfg.cuda_graph_extend_tokens
         self.eos_ids = self._eos_ids()
         self.scheduler.drafter = make_drafter(cfg, self.eos_ids, self.tokenizer, r.vocab_size, self.max_context, total)
         from .constrained import ConstrainedDecoding, jump_min_tokens

@@ -85,3 +85,35 @@ def test_engine_jumps_through_the_multi_token_path_with_unchanged_outputs(tiny_m
         finally:
             eng.shutdown()
     assert outs[True, True] == outs[False, True] == outs[False, False]
+
+
+def test_long_jumped_spans_ride_the_multi_token_steps_in_pieces(tiny_model_path):
+    """A forced span longer than T extends T tokens a step (no sample until it is caught up), never eagerly."""
+    from sglpy.runtime.engine import Engine
+
+    rx = r"[0-9] is the answer to everything that was asked today, and [a-z]{2} is all\."
+    prompts = [f"Q{i}:" for i in range(4)]
+    sp = {"regex": rx, "max_new_tokens": 60, "temperature": 0}
+    outs, eager_steps = {}, {}
+    # eager; padded multi-token steps with T = 2, plain and overlapped
+    for flag, overlap_off in ((True, True), (False, True), (False, False)):
+        eng = Engine(tiny_model_path, max_total_tokens=2048, max_running_requests=8, cuda_graph_max_bs=8,
+                     disable_cuda_graph=flag, disable_overlap_schedule=overlap_off, debug_invariants=True,
+                     quantization="none", cuda_graph_extend_tokens=2)
+        try:
+            res = eng.generate(prompts, [sp] * len(prompts))
+            assert all(re.fullmatch(rx, o["text"]) for o in res), [o["text"] for o in res]
+            outs[flag, overlap_off] = [o["output_ids"] for o in res]
+            if not flag:
+                r = eng.runner
+                assert eng.scheduler.span_cap == 2
+                eager_steps[overlap_off] = eng.stats["num_steps"] - r.graphs.replays - r.extend_graphs.replays
+            else:
+                assert eng.scheduler.span_cap is None  # no multi-token steps: a span extends whole
+            info = eng.get_server_info()
+            assert info["kv_used"] == 0
+        finally:
+            eng.shutdown()
+    assert outs[True, True] == outs[False, True] == outs[False, False]
+    # the prompts' prefill alone: every jumped span went through the T = 2 steps
+    assert eager_steps == {True: 1, False: 1}, eager_steps
