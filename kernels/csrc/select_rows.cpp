@@ -150,6 +150,7 @@ void topk_heap(const float* x, int64_t n, int64_t k, std::vector<Item>& h, float
 }
 
 constexpr int64_t BLOCK = 64;  // columns per block of the first pass
+constexpr int64_t RUNNING_RATIO = 16;  // topk_row_running for rows at least this many times k
 
 // The same by two passes: the maxima of blocks of BLOCK columns (one vectorized pass), T = the k-th largest of them
 // (k distinct columns are >= T, so every one of the k best is >= T and lies in a block whose maximum is >= T), then
@@ -206,6 +207,174 @@ void topk_row(const float* x, int64_t n, int64_t k, std::vector<float>& bm, std:
   }
 }
 
+// The same for k much smaller than the row (topk_row_running), in two passes with no per-block horizontal reduction:
+// pass 1 keeps the lane-wise maxima of a few registers of accumulators over the row (distinct columns each), and its
+// floor F is the k-th largest of those maxima: k columns are >= F, so every one of the k best is >= F. Pass 2 (the
+// row now in L2) appends, in column order, each column >= F (and any NaN: the compare is unordered) to a buffer; a
+// block of BLOCK columns with none costs four compares. Should the buffer fill, it keeps its k best (ties by the
+// smaller column) and the threshold rises to the k-th best value: a later column equal to it comes after k kept
+// ones, so from then on only columns above it enter. A row with fewer than k columns above -inf takes its first
+// -inf columns. A NaN anywhere, or a row too short to pay, goes to topk_row.
+static inline bool has_nan(const float* v, int64_t n) {
+  vi bad{};
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const vf a = load(v + i);
+    bad |= a != a;
+  }
+  bool nan = false;
+  for (int l = 0; l < W; ++l) nan |= bad[l] != 0;
+  for (; i < n; ++i) nan |= v[i] != v[i];
+  return nan;
+}
+
+struct RunBuf {
+  std::vector<float> v, scratch;
+  std::vector<int32_t> i;
+};
+
+// Keep the k best of the buffer's cnt entries (k <= cnt, no NaN), in their order; the k-th best value.
+static float run_compact(RunBuf& b, int64_t& cnt, int64_t k) {
+  b.scratch.assign(b.v.begin(), b.v.begin() + cnt);
+  std::nth_element(b.scratch.begin(), b.scratch.begin() + (k - 1), b.scratch.end(), std::greater<float>());
+  const float thr = b.scratch[k - 1];
+  int64_t above = 0;  // fewer than k are above the k-th best value; ties at it fill up to k, first columns first
+  for (int64_t t = 0; t < cnt; ++t) above += b.v[t] > thr;
+  int64_t ties = k - above, m = 0;
+  for (int64_t t = 0; t < cnt; ++t) {
+    const float v = b.v[t];
+    if (v > thr || (v == thr && ties-- > 0)) {
+      b.v[m] = v;
+      b.i[m] = b.i[t];
+      ++m;
+    }
+  }
+  cnt = m;
+  return thr;
+}
+
+constexpr int64_t LANES_PER_K = 2;  // pass 1 keeps about this many maxima per k (more: a higher k-th best maximum)
+
+// Pass 1 into m[0, A * NW): the lane-wise maxima of A one-register accumulators over x[0, n) (n >= A * NW), each lane
+// the maximum of distinct columns (the last n % (A * NW) columns are in none: pass 2 still sees them).
+template <int A>
+static void lane_max(const float* x, int64_t n, float* m) {
+  vn acc[A];
+  for (int t = 0; t < A; ++t) acc[t] = loadn(x + t * NW);
+  for (int64_t j = A * NW; j + A * NW <= n; j += A * NW)
+    for (int t = 0; t < A; ++t) {
+      const vn v = loadn(x + j + t * NW);
+      acc[t] = v > acc[t] ? v : acc[t];
+    }
+  for (int t = 0; t < A; ++t) storen(m + t * NW, acc[t]);
+}
+
+constexpr int MAX_ACC = NW == 16 ? 16 : 8;  // accumulators kept in registers (16 zmm of 32; 8 ymm or xmm of 16)
+
+// The k-th largest of about LANES_PER_K * k lane maxima of x[0, n) (n >= 16 * k): up to MAX_ACC registers of
+// accumulators over the row, more as MAX_ACC per segment of it. NaN when a lane met a NaN first, or the row is too
+// short to pay (the caller takes the two-pass path).
+static float lane_max_floor(const float* x, int64_t n, int64_t k, std::vector<float>& scratch) {
+  const int64_t want = LANES_PER_K * k;
+  const int a = want <= 4 * NW ? 4 : (want <= 8 * NW || MAX_ACC == 8) ? 8 : 16;
+  const int64_t segments = (want + MAX_ACC * NW - 1) / (MAX_ACC * NW);
+  const int64_t seg = n / segments / (a * NW) * (a * NW);  // columns per segment, whole steps of the accumulators
+  if (seg < 4 * a * NW) return NAN;
+  const int64_t lanes = segments * a * NW;
+  scratch.resize(lanes);
+  float* const m = scratch.data();
+  for (int64_t s = 0; s < segments; ++s) {
+    const float* xs = x + s * seg;
+    const int64_t len = s + 1 < segments ? seg : n - s * seg;
+    if (a == 4) lane_max<4>(xs, len, m + s * a * NW);
+    else if (a == 8) lane_max<8>(xs, len, m + s * a * NW);
+    else lane_max<MAX_ACC>(xs, len, m + s * a * NW);
+  }
+  if (has_nan(m, lanes)) return NAN;
+  std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
+  return scratch[k - 1];
+}
+
+// topk_row by the passes above; false (nothing written) for a row with a NaN or too short a row.
+__attribute__((noinline)) bool topk_row_running(const float* x, int64_t n, int64_t k, RunBuf& b, std::vector<Item>& c,
+                                                float* vals, int64_t* idx) {
+  const int64_t cap = std::max<int64_t>(512, 4 * k);
+  b.v.resize(cap + BLOCK);
+  b.i.resize(cap + BLOCK);
+  const float floor = lane_max_floor(x, n, k, b.scratch);
+  if (floor != floor) return false;
+  // until the buffer first fills, columns equal to the floor enter too (x > thr: x >= floor); -inf stays out
+  float thr = std::nextafter(floor, -INFINITY);
+  float* const bv = b.v.data();  // the loop below reaches the buffer through locals only
+  int32_t* const bi = b.i.data();
+  int64_t cnt = 0, j = 0;
+#if defined(__AVX512F__)
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  auto take = [&](__m512 v, __mmask16 m, int64_t col) {  // compress in a register, then store (the memory form is
+                                                          // microcoded on some CPUs)
+    _mm512_storeu_ps(bv + cnt, _mm512_maskz_compress_ps(m, v));
+    _mm512_storeu_si512(bi + cnt,
+                        _mm512_maskz_compress_epi32(m, _mm512_add_epi32(iota, _mm512_set1_epi32(int32_t(col)))));
+    cnt += __builtin_popcount(m);
+  };
+  for (; j + BLOCK <= n; j += BLOCK) {
+    const __m512 t = _mm512_set1_ps(thr);
+    const __m512 v0 = _mm512_loadu_ps(x + j), v1 = _mm512_loadu_ps(x + j + 16), v2 = _mm512_loadu_ps(x + j + 32),
+                 v3 = _mm512_loadu_ps(x + j + 48);
+    const __mmask16 m0 = _mm512_cmp_ps_mask(v0, t, _CMP_NLE_UQ), m1 = _mm512_cmp_ps_mask(v1, t, _CMP_NLE_UQ),
+                    m2 = _mm512_cmp_ps_mask(v2, t, _CMP_NLE_UQ), m3 = _mm512_cmp_ps_mask(v3, t, _CMP_NLE_UQ);
+    if ((m0 | m1 | m2 | m3) == 0) continue;
+    if (m0) take(v0, m0, j);
+    if (m1) take(v1, m1, j + 16);
+    if (m2) take(v2, m2, j + 32);
+    if (m3) take(v3, m3, j + 48);
+    if (cnt > cap) {
+      if (has_nan(bv, cnt)) return false;
+      thr = run_compact(b, cnt, k);
+    }
+  }
+#else
+  for (; j + W <= n; j += W) {
+    if (!any_above(x + j, thr)) continue;
+    for (int64_t l = j; l < j + W; ++l)
+      if (!(x[l] <= thr)) {
+        bv[cnt] = x[l];
+        bi[cnt++] = static_cast<int32_t>(l);
+      }
+    if (cnt > cap) {
+      if (has_nan(bv, cnt)) return false;
+      thr = run_compact(b, cnt, k);
+    }
+  }
+#endif
+  for (; j < n; ++j) {
+    if (!(x[j] <= thr)) {
+      bv[cnt] = x[j];
+      bi[cnt++] = static_cast<int32_t>(j);
+      if (cnt > cap) {
+        if (has_nan(bv, cnt)) return false;
+        thr = run_compact(b, cnt, k);
+      }
+    }
+  }
+  if (has_nan(bv, cnt)) return false;
+  for (int64_t t = 0; cnt < k; ++t)  // fewer than k columns >= T (T is -inf): the first columns equal to it
+    if (x[t] == floor) {
+      bv[cnt] = x[t];
+      bi[cnt++] = static_cast<int32_t>(t);
+    }
+  if (cnt > k) run_compact(b, cnt, k);
+  c.resize(k);
+  for (int64_t t = 0; t < k; ++t) c[t] = Item{bv[t], bi[t]};
+  // no NaN: larger value first, then the smaller column (`before`, inlined)
+  std::sort(c.begin(), c.end(), [](const Item& p, const Item& q) { return p.v > q.v || (p.v == q.v && p.i < q.i); });
+  for (int64_t t = 0; t < k; ++t) {
+    vals[t] = c[t].v;
+    idx[t] = c[t].i;
+  }
+  return true;
+}
+
 }  // namespace
 }  // namespace sglpy
 
@@ -226,7 +395,10 @@ extern "C" int64_t sglpy_topk_rows(const float* x, int64_t n, int64_t vocab, int
   each_row(n, nthreads, [&](int64_t r) {
     thread_local std::vector<float> bm, scratch;
     thread_local std::vector<Item> c;
-    topk_row(x + r * stride, vocab, k, bm, scratch, c, vals + r * k, idx + r * k);
+    thread_local RunBuf run;
+    const float* row = x + r * stride;
+    if (k * RUNNING_RATIO <= vocab && vocab <= INT32_MAX && topk_row_running(row, vocab, k, run, c, vals + r * k, idx + r * k)) return;
+    topk_row(row, vocab, k, bm, scratch, c, vals + r * k, idx + r * k);
   });
   return 0;
 }

@@ -32,7 +32,24 @@ def _rows():
     odd = torch.randint(-30, 30, (6, 50257), generator=g).float()  # columns past the last full block
     odd[2, -1] = 1000.0
     return [ties, odd, torch.randn(64, 49152, generator=g), torch.randn(3, 17, generator=g),
-            torch.randn(10, 1000, generator=g)[:, 3:900]]  # rows a stride apart
+            torch.randn(10, 1000, generator=g)[:, 3:900],  # rows a stride apart
+            *_running_rows(g)]
+
+
+def _running_rows(g):
+    """Rows for the one-pass top-k (k much smaller than the row): its buffer filling, its floor's ties, -inf, NaN."""
+    asc = torch.arange(49152.0).repeat(4, 1)  # every column beats the last: the buffer fills again and again
+    asc[1] = -asc[1]
+    asc[2] = 0.0  # all ties: the first k columns
+    asc[3, ::7] = float("-inf")
+    masked = torch.full((8, 49152), float("-inf"))  # a grammar's mask: fewer finite columns than k, then -inf ones
+    for r in range(8):
+        masked[r, torch.randint(0, 49152, (r * 9,), generator=g)] = torch.randn(r * 9, generator=g)
+    nan = torch.randn(4, 49152, generator=g)  # a NaN past the first pass's lanes' first values
+    nan[0, 40000] = nan[1, -1] = nan[2, 60] = nan[3, 0] = float("nan")
+    few = torch.randint(-3, 3, (16, 49152), generator=g).float()  # the floor tied by thousands of columns
+    wide = torch.randn(4, 151936, generator=g) * 4  # several segments of lanes at k = 256
+    return [asc, masked, nan, few, wide]
 
 
 def test_argmax_rows_is_torch_argmax_first_maximum_nan_largest(lib):
@@ -42,7 +59,7 @@ def test_argmax_rows_is_torch_argmax_first_maximum_nan_largest(lib):
 
 def test_topk_rows_values_equal_torch_and_ties_come_by_column(lib):
     for x in _rows():
-        for k in (1, 5, 50, 256):
+        for k in (1, 5, 50, 64, 256, 1000):
             if k > x.shape[1]:
                 continue
             vals, idx = topk_rows(lib, x, k)
@@ -53,6 +70,19 @@ def test_topk_rows_values_equal_torch_and_ties_come_by_column(lib):
             assert bool((idx[:, 1:] > idx[:, :-1])[eq].all())
     with pytest.raises(ValueError):
         topk_rows(lib, torch.zeros(2, 4), 5)
+
+
+def test_topk_rows_with_two_threads_equals_one(lib):
+    x = torch.randn(64, 49152, generator=torch.Generator().manual_seed(4))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = topk_rows(lib, x, 50)
+        torch.set_num_threads(2)
+        two = topk_rows(lib, x, 50)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
 
 
 def test_sampler_paths_agree_with_the_torch_fallback(lib, monkeypatch):
