@@ -221,6 +221,27 @@ static inline vf exp_v(vf x) {
   std::memcpy(&sc, &e, sizeof sc);
   return p * sc;
 }
+// exp_v on native-width vectors (one register: no split 16-float selects or conversions for GCC to scalarize).
+static inline vn exp_vn(vn x) {
+  const vn lo = vn{} - 87.0f, hi = vn{} + 88.0f;
+  x = x > lo ? x : lo;
+  x = x < hi ? x : hi;
+  const vn t = x * 1.44269504088896341f;
+  const vn n = (t + 12582912.0f) - 12582912.0f;
+  const vn f = t - n;
+  vn p = vn{} + 1.535336188319500e-4f;
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.0f;
+  typedef int32_t vni __attribute__((vector_size(NW * 4)));
+  const vni e = (__builtin_convertvector(n, vni) + 127) << 23;
+  vn sc;
+  std::memcpy(&sc, &e, sizeof sc);
+  return p * sc;
+}
 static inline float hmax(vf x) {
   float r = x[0];
   for (int i = 1; i < W; ++i) r = std::max(r, x[i]);

@@ -147,8 +147,14 @@ extern "C" int64_t sglpy_silu_mul(const float* gate_up, int64_t M, int64_t I, fl
     const float* g = gate_up + m * 2 * I;
     const float* u = g + I;
     float* o = out + m * I;
-#pragma omp simd
-    for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + exp_f32(-g[i])) * u[i];
+    // native-width vectors (cpu_common.h: exp_vn): GCC compiled the `omp simd` loop over exp_f32 to scalar code at
+    // the AVX2 level (a tenth of an 8-row step); the same polynomial, so values move by an ulp at most
+    int64_t i = 0;
+    for (; i + NW <= I; i += NW) {
+      const vn x = loadn(g + i);
+      storen(o + i, x / (1.0f + exp_vn(-x)) * loadn(u + i));
+    }
+    for (; i < I; ++i) o[i] = g[i] / (1.0f + exp_f32(-g[i])) * u[i];
   });
   return 0;
 }
