@@ -85,6 +85,34 @@ def gap_profile(eng, prompts, new_tokens: int) -> dict:
             "idle_us_per_step": idle / new_tokens}
 
 
+def host_profile(eng, prompts, sps) -> str:
+    """cProfile of the step loop (the loop thread) over one more run: the top functions by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    from host_overhead import step_target
+
+    obj, name = step_target(eng)
+    orig, prof = getattr(obj, name), cProfile.Profile()
+
+    def profiled(*a, **k):
+        prof.enable()
+        try:
+            return orig(*a, **k)
+        finally:
+            prof.disable()
+
+    setattr(obj, name, profiled)
+    try:
+        eng.generate(input_ids=prompts, sampling_params=sps)
+    finally:
+        setattr(obj, name, orig)
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(28)
+    return out.getvalue()
+
+
 def run_config(path: str, kernels: str, graphs: bool, overlap: bool, workloads: list[str], args, dev: str,
                floor_gbps: float) -> list[dict]:
     from sglpy.runtime.engine import Engine
@@ -119,11 +147,14 @@ def run_config(path: str, kernels: str, graphs: bool, overlap: bool, workloads: 
                 b = 1 if wl == "decode-b1" else args.batch_large
                 prompts, new = decode_prompts(eng.tokenizer, b), args.new_tokens
                 sps = {**sp, "max_new_tokens": new}
-            if dev == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            res = eng.generate(input_ids=prompts, sampling_params=sps)
-            wall = time.perf_counter() - t0
+            timed = []
+            for _ in range(args.repeat):  # the median run by wall time
+                if dev == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                res = eng.generate(input_ids=prompts, sampling_params=sps)
+                timed.append((time.perf_counter() - t0, res))
+            wall, res = sorted(timed, key=lambda x: x[0])[len(timed) // 2]
             toks = sum(o["meta_info"]["completion_tokens"] for o in res)
             row = {"config": label, "workload": wl, "kernels": kernels, "graphs": active["graphs"],
                    "overlap": active["overlap"], "requests": len(prompts), "output_tokens": toks, "wall_s": wall,
@@ -138,12 +169,16 @@ def run_config(path: str, kernels: str, graphs: bool, overlap: bool, workloads: 
                 row.update(step_ms=step_ms, floor_ms=floor_ms, x_floor=step_ms / floor_ms)
             if args.profile and dev == "cuda" and wl != "mixed":
                 row["profile"] = gap_profile(eng, prompts, min(new, 32))
+            if args.host_profile and wl != "mixed":
+                row["host_profile"] = host_profile(eng, prompts, sps)
             rows.append(row)
             extra = (f" step {row['step_ms']:.2f} ms, floor {row['floor_ms']:.2f} ms, x{row['x_floor']:.2f}"
                      if "step_ms" in row else "")
             prof = row.get("profile", {})
             extra += f", device idle {prof['idle_us_per_step']:.0f} us/step" if "idle_us_per_step" in prof else ""
             print(f"{label} {wl:<10} {row['output_tok_s']:>9.1f} tok/s{extra}", flush=True)
+            if "host_profile" in row:
+                print(row["host_profile"], flush=True)
     finally:
         eng.shutdown()
         del eng
@@ -164,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default="decode-b1,decode-b64,mixed")
     ap.add_argument("--configs", default="all", help="all, or a comma list like triton:graphs:overlap,torch::")
     ap.add_argument("--profile", action="store_true", help="device idle time between kernels (torch.profiler)")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="cProfile of the step loop over one more run of each decode workload (top by own time)")
+    ap.add_argument("--repeat", type=int, default=1, help="timed runs per workload; the median is kept")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from sglpy.runtime.testing.tiny_model import make_tiny_model, model_from_spec

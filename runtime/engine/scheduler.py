@@ -157,6 +157,8 @@ class Scheduler:
     def _schedule_decode(self, aborted: list[Req]) -> list[BatchEntry]:
         # r.pending == 1, inlined: this runs over every running request every step
         decode = [r for r in self.running.ordered() if len(r.input_ids) + len(r.output_ids) - len(r.slots) == 1]
+        if self.cfg.enable_deterministic_inference:  # a prompt's last token left by chunking stays an extend row
+            decode = [r for r in decode if len(r.slots) >= len(r.input_ids)]
         if not decode:
             return []
         if self.kv.grow_each(decode):  # the steady state: every request's next slot in one call
@@ -185,7 +187,12 @@ class Scheduler:
         budget = self.cfg.max_prefill_tokens
         entries = []
         # running requests mid-prefill (chunked) or after a jump-forward come first
-        for req in [r for r in self.running.ordered() if r.pending > 1]:
+        # deterministic inference: also a prompt's last token after chunking. As a decode row it would take the
+        # decode attention kernel, whose split reduction (CUDA) can differ in the last bit from the extend kernel
+        # that the same token takes when its prompt is prefilled whole
+        det = self.cfg.enable_deterministic_inference
+        for req in [r for r in self.running.ordered()
+                    if r.pending > 1 or (det and r.pending == 1 and r.kv_len < len(r.input_ids))]:
             if budget <= 0:
                 break
             n = min(req.pending, self.cfg.chunked_prefill_size, budget)
