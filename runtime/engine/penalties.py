@@ -7,14 +7,16 @@ Per row, in this order (SGLang's rules; the numbers are those of applying them o
 - below min_new_tokens (and without a grammar, which wins): EOS (unless ignore_eos) and the stop token ids
   are masked to -inf.
 Each rule is one gather and one scatter over flat (row, token) index lists for the whole batch: no
-per-request tensor op, no vocabulary-sized op. A request's output ids are kept in host arrays (RowState) that
-grow by the tokens appended since the last step, with its distinct output ids and their counts, so frequency and
-presence touch each (row, token) once with a count known on the host.
+per-request tensor op, no vocabulary-sized op. A request's rules are read from its parameters once, and its
+distinct output ids, their counts and (frequency/presence) the amount each one's logit loses are kept on the host
+(RowState), updated by the tokens appended since the last step: frequency and presence touch each (row, token)
+once, with a value computed on the host as torch computes it in float32.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,57 +26,70 @@ from ..core import Req
 
 @dataclass
 class RowState:
-    """One request's sampler state across steps (Req.sampler_state)."""
+    """One request's sampler state across steps (Req.sampler_state): its rules, read once from its parameters, and
+    its distinct output ids with their counts."""
 
+    rep: float = 1.0  # repetition_penalty
+    freq: bool = False  # a frequency or presence penalty
+    f: float = 0.0  # frequency_penalty as float32 (a float holding a float32 value)
+    p: np.float32 = np.float32(0.0)  # presence_penalty
     prompt: np.ndarray | None = None  # distinct prompt ids (repetition penalty)
     bias_ids: np.ndarray | None = None  # logit_bias ids inside the vocabulary, and their biases (float32)
     bias_vals: np.ndarray | None = None
-    out: np.ndarray = field(default_factory=lambda: np.empty(16, dtype=np.int64))  # output ids (capacity grows)
-    n: int = 0  # valid entries of out
-    jumped: int = 0  # the request's num_jumped_tokens when out was synced (a jump may rewrite outputs)
-    # the distinct output ids in first-seen order and how often each was output (capacity grows): the penalties
-    # touch each (row, token) once, with its count known on the host
+    min_new: int = 0  # min_new_tokens
+    mask: np.ndarray | None = None  # the ids masked below min_new_tokens (None: none)
+    mask_eos: Any = None  # the eos_ids set `mask` was built from
+    n: int = 0  # output ids counted
+    last: int = -1  # the last of them (a rewrite that keeps the length shows there)
+    jumped: int = 0  # the request's num_jumped_tokens when counted (a jump may rewrite outputs)
+    # the distinct output ids in first-seen order, how often each was output, and (frequency/presence) the amount
+    # subtracted from its logit, f * count + p in float32 (capacity grows): each (row, token) is touched once
     tokens: np.ndarray = field(default_factory=lambda: np.empty(16, dtype=np.int64))
-    counts: np.ndarray = field(default_factory=lambda: np.empty(16, dtype=np.float32))
+    delta: np.ndarray = field(default_factory=lambda: np.empty(16, dtype=np.float32))
+    counts: list = field(default_factory=list)
     where: dict = field(default_factory=dict)  # output id -> its index in tokens
-    nd: int = 0  # valid entries of tokens / counts
+    nd: int = 0  # valid entries of tokens / delta / counts
+
+    @property
+    def counted(self) -> bool:
+        """Whether a rule reads the output ids (repetition, frequency or presence)."""
+        return self.rep != 1.0 or self.freq
 
     def sync(self, req: Req) -> int:
-        """Bring the arrays up to date with req.output_ids (incrementally); the number of distinct output ids."""
+        """Bring the counts up to date with req.output_ids (incrementally); the number of distinct output ids."""
         ids, n = req.output_ids, self.n
-        if (len(ids) < n or req.num_jumped_tokens != self.jumped
-                or (n and ids[n - 1] != self.out[n - 1])):  # rewritten (jump-forward rollback): start again
-            n = self.n = self.nd = 0
+        if len(ids) == n + 1 and req.num_jumped_tokens == self.jumped and (not n or ids[n - 1] == self.last):
+            self.last = t = ids[n]  # the steady state: one token more
+            self.n = n + 1
+            self._add(t)
+            return self.nd
+        if len(ids) < n or req.num_jumped_tokens != self.jumped or (n and ids[n - 1] != self.last):
+            n = self.n = self.nd = 0  # rewritten (jump-forward rollback): start again
             self.where.clear()
+            self.counts.clear()
             self.jumped = req.num_jumped_tokens
-        new = len(ids) - n
-        if new:
-            if len(ids) > len(self.out):
-                grown = np.empty(max(2 * len(self.out), len(ids)), dtype=np.int64)
-                grown[:n] = self.out[:n]
-                self.out = grown
-            if new == 1:
-                self.out[n] = ids[-1]
-            else:
-                self.out[n:len(ids)] = ids[n:]
-            self.n = len(ids)
-            self._count(ids[n:])
+        for t in ids[n:]:
+            self._add(t)
+        self.n = len(ids)
+        if ids:
+            self.last = ids[-1]
         return self.nd
 
-    def _count(self, new: list[int]) -> None:
-        where = self.where
-        for t in new:
-            j = where.get(t)
-            if j is not None:
-                self.counts[j] += 1.0
-                continue
-            j = where[t] = self.nd
+    def _add(self, t: int) -> None:
+        j = self.where.get(t)
+        if j is None:
+            j = self.where[t] = self.nd
             if j == len(self.tokens):
                 self.tokens = np.concatenate([self.tokens, np.empty(j, dtype=np.int64)])
-                self.counts = np.concatenate([self.counts, np.empty(j, dtype=np.float32)])
+                self.delta = np.concatenate([self.delta, np.empty(j, dtype=np.float32)])
             self.tokens[j] = t
-            self.counts[j] = 1.0
+            self.counts.append(1)
             self.nd = j + 1
+            c = 1
+        else:
+            c = self.counts[j] = self.counts[j] + 1
+        if self.freq:  # float32 f * c (exact in a double, rounded once), then + p in float32: torch's float32 ops
+            self.delta[j] = np.float32(self.f * c) + self.p
 
 
 def row_state(req: Req, vocab: int) -> RowState:
@@ -82,14 +97,29 @@ def row_state(req: Req, vocab: int) -> RowState:
     st = req.sampler_state
     if st is None:
         s = req.sampling
-        st = req.sampler_state = RowState()
+        st = req.sampler_state = RowState(rep=s.repetition_penalty, min_new=s.min_new_tokens)
+        if s.frequency_penalty or s.presence_penalty:
+            st.freq = True
+            st.f, st.p = float(np.float32(s.frequency_penalty)), np.float32(s.presence_penalty)
         if s.repetition_penalty != 1.0:
             st.prompt = np.unique(np.asarray(req.input_ids, dtype=np.int64))
         if s.logit_bias:
             items = [(t, b) for t, b in s.logit_bias.items() if 0 <= t < vocab]
-            st.bias_ids = np.asarray([t for t, _ in items], dtype=np.int64)
-            st.bias_vals = np.asarray([b for _, b in items], dtype=np.float32)
+            if items:
+                st.bias_ids = np.asarray([t for t, _ in items], dtype=np.int64)
+                st.bias_vals = np.asarray([b for _, b in items], dtype=np.float32)
     return st
+
+
+def _mask_ids(st: RowState, req: Req, eos_ids: set[int], vocab: int) -> np.ndarray | None:
+    """The ids masked while the request is below min_new_tokens (EOS unless ignore_eos, and its stop token ids)."""
+    if st.mask_eos is not eos_ids:
+        s = req.sampling
+        ids = [t for t in (eos_ids | set(s.stop_token_ids)) if 0 <= t < vocab] if not s.ignore_eos else []
+        ids = ids or [t for t in s.stop_token_ids if 0 <= t < vocab]
+        st.mask = np.asarray(ids, dtype=np.int64) if ids else None
+        st.mask_eos = eos_ids
+    return st.mask
 
 
 def _flat(rows: list[int], parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -107,35 +137,31 @@ class Penalties:
         undo, when given, receives (rows, tokens, old values) before each write (see `restore`)."""
         vocab = logits.shape[1]
         rep_rows, rep_parts, rep_vals = [], [], []
-        freq_rows, freq_parts, freq_counts, freq_f, freq_p = [], [], [], [], []
+        freq_rows, freq_states = [], []
         bias_rows, bias_ids, bias_vals = [], [], []
         mask_rows, mask_ids = [], []
         for i, r in enumerate(reqs):
-            s = r.sampling
-            rep, freq = s.repetition_penalty != 1.0, bool(s.frequency_penalty or s.presence_penalty)
-            if rep or freq or s.logit_bias:
+            st = r.sampler_state
+            if st is None:
                 st = row_state(r, vocab)
-                nd = st.sync(r) if rep or freq else 0
-                if rep:
+            if st.min_new and len(r.output_ids) < st.min_new and r.grammar is None:  # the constraint wins
+                ids = _mask_ids(st, r, eos_ids, vocab)
+                if ids is not None:
+                    mask_rows.append(i)
+                    mask_ids.append(ids)
+            if st.rep != 1.0 or st.freq:
+                nd = st.sync(r)
+                if st.rep != 1.0:
                     rep_rows.append(i)
                     rep_parts.append(np.concatenate([st.prompt, st.tokens[:nd]]) if nd else st.prompt)
-                    rep_vals.append(s.repetition_penalty)
-                if freq and nd:
+                    rep_vals.append(st.rep)
+                if st.freq and nd:
                     freq_rows.append(i)
-                    freq_parts.append(st.tokens[:nd])
-                    freq_counts.append(st.counts[:nd])
-                    freq_f.append(s.frequency_penalty)
-                    freq_p.append(s.presence_penalty)
-                if st.bias_ids is not None and len(st.bias_ids):
-                    bias_rows.append(i)
-                    bias_ids.append(st.bias_ids)
-                    bias_vals.append(st.bias_vals)
-            if len(r.output_ids) < s.min_new_tokens and r.grammar is None:  # the constraint wins
-                ids = [t for t in (eos_ids | set(s.stop_token_ids)) if 0 <= t < vocab] if not s.ignore_eos else []
-                ids = ids or [t for t in s.stop_token_ids if 0 <= t < vocab]
-                if ids:
-                    mask_rows.append(i)
-                    mask_ids.append(np.asarray(ids, dtype=np.int64))
+                    freq_states.append(st)
+            if st.bias_ids is not None:
+                bias_rows.append(i)
+                bias_ids.append(st.bias_ids)
+                bias_vals.append(st.bias_vals)
         dev = logits.device
         if rep_rows:
             rows, toks = _flat(rep_rows, rep_parts)
@@ -146,16 +172,15 @@ class Penalties:
                 undo.append((rows, toks, v))
             _put(logits, flat, rows, toks, torch.where(v > 0, v / factor, v * factor))  # repeats: equal values
         if freq_rows:
-            rows, toks = _flat(freq_rows, freq_parts)
-            lens = [len(p) for p in freq_parts]
-            f = _to(np.repeat(np.asarray(freq_f, dtype=np.float32), lens), dev)
-            p = _to(np.repeat(np.asarray(freq_p, dtype=np.float32), lens), dev)
+            lens = [st.nd for st in freq_states]
+            rows = np.repeat(np.asarray(freq_rows, dtype=np.int64), lens)
+            toks = np.concatenate([st.tokens[:st.nd] for st in freq_states])
+            delta = _to(np.concatenate([st.delta[:st.nd] for st in freq_states]), dev)  # each (row, token) once
             flat, rows, toks = _to(rows * vocab + toks, dev), _to(rows, dev), _to(toks, dev)
-            counts = _to(np.concatenate(freq_counts), dev).to(logits.dtype)  # each (row, token) once
             v = _gather(logits, flat, rows, toks)
             if undo is not None:
                 undo.append((rows, toks, v))
-            _put(logits, flat, rows, toks, v - (f * counts + p * (counts > 0).to(logits.dtype)))
+            _put(logits, flat, rows, toks, v - delta)
         if bias_rows:
             rows, ids = _flat(bias_rows, bias_ids)
             flat, rows, ids = _to(rows * vocab + ids, dev), _to(rows, dev), _to(ids, dev)
