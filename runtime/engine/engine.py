@@ -119,8 +119,8 @@ class Engine(OfflineAPI):
         self.constrained.think = reasoning_tokens(cfg, self.tokenizer)  # constraints start after </think>
         captured = bool(r.graphs is not None and r.graphs.graphs)  # decode off the graph costs a whole step
         self.constrained.min_jump_tokens = jump_min_tokens(cfg, captured)
-        self.processor = OutputProcessor(Sampler(cfg.seed, r.device), self.eos_ids, self.max_context, self.constrained,
-                                         self.isolation)
+        sampler = Sampler(cfg.seed, r.device, batch_invariant=cfg.enable_deterministic_inference)
+        self.processor = OutputProcessor(sampler, self.eos_ids, self.max_context, self.constrained, self.isolation)
         cuda = r.device.type == "cuda"
         overlap = cfg.disable_overlap_schedule is False or (cfg.disable_overlap_schedule is None and cuda)
         if cfg.tp_size > 1 or cfg.speculative_algorithm:

@@ -48,8 +48,9 @@ class _Rows:
 class Sampler:
     """Next tokens from a batch of logits. State: the fallback generator of unseeded requests, the penalty scratch."""
 
-    def __init__(self, seed: int, device: torch.device):
+    def __init__(self, seed: int, device: torch.device, batch_invariant: bool = False):
         self.device = device
+        self.batch_invariant = batch_invariant  # deterministic inference: sampled rows on CUDA take invariant_sample
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.penalties = Penalties()
         if device.type == "cpu":  # the logits sampled here are freed every step: malloc keeps their blocks for reuse
@@ -122,6 +123,8 @@ class Sampler:
         dev = _to_device(host, logits.device).view(4, n)
         p = _Rows(temp=dev[0], top_p=dev[1], min_p=dev[2], u=dev[3],
                   top_k=to_device([q[1] for q in params], torch.int64, logits.device))
+        if self.batch_invariant and logits.is_cuda:
+            return invariant_sample(logits, p)
         # group rows by their candidate count: a row's result never depends on its neighbours' parameters
         groups: dict[tuple[int, bool], list[int]] = {}
         plain = []
@@ -159,6 +162,20 @@ class Sampler:
                 return tokens
             out[idx] = tokens
         return out
+
+
+def invariant_sample(logits: torch.Tensor, p: _Rows) -> torch.Tensor:
+    """Sampled rows [n, vocab] -> [n] ids, each row's result independent of n (deterministic inference on CUDA).
+
+    Every row takes the full stable sort (no top-k candidates: which of tied logits a top-k keeps, and in what
+    order, depends on the number of rows), and one row is padded to two: torch runs a one-row cumsum on CUDA
+    through a different scan algorithm than a many-row one, so the same row's cumulative sums would differ."""
+    n = logits.shape[0]
+    if n == 1:
+        two = lambda t: t.expand(2, *t.shape[1:])  # noqa: E731 - the row twice, read-only
+        return invariant_sample(two(logits), _Rows(two(p.temp), two(p.top_k), two(p.top_p), two(p.min_p),
+                                                   two(p.u)))[:1]
+    return sorted_sample(logits / p.temp[:, None], p.top_k, p.top_p, p.min_p, p.u, stable=True)
 
 
 def _to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

@@ -120,10 +120,12 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def sorted_sample(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-                  u: torch.Tensor) -> torch.Tensor:
+                  u: torch.Tensor, stable: bool = False) -> torch.Tensor:
     """The full-sort sampler (the fallback, and the semantics): logits [n, vocab] already divided by the
-    temperature; top_k [n] int64 (vocab for all), top_p, min_p, u [n] float32 -> [n] token ids."""
-    sorted_l, idx = logits.sort(dim=-1, descending=True)
+    temperature; top_k [n] int64 (vocab for all), top_p, min_p, u [n] float32 -> [n] token ids.
+    stable: tied logits keep their vocabulary order (deterministic inference: how a sort orders ties otherwise
+    depends on the number of rows, and a tie's order decides which token an inverse-CDF draw lands on)."""
+    sorted_l, idx = logits.sort(dim=-1, descending=True, stable=stable)
     rank = torch.arange(sorted_l.shape[1], device=logits.device)[None, :]
     sorted_l = sorted_l.masked_fill(rank >= top_k[:, None], float("-inf"))
     probs = torch.softmax(sorted_l, dim=-1)
