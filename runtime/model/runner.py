@@ -288,13 +288,15 @@ class ModelRunner:
 def refuse_nondeterministic(cfg: EngineConfig, device: torch.device) -> None:
     """ValueError naming why enable_deterministic_inference cannot hold here (docs/determinism.md)."""
     if device.type == "cuda":
-        raise ValueError("enable_deterministic_inference is CPU-only for now: on CUDA (an H200) the engine matrix "
-                         "gave 10-11 of 12 requests identical alone vs batched, cached and chunked; unset the flag "
-                         "or run on CPU")
+        from sglpy.kernels._dispatch import triton_module
+
+        if triton_module("extend_attention_triton", torch.empty(0, device=device)) is None:
+            raise ValueError("enable_deterministic_inference on CUDA needs the Triton kernels (the torch references' "
+                             "attention blocks depend on the batch); they are disabled or unavailable here")
     if cfg.tp_size > 1:
         raise ValueError(f"enable_deterministic_inference is not supported with tensor parallelism "
                          f"(tp_size={cfg.tp_size}): the all-reduce order is not fixed; unset one of them")
-    status = native_status()
+    status = native_status() if device.type == "cpu" else "native"
     if not status.startswith("native"):
         raise ValueError("enable_deterministic_inference needs the native CPU kernels (the torch fallback's "
                          f"attention blocks depend on the prompt and prefix lengths); here: {status}")

@@ -1,6 +1,6 @@
 """Deterministic inference on a CUDA GPU (skipped without one; docs/determinism.md): Triton decode attention with
 fixed split points, Triton extend attention across prefix splits, the zero-padded 64-row GEMM tiles of RowByRowLinear,
-and the engine's refusal of the flag on CUDA (its matrix gave 10-11 of 12 identical on an H200).
+and the engine's matrix with the flag (alone vs batched, cached, chunked).
 
 Run: `make gpu-install`, then `$(GPU_ENV) python3 -m pytest -q -p no:cacheprovider -m gpu
 tests/kernels/test_determinism_gpu.py` (compiled Triton kernels: TRITON_INTERPRET=0).
@@ -73,10 +73,20 @@ def model_path(tmp_path_factory):
     return make_preset_model(tmp_path_factory.mktemp("det-gpu") / "llama-1b-2l", "llama-1b", num_layers=2)
 
 
-def test_engine_refuses_the_flag_on_cuda(model_path):
-    """The kernels above hold, but the engine's matrix on an H200 gave 10-11 of 12 requests identical alone vs
-    batched, cached and chunked (bf16 and float32): the engine refuses the flag on CUDA until that is found."""
-    from sglpy.runtime.engine import Engine
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_engine_matrix_cuda(model_path, dtype):
+    """6 seeded sampled + 6 greedy requests, each alone vs together, over a cached prefix, chunked 64 (alone and
+    together), chunked without the radix cache: ids and logprobs bit-equal (benchmarks/cuda_determinism_probe.py)."""
+    import pathlib
+    import sys
 
-    with pytest.raises(ValueError, match="enable_deterministic_inference is CPU-only"):
-        Engine(model_path, enable_deterministic_inference=True, max_total_tokens=8192)
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks"))
+    try:
+        from cuda_determinism_probe import matrix
+    finally:
+        sys.path.pop(0)
+    report = matrix(model_path, dtype, {})
+    bad = {name: [i for i, (ids, first) in enumerate(rows) if not ids or first is not None]
+           for name, rows in report.items()}
+    print(f"{dtype}: requests that differ from their lone run: {bad}")
+    assert not any(bad.values()), bad
