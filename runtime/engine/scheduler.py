@@ -78,6 +78,7 @@ class Scheduler:
         # graph step's T when the runner has one (set by the engine), so a long span rides captured steps in pieces
         # instead of taking the whole batch through an eager forward (the H100 spent 0.52 of 0.64 s there)
         self.span_cap: int | None = None
+        self._extending = True  # set by _schedule_decode each step
 
     # -------------------------------------------------------------- queue ops
     def add(self, req: Req) -> None:
@@ -156,9 +157,12 @@ class Scheduler:
 
     def _schedule_decode(self, aborted: list[Req]) -> list[BatchEntry]:
         # r.pending == 1, inlined: this runs over every running request every step
-        decode = [r for r in self.running.ordered() if len(r.input_ids) + len(r.output_ids) - len(r.slots) == 1]
+        ordered = self.running.ordered()
+        decode = [r for r in ordered if len(r.input_ids) + len(r.output_ids) - len(r.slots) == 1]
         if self.cfg.enable_deterministic_inference:  # a prompt's last token left by chunking stays an extend row
             decode = [r for r in decode if len(r.slots) >= len(r.input_ids)]
+        # whether a running request is mid-extend (the steady decode state has none: _schedule_extend skips its pass)
+        self._extending = len(decode) < len(ordered)
         if not decode:
             return []
         if self.kv.grow_each(decode):  # the steady state: every request's next slot in one call
@@ -191,7 +195,8 @@ class Scheduler:
         # decode attention kernel, whose split reduction (CUDA) can differ in the last bit from the extend kernel
         # that the same token takes when its prompt is prefilled whole
         det = self.cfg.enable_deterministic_inference
-        for req in [r for r in self.running.ordered()
+        extending = self.running.ordered() if self._extending else ()
+        for req in [r for r in extending
                     if r.pending > 1 or (det and r.pending == 1 and r.kv_len < len(r.input_ids))]:
             if budget <= 0:
                 break
