@@ -293,6 +293,10 @@ def refuse_nondeterministic(cfg: EngineConfig, device: torch.device) -> None:
         if triton_module("extend_attention_triton", torch.empty(0, device=device)) is None:
             raise ValueError("enable_deterministic_inference on CUDA needs the Triton kernels (the torch references' "
                              "attention blocks depend on the batch); they are disabled or unavailable here")
+        if cfg.dtype == "float32":
+            raise ValueError("enable_deterministic_inference on CUDA holds in bfloat16 and float16, not in float32 "
+                             "(on an H100, 2 of 6 seeded requests sampled differently batched than alone); pass "
+                             "dtype='bfloat16' or run on CPU")
     if cfg.tp_size > 1:
         raise ValueError(f"enable_deterministic_inference is not supported with tensor parallelism "
                          f"(tp_size={cfg.tp_size}): the all-reduce order is not fixed; unset one of them")
