@@ -24,7 +24,7 @@ import torch
 from ..core import Req
 
 
-@dataclass
+@dataclass(slots=True)  # no __dict__: fewer cache lines per request on the hot path
 class RowState:
     """One request's sampler state across steps (Req.sampler_state): its rules, read once from its parameters, and
     its distinct output ids with their counts."""
@@ -92,11 +92,18 @@ class RowState:
             self.delta[j] = np.float32(self.f * c) + self.p
 
 
+_NO_RULES = RowState()  # shared by every request without a rule (read only: sync and the mask cache never run on it)
+
+
 def row_state(req: Req, vocab: int) -> RowState:
     """The request's RowState, built on its first sample."""
     st = req.sampler_state
     if st is None:
         s = req.sampling
+        if (s.repetition_penalty == 1.0 and not s.frequency_penalty and not s.presence_penalty and not s.logit_bias
+                and not s.min_new_tokens):
+            st = req.sampler_state = _NO_RULES
+            return st
         st = req.sampler_state = RowState(rep=s.repetition_penalty, min_new=s.min_new_tokens)
         if s.frequency_penalty or s.presence_penalty:
             st.freq = True

@@ -6,6 +6,7 @@ sorts the vocabulary only for rows whose candidates cannot hold the cut (engine/
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,11 @@ from ..device_io import host_tensor, to_device
 from .host_memory import keep_freed_blocks
 from .penalties import Penalties
 from .truncation import CANDIDATES, candidate_sample, greedy, inverse_cdf, sorted_sample
+
+
+_sampling = operator.attrgetter("sampling")
+_greedy = operator.attrgetter("greedy")
+_seed = operator.attrgetter("seed")
 
 
 def token_logprobs(logprobs: torch.Tensor, chosen: list[int], top_k: list[int]) -> list[TokenLogprob]:
@@ -63,6 +69,9 @@ class Sampler:
         seeded request draws from its own generator (its n-th sampled token always uses its n-th draw); the
         others share the engine's, in one draw for the batch.
         """
+        samplings = list(map(_sampling, reqs))
+        if not any(map(_greedy, samplings)) and list(map(_seed, samplings)).count(None) == len(reqs):
+            return torch.rand(len(reqs), generator=self.generator).tolist() if reqs else []  # one shared draw
         out: list[float | None] = [None] * len(reqs)
         shared = []
         for i, r in enumerate(reqs):
@@ -118,23 +127,25 @@ class Sampler:
         n, vocab = logits.shape
         params = [(s.temperature, s.top_k if 0 < s.top_k < vocab else vocab, s.top_p, s.min_p)
                   for s in (r.sampling for r in reqs)]
-        host = host_tensor([p[0] for p in params] + [p[2] for p in params] + [p[3] for p in params] + uniforms,
-                           torch.float32)
+        temps, ks, top_ps, min_ps = map(list, zip(*params))
+        host = host_tensor(temps + top_ps + min_ps + uniforms, torch.float32)
         dev = _to_device(host, logits.device).view(4, n)
-        p = _Rows(temp=dev[0], top_p=dev[1], min_p=dev[2], u=dev[3],
-                  top_k=to_device([q[1] for q in params], torch.int64, logits.device))
+        p = _Rows(temp=dev[0], top_p=dev[1], min_p=dev[2], u=dev[3], top_k=to_device(ks, torch.int64, logits.device))
         if self.batch_invariant and logits.is_cuda:
             return invariant_sample(logits, p)
         # group rows by their candidate count: a row's result never depends on its neighbours' parameters
         groups: dict[tuple[int, bool], list[int]] = {}
         plain = []
-        for i, (_, k, top_p, min_p) in enumerate(params):
-            if k < vocab:
-                groups.setdefault((k, False), []).append(i)
-            elif top_p < 1.0 or min_p > 0.0:
-                groups.setdefault((min(CANDIDATES, vocab), True), []).append(i)
-            else:
-                plain.append(i)
+        if ks.count(ks[0]) == n and ks[0] < vocab:  # one top_k for every row (C-level passes)
+            groups[(ks[0], False)] = list(range(n))
+        else:
+            for i, (_, k, top_p, min_p) in enumerate(params):
+                if k < vocab:
+                    groups.setdefault((k, False), []).append(i)
+                elif top_p < 1.0 or min_p > 0.0:
+                    groups.setdefault((min(CANDIDATES, vocab), True), []).append(i)
+                else:
+                    plain.append(i)
         if len(plain) == n:
             return inverse_cdf(torch.softmax(logits / p.temp[:, None], dim=-1), p.u)
         out = torch.empty(n, dtype=torch.int64, device=logits.device)
@@ -146,8 +157,8 @@ class Sampler:
             idx = to_device(members, torch.int64, logits.device) if len(members) < n else None
             pick = (lambda t: t) if idx is None else (lambda t: t.index_select(0, idx))
             sub = pick(logits)
-            rules = (any(params[i][1] < k for i in members), any(params[i][2] < 1.0 for i in members),
-                     any(params[i][3] > 0.0 for i in members))
+            rules = (min([ks[i] for i in members]) < k, min([top_ps[i] for i in members]) < 1.0,
+                     max([min_ps[i] for i in members]) > 0.0)
             tokens, exact = candidate_sample(sub, pick(p.temp), pick(p.top_k), pick(p.top_p), pick(p.min_p),
                                              pick(p.u), k, whole_row, rules)
             if whole_row and logits.is_cuda:  # no host sync: sort every row, keep the sort where needed
