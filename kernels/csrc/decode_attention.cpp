@@ -63,13 +63,15 @@ bool attend(const Args& a, int64_t i, int64_t lo, int64_t hi, float* m, float* l
     }
     for (int64_t j = 0; j < n; ++j) {  // scores: each K row loaded once, shared by its G query heads
       if (j0 + j + PREFETCH < hi) {
-        // scattered slots only: a contiguous run is what the hardware prefetcher already streams
+        // K: scattered slots only (a contiguous run is what the hardware prefetcher already streams); V always: the
+        // P V loop reads the block's V rows only after its scores and softmax, and nothing streams them before
         const int64_t ahead = slots[j0 + j + PREFETCH];
-        if (ahead != slots[j0 + j] + PREFETCH && ahead >= 0 && ahead < a.num_slots) {
+        if (ahead >= 0 && ahead < a.num_slots) {
+          const bool scattered = ahead != slots[j0 + j] + PREFETCH;
           const char* pk = reinterpret_cast<const char*>(kc + ahead * row);
           const char* pv = reinterpret_cast<const char*>(vc + ahead * row);
           for (int64_t c = 0; c < Hkv * D * (int64_t)sizeof(KV); c += 64) {
-            __builtin_prefetch(pk + c);
+            if (scattered) __builtin_prefetch(pk + c);
             __builtin_prefetch(pv + c);
           }
         }

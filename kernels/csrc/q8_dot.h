@@ -56,6 +56,16 @@ static inline void quantize_row_q8(const float* x, int64_t K, int8_t* xq, float*
   }
 }
 
+// Rows of a pass (up to PASS of them) block by block: block b's quantized rows at q + (b * PASS + m) * 32, their
+// d, sum(xq) at d / qsf / qs + b * PASS + m (the tile kernels' layout: Q8Acts in quant_gemv.cpp).
+constexpr int64_t PASS = 8;
+struct Q8Pass {
+  const int8_t* q;
+  const float* d;
+  const float* qsf;
+  const int32_t* qs;
+};
+
 #if defined(SGLPY_Q8_ACT) && defined(__AVX2__)
 
 typedef __m256 facc;  // 8 float partial sums

@@ -191,22 +191,23 @@ void int8_rows_q8(const Q8Row* a, int64_t K, const int8_t* q, const float* scale
 // ascending stream, leave each line a DRAM round trip (the int8 lm_head ran at a quarter of the 1-row layout's
 // bandwidth). So each block also prefetches its share of the lines of the tile PREFETCH_TILES ahead.
 constexpr int64_t PREFETCH_TILES = 2;
-static inline void prefetch_share(const void* base, int64_t bytes, int64_t part, int64_t parts) {
-  const int64_t lines = (bytes + 63) / 64, per = (lines + parts - 1) / parts;
-  const char* p = static_cast<const char*>(base);
-  for (int64_t i = part * per; i < std::min(lines, (part + 1) * per); ++i) __builtin_prefetch(p + i * 64);
-}
+struct PrefetchShare {  // lines of `bytes` from base in `parts` equal shares (the divisions out of the block loop)
+  int64_t lines, per;
+  PrefetchShare(int64_t bytes, int64_t parts) : lines((bytes + 63) / 64), per((lines + parts - 1) / parts) {}
+  void operator()(const void* base, int64_t part) const {
+    const char* p = static_cast<const char*>(base);
+    for (int64_t i = part * per; i < std::min(lines, (part + 1) * per); ++i) __builtin_prefetch(p + i * 64);
+  }
+};
 
 // Tiles t0 .. t1 (channels 8 t .. 8 t + 7) of int4 weights for MR rows of int8 activations. Per group and row:
 // y += d * (s * (codes . xq) + z' * sum(xq)), lane-wise; a row's lanes run the same operations in the same order
 // whatever the other rows are.
 template <int MR>
-void int4_tiles_q8(const Q8Row* a, int64_t K, const uint8_t* q, const uint16_t* sz, const float* bias, float* y,
+void int4_tiles_q8(const Q8Pass& a, int64_t K, const uint8_t* q, const uint16_t* sz, const float* bias, float* y,
                    int64_t N, int64_t t0, int64_t t1) {
   const int64_t groups = K / 32;
-  const int8_t* xq[MR];  // the rows' fields in locals: the row loops below unroll with accumulators in registers
-  const float *d[MR], *qsf[MR];
-  for (int m = 0; m < MR; ++m) xq[m] = a[m].q, d[m] = a[m].d, qsf[m] = a[m].qsf;
+  const PrefetchShare pf_q(TILE * groups * 16, groups), pf_s(groups * 16 * 2, groups);
   for (int64_t t = t0; t < t1; ++t) {
     const uint8_t* qt = q + t * TILE * groups * 16;
     const uint16_t* st = sz + t * groups * 16;
@@ -214,17 +215,19 @@ void int4_tiles_q8(const Q8Row* a, int64_t K, const uint8_t* q, const uint16_t* 
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
-      prefetch_share(qt + PREFETCH_TILES * TILE * groups * 16, TILE * groups * 16, g, groups);
-      prefetch_share(st + PREFETCH_TILES * groups * 16, groups * 16 * 2, g, groups);
+      pf_q(qt + PREFETCH_TILES * TILE * groups * 16, g);
+      pf_s(st + PREFETCH_TILES * groups * 16, g);
       TileBlock w;
       load_tile_u4(qt + g * 16, groups * 16, w);
       const __m256 s = bf16x8(st + g * 16);
       const __m256 z = _mm256_fnmadd_ps(_mm256_set1_ps(8.f), s, bf16x8(st + g * 16 + 8));  // z - 8 s
+      const int8_t* xg = a.q + g * PASS * QBLOCK;  // the pass's rows of block g, side by side
+      const float *dg = a.d + g * PASS, *qg = a.qsf + g * PASS;
 #pragma GCC unroll 8
       for (int m = 0; m < MR; ++m) {
-        const __m256 dot = _mm256_cvtepi32_ps(tile_dot_u4(w, xq[m] + g * 32));
-        const __m256 r = _mm256_fmadd_ps(dot, s, _mm256_mul_ps(z, _mm256_set1_ps(qsf[m][g])));
-        acc[m] = _mm256_fmadd_ps(r, _mm256_set1_ps(d[m][g]), acc[m]);
+        const __m256 dot = _mm256_cvtepi32_ps(tile_dot_u4(w, xg + m * QBLOCK));
+        const __m256 r = _mm256_fmadd_ps(dot, s, _mm256_mul_ps(z, _mm256_set1_ps(qg[m])));
+        acc[m] = _mm256_fmadd_ps(r, _mm256_set1_ps(dg[m]), acc[m]);
       }
     }
     const __m256 b = bias != nullptr ? _mm256_loadu_ps(bias + t * TILE) : _mm256_setzero_ps();
@@ -236,20 +239,17 @@ void int4_tiles_q8(const Q8Row* a, int64_t K, const uint8_t* q, const uint16_t* 
 // Tiles t0 .. t1 of int8 weights (per-channel scale) for MR rows: y = s * sum_b d_b (w . xq)_b. A last block of 16
 // inputs reads its weights through a zero-padded copy (the activations are zero-padded too).
 template <int MR>
-void int8_tiles_q8(const Q8Row* a, int64_t K, const int8_t* q, const float* scale, const float* bias, float* y,
+void int8_tiles_q8(const Q8Pass& a, int64_t K, const int8_t* q, const float* scale, const float* bias, float* y,
                    int64_t N, int64_t t0, int64_t t1) {
   const int64_t full = K / 32, blocks = (K + 31) / 32;
-  const int8_t* xq[MR];
-  const float* d[MR];
-  const int32_t* qs[MR];
-  for (int m = 0; m < MR; ++m) xq[m] = a[m].q, d[m] = a[m].d, qs[m] = a[m].qs;
+  const PrefetchShare pf(TILE * K, blocks);
   for (int64_t t = t0; t < t1; ++t) {
     const int8_t* qt = q + t * TILE * K;
     __m256 acc[MR];
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
-      prefetch_share(qt + PREFETCH_TILES * TILE * K, TILE * K, b, blocks);
+      pf(qt + PREFETCH_TILES * TILE * K, b);
       TileBlock w;
       if (b < full) {
         load_tile_s8(qt + b * 32, K, w);
@@ -258,10 +258,13 @@ void int8_tiles_q8(const Q8Row* a, int64_t K, const int8_t* q, const float* scal
         for (int c = 0; c < TILE; ++c) std::memcpy(pad + c * 32, qt + c * K + b * 32, (size_t)(K - b * 32));
         load_tile_s8(pad, 32, w);
       }
+      const int8_t* xb = a.q + b * PASS * QBLOCK;
+      const float* db = a.d + b * PASS;
+      const int32_t* sb = a.qs + b * PASS;
 #pragma GCC unroll 8
       for (int m = 0; m < MR; ++m) {
-        const __m256 dot = _mm256_cvtepi32_ps(tile_dot_s8(w, xq[m] + b * 32, qs[m][b]));
-        acc[m] = _mm256_fmadd_ps(dot, _mm256_set1_ps(d[m][b]), acc[m]);
+        const __m256 dot = _mm256_cvtepi32_ps(tile_dot_s8(w, xb + m * QBLOCK, sb[m]));
+        acc[m] = _mm256_fmadd_ps(dot, _mm256_set1_ps(db[m]), acc[m]);
       }
     }
     const __m256 sc = _mm256_loadu_ps(scale + t * TILE);
@@ -288,11 +291,39 @@ struct Q8Acts {
       quantize_row_q8(x + m * K, K, q.data() + o * QBLOCK, d.data() + o, sum.data() + o, qs.data() + o,
                       qsf.data() + o);
     }
+#if defined(SGLPY_Q8_TILE)
+    interleave(M);
+#endif
   }
   Q8Row row(int64_t m) const {
     const int64_t o = m * blocks;
     return {q.data() + o * QBLOCK, d.data() + o, sum.data() + o, qs.data() + o, qsf.data() + o};
   }
+#if defined(SGLPY_Q8_TILE)
+  // The tile kernels' copy: per pass of PASS rows and block, the rows' quantized blocks side by side (then their
+  // d, sum(xq)): a row's data sits at a fixed offset from one pointer per block, not behind a pointer of its own
+  // (with 8 rows the AVX2 loop reloaded its 24 row pointers from the stack).
+  std::vector<int8_t> pq;
+  std::vector<float> pd, pqsf;
+  std::vector<int32_t> pqs;
+  void interleave(int64_t M) {
+    const int64_t passes = (M + PASS - 1) / PASS, n = passes * blocks * PASS;
+    pq.assign((size_t)(n * QBLOCK), 0);
+    pd.assign((size_t)n, 0.f);
+    pqsf.assign((size_t)n, 0.f);
+    pqs.assign((size_t)n, 0);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t i = ((m / PASS) * blocks + b) * PASS + m % PASS, o = m * blocks + b;
+        std::memcpy(pq.data() + i * QBLOCK, q.data() + o * QBLOCK, QBLOCK);
+        pd[i] = d[o], pqsf[i] = qsf[o], pqs[i] = qs[o];
+      }
+  }
+  Q8Pass pass(int64_t m0) const {
+    const int64_t i = (m0 / PASS) * blocks * PASS;
+    return {pq.data() + i * QBLOCK, pd.data() + i, pqsf.data() + i, pqs.data() + i};
+  }
+#endif
 };
 
 // One weight format each: MR rows of a call's activations (from row m0) against output channels n0 .. n1.
@@ -300,11 +331,12 @@ struct Int8Weights {
   const int8_t* q;
   const float* scale;
   template <int MR>
-  void rows(const Q8Row* a, int64_t K, const float* bias, float* y, int64_t N, int64_t n0, int64_t n1) const {
+  void rows(const Q8Row* a, const Q8Pass& p, int64_t K, const float* bias, float* y, int64_t N, int64_t n0,
+            int64_t n1) const {
     int64_t n = n0;
 #if defined(SGLPY_Q8_TILE)
     const int64_t tiles = (n1 - n0) / TILE;  // n0 is a multiple of ROW_BLOCK, hence of TILE
-    int8_tiles_q8<MR>(a, K, q, scale, bias, y, N, n0 / TILE, n0 / TILE + tiles);
+    int8_tiles_q8<MR>(p, K, q, scale, bias, y, N, n0 / TILE, n0 / TILE + tiles);
     n += tiles * TILE;
 #endif
     int8_rows_q8<MR>(a, K, q, scale, bias, y, N, n, n1);
@@ -315,11 +347,12 @@ struct Int4Weights {
   const uint8_t* q;
   const uint16_t* sz;
   template <int MR>
-  void rows(const Q8Row* a, int64_t K, const float* bias, float* y, int64_t N, int64_t n0, int64_t n1) const {
+  void rows(const Q8Row* a, const Q8Pass& p, int64_t K, const float* bias, float* y, int64_t N, int64_t n0,
+            int64_t n1) const {
     int64_t n = n0;
 #if defined(SGLPY_Q8_TILE)
     const int64_t tiles = (n1 - n0) / TILE;
-    int4_tiles_q8<MR>(a, K, q, sz, bias, y, N, n0 / TILE, n0 / TILE + tiles);
+    int4_tiles_q8<MR>(p, K, q, sz, bias, y, N, n0 / TILE, n0 / TILE + tiles);
     n += tiles * TILE;
 #endif
     int4_rows_q8<MR>(a, K, q, sz, bias, y, N, n, n1);
@@ -412,7 +445,12 @@ struct QuantKernel {
 #if defined(SGLPY_Q8_ACT)
     Q8Row r[MR];
     for (int m = 0; m < MR; ++m) r[m] = a.row(m0 + m);
-    w.template rows<MR>(r, K, bias, y + m0 * N, N, n0, n1);
+#if defined(SGLPY_Q8_TILE)
+    const Q8Pass p = a.pass(m0);
+#else
+    const Q8Pass p{};
+#endif
+    w.template rows<MR>(r, p, K, bias, y + m0 * N, N, n0, n1);
 #else
     w.template rows<MR>(a.x + m0 * K, K, bias, y + m0 * N, N, n0, n1);
 #endif
