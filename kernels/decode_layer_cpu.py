@@ -50,11 +50,16 @@ class DecodeLayerFailed(RuntimeError):
 
 
 def decode_layer_cpu(lib: ctypes.CDLL, layer: DecodeLayerC, step: DecodeStepC, x: torch.Tensor,
-                     residual: torch.Tensor, first: bool) -> None:
+                     residual: torch.Tensor, first: bool,
+                     extend: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
     """Run one layer in place: x [M, hidden] -> the layer's output, residual -> the residual stream (float32,
-    contiguous; first=True: residual is only written)."""
-    rc = lib.sglpy_decode_layer(ctypes.byref(layer), ctypes.byref(step), x.data_ptr(), residual.data_ptr(),
-                                1 if first else 0, x.shape[0])
+    contiguous; first=True: residual is only written). extend = (prefix, ext, start), int64 [M] each: attention
+    as one-token extends (deterministic inference, csrc/decode_layer.cpp:sglpy_decode_layer_extend)."""
+    args = (ctypes.byref(layer), ctypes.byref(step), x.data_ptr(), residual.data_ptr(), 1 if first else 0, x.shape[0])
+    if extend is None:
+        rc = lib.sglpy_decode_layer(*args)
+    else:
+        rc = lib.sglpy_decode_layer_extend(*args, *(t.data_ptr() for t in extend))
     if rc != 0:
         stage = "rotary/KV store" if rc < _SECOND_STAGE else "attention"
         raise DecodeLayerFailed(f"native decode layer {layer.layer}: {stage} rejected its input (code {rc})")

@@ -58,11 +58,11 @@ struct SglpyDecodeStep {  // per forward, shared by every layer
   const int64_t* lens;  // [M]
 };
 
-// x, residual: float32 [M, hidden], updated in place (x -> the layer's output; residual -> the residual stream;
-// first != 0: residual is only written). Returns 0, or the failing kernel's code offset by its stage:
-// 1'000'000'000 + code (rotary/store), 2'000'000'000 + code (attention); nothing past a failing stage runs.
-extern "C" int64_t sglpy_decode_layer(const SglpyDecodeLayer* L, const SglpyDecodeStep* S, float* x, float* residual,
-                                      int32_t first, int64_t M) {
+namespace {
+
+// the layer; prefix == nullptr: decode attention, else each row a one-token extend (prefix/ext/start [M])
+int64_t run_layer(const SglpyDecodeLayer* L, const SglpyDecodeStep* S, float* x, float* residual, int32_t first,
+                  int64_t M, const int64_t* prefix, const int64_t* ext, const int64_t* start) {
   const int64_t hidden = L->hidden, qkv_w = L->qkv.n, attn_w = L->heads * L->head_dim;
   const int32_t nt = S->nthreads;
   // scratch: h [M, hidden], qkv [M, qkv_w], attn [M, attn_w], gate_up [M, 2I], act [M, I]
@@ -83,9 +83,14 @@ extern "C" int64_t sglpy_decode_layer(const SglpyDecodeLayer* L, const SglpyDeco
   int64_t rc = sglpy_rotary_store(qkv, M, qkv_w, L->heads, L->kv_heads, L->head_dim, S->cos_sin, S->max_pos,
                                   S->positions, k_cache, v_cache, S->kv_dtype, S->num_slots, S->kv_row, S->loc, nt);
   if (rc != 0) return 1000000000 + rc;
-  rc = sglpy_decode_attention(qkv, qkv_w, k_cache, v_cache, S->kv_dtype, S->num_slots, S->kv_row, S->req_to_token,
-                              S->r2t_rows, S->r2t_stride, S->rows, S->lens, attn, M, L->heads, L->kv_heads,
-                              L->head_dim, L->scale, nt);
+  if (prefix == nullptr)
+    rc = sglpy_decode_attention(qkv, qkv_w, k_cache, v_cache, S->kv_dtype, S->num_slots, S->kv_row,
+                                S->req_to_token, S->r2t_rows, S->r2t_stride, S->rows, S->lens, attn, M, L->heads,
+                                L->kv_heads, L->head_dim, L->scale, nt);
+  else
+    rc = sglpy_extend_attention(qkv, qkv_w, k_cache, v_cache, S->kv_dtype, S->num_slots, S->kv_row,
+                                S->req_to_token, S->r2t_rows, S->r2t_stride, S->rows, prefix, ext, start, attn, M,
+                                L->heads, L->kv_heads, L->head_dim, L->scale, nt);
   if (rc != 0) return 2000000000 + rc;
   gemv(L->o, attn, M, x, nt);
   sglpy_rmsnorm(x, residual, L->norm2, L->eps, h, residual, M, hidden, nt);
@@ -93,4 +98,23 @@ extern "C" int64_t sglpy_decode_layer(const SglpyDecodeLayer* L, const SglpyDeco
   sglpy_silu_mul(gate_up, M, L->intermediate, act, nt);
   gemv(L->down, act, M, x, nt);
   return 0;
+}
+
+}  // namespace
+
+// x, residual: float32 [M, hidden], updated in place (x -> the layer's output; residual -> the residual stream;
+// first != 0: residual is only written). Returns 0, or the failing kernel's code offset by its stage:
+// 1'000'000'000 + code (rotary/store), 2'000'000'000 + code (attention); nothing past a failing stage runs.
+extern "C" int64_t sglpy_decode_layer(const SglpyDecodeLayer* L, const SglpyDecodeStep* S, float* x, float* residual,
+                                      int32_t first, int64_t M) {
+  return run_layer(L, S, x, residual, first, M, nullptr, nullptr, nullptr);
+}
+
+// sglpy_decode_layer for deterministic inference: attention runs each row as a one-token extend (the extend
+// kernel's fixed 64-key blocks from position 0, never split by the batch: the per-op path's order, docs/
+// determinism.md). prefix [M] = lens - 1, ext [M] = ones, start [M] = 0 .. M - 1 (int64).
+extern "C" int64_t sglpy_decode_layer_extend(const SglpyDecodeLayer* L, const SglpyDecodeStep* S, float* x,
+                                             float* residual, int32_t first, int64_t M, const int64_t* prefix,
+                                             const int64_t* ext, const int64_t* start) {
+  return run_layer(L, S, x, residual, first, M, prefix, ext, start);
 }

@@ -31,11 +31,13 @@ class NativeStep:
     lib: ctypes.CDLL
     step: DecodeStepC
     keep: tuple[torch.Tensor, ...]
+    extend: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # deterministic: (prefix, ext, start)
 
 
 def _packed(module: nn.Module):
-    """The PackedLinear of a natively packed QuantizedLinear, else None (float32, torch layout, TP wrappers)."""
-    p = getattr(module, "packed", None)
+    """The PackedLinear of a natively packed QuantizedLinear, else None (float32, torch layout, TP wrappers).
+    Deterministic inference's RowByRowLinear is looked through: its generated-token rows run this same GEMV."""
+    p = getattr(getattr(module, "inner", module), "packed", None)
     return p if p is not None and p.native else None
 
 
@@ -81,6 +83,11 @@ def native_step(lib: ctypes.CDLL | None, fb: ForwardBatch, kv: KVBuffers, decode
                        k.stride(0) * k.element_size(), k.shape[1], k.stride(1), DTYPE_CODES[k.dtype],
                        torch.get_num_threads(), loc.data_ptr(), r2t.data_ptr(), r2t.shape[0], r2t.shape[1],
                        rows.data_ptr(), lens.data_ptr())
+    if decode.batch_invariant:  # deterministic inference: attention as one-token extends (DecodePlan)
+        extend = (decode.prefix_lens, decode.extend_lens, decode.starts)
+        if any(t.dtype != torch.int64 or not t.is_contiguous() for t in extend):
+            return None
+        return NativeStep(lib, step, keep + extend, extend)
     return NativeStep(lib, step, keep)
 
 
@@ -94,7 +101,7 @@ def run_native_layers(structs: list[DecodeLayerC], ns: NativeStep,
     residual = torch.empty_like(h)
     try:
         for i, layer in enumerate(structs):
-            decode_layer_cpu(ns.lib, layer, ns.step, h, residual, first=i == 0)
+            decode_layer_cpu(ns.lib, layer, ns.step, h, residual, first=i == 0, extend=ns.extend)
     except DecodeLayerFailed:
         return None
     return h, residual

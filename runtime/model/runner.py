@@ -67,12 +67,11 @@ class ModelRunner:
         mode = fit_quantization(self.model.config, cfg.quantization)  # a family that cannot quantize: none
         self.quantization = resolve_quantization(mode, self.device, self.model, self.group is not None)
         # deterministic inference: one kernel path per row count and fixed attention blocks (docs/determinism.md);
-        # the fused decode layer splits attention by batch size, so it stays off
+        # the fused decode layer then runs its attention as one-token extends (the per-op path's kernel)
         det = cfg.enable_deterministic_inference
         quantize_model(self.model, self.quantization, batch_invariant=det)
         self.model.batch_invariant = det
-        if not det:
-            self.model.prepare_native_decode()
+        self.model.prepare_native_decode()
         # built (once per machine) or loaded here, not in the first request's forward; None off CPU (Triton runs)
         self.cpu_kernels = native_status() if self.device.type == "cpu" else None
         hf = self.model.config

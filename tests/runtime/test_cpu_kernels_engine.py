@@ -19,11 +19,12 @@ PROMPTS = [[1, 5, 9, 200, 3000], [7], list(range(100, 400))]
 
 
 def decode_logits(path: str, kv_cache_dtype: str, steps: int = 6, quantization: str = "none", fused: bool = True,
-                  prompts: list[list[int]] = PROMPTS) -> list[torch.Tensor]:
+                  prompts: list[list[int]] = PROMPTS, deterministic: bool = False) -> list[torch.Tensor]:
     """Logits of `steps` batched decode forwards after a ragged prefill (fixed next tokens, not sampled).
     fused=False keeps the model on the per-op path (no fused decode layers)."""
     runner = ModelRunner(EngineConfig(model=path, device="cpu", quantization=quantization,
-                                      kv_cache_dtype=kv_cache_dtype, max_total_tokens=4096), path)
+                                      kv_cache_dtype=kv_cache_dtype, max_total_tokens=4096,
+                                      enable_deterministic_inference=deterministic), path)
     if not fused:
         runner.model.native_layers = None
     kv = runner_kv(runner, 4096, len(prompts) + 1, kv_cache_dtype)
@@ -99,6 +100,26 @@ def test_fused_decode_layers_equal_the_per_op_path(tmp_path, monkeypatch, arch, 
     assert calls[0] == 6
     for a, b in zip(fused, per_op):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bf16"])
+def test_deterministic_fused_decode_layers_equal_the_per_op_path(tmp_path, monkeypatch, quantization, kv_cache_dtype):
+    """Deterministic inference keeps the fused layers, with attention as one-token extends: the per-op path's
+    kernels (its decode rows run the native GEMV), so a generated token's logits are the same whether its step
+    took the fused layers (up to 16 rows) or the per-op path (more rows, extends). The 300-token prompt is past the
+    length where decode attention would split by batch."""
+    from sglpy.runtime.testing import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "llama", num_layers=3)
+    calls = _count_fused(monkeypatch)
+    fused = decode_logits(path, kv_cache_dtype, quantization=quantization, deterministic=True)
+    assert calls[0] == 6
+    per_op = decode_logits(path, kv_cache_dtype, quantization=quantization, fused=False, deterministic=True)
+    plain = decode_logits(path, kv_cache_dtype, quantization=quantization, fused=False)
+    for a, b, c in zip(fused, per_op, plain):
+        assert torch.equal(a, b)
+    assert any(not torch.equal(a, c) for a, c in zip(fused, plain))  # the long request: extend != decode kernel
 
 
 def test_fused_layers_need_native_packing_and_few_rows(tiny_model_path, monkeypatch):

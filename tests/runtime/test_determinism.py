@@ -97,14 +97,15 @@ def test_without_the_flag_a_row_depends_on_its_batch(tiny_model_path):
 
 
 def test_flag_reaches_the_model(tiny_model_path):
-    """The runner turns the flag into the model's batch-invariant paths (no fused decode layer; every projection
-    and the lm_head split by row kind: decode rows native, prefill rows the dense copy in fixed tiles)."""
+    """The runner turns the flag into the model's batch-invariant paths (the fused decode layers with attention as
+    one-token extends; every projection and the lm_head split by row kind: decode rows native, prefill rows the
+    dense copy in fixed tiles)."""
     from sglpy.runtime.model.quantization import QuantizedLinear, RowByRowLinear
 
     with Engine(tiny_model_path, quantization="int4", enable_deterministic_inference=True,
                 max_total_tokens=1024) as eng:
         model = eng.runner.model
-        assert model.batch_invariant and model.native_layers is None and model.row_split is not None
+        assert model.batch_invariant and model.native_layers is not None and model.row_split is not None
         for lin in (model.model.layers[0].self_attn.qkv_proj, model.model.layers[-1].mlp.down_proj,
                     model.logits_head):
             assert isinstance(lin, RowByRowLinear) and lin.split_dense and isinstance(lin.inner, QuantizedLinear)
