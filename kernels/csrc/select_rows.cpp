@@ -231,6 +231,7 @@ static inline bool has_nan(const float* v, int64_t n) {
 struct RunBuf {
   std::vector<float> v, scratch;
   std::vector<int32_t> i;
+  std::vector<uint64_t> key;
 };
 
 // Keep the k best of the buffer's cnt entries (k <= cnt, no NaN), in their order; the k-th best value.
@@ -364,13 +365,22 @@ __attribute__((noinline)) bool topk_row_running(const float* x, int64_t n, int64
       bi[cnt++] = static_cast<int32_t>(t);
     }
   if (cnt > k) run_compact(b, cnt, k);
-  c.resize(k);
-  for (int64_t t = 0; t < k; ++t) c[t] = Item{bv[t], bi[t]};
-  // no NaN: larger value first, then the smaller column (`before`, inlined)
-  std::sort(c.begin(), c.end(), [](const Item& p, const Item& q) { return p.v > q.v || (p.v == q.v && p.i < q.i); });
+  // no NaN: larger value first, then the smaller column, as one ascending integer key per entry (no branchy
+  // two-field compare): the float's order-preserving bits inverted above the column
+  std::vector<uint64_t>& key = b.key;
+  key.resize(k);
   for (int64_t t = 0; t < k; ++t) {
-    vals[t] = c[t].v;
-    idx[t] = c[t].i;
+    uint32_t u;
+    const float v = bv[t] + 0.0f;  // -0 becomes +0: equal floats, one key
+    std::memcpy(&u, &v, sizeof u);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // ascending with the float
+    key[t] = (uint64_t(~u) << 32) | uint32_t(bi[t]);
+  }
+  std::sort(key.begin(), key.end());
+  for (int64_t t = 0; t < k; ++t) {
+    const int32_t col = int32_t(key[t] & 0xffffffffu);
+    vals[t] = x[col];
+    idx[t] = col;
   }
   return true;
 }

@@ -49,7 +49,11 @@ def _running_rows(g):
     nan[0, 40000] = nan[1, -1] = nan[2, 60] = nan[3, 0] = float("nan")
     few = torch.randint(-3, 3, (16, 49152), generator=g).float()  # the floor tied by thousands of columns
     wide = torch.randn(4, 151936, generator=g) * 4  # several segments of lanes at k = 256
-    return [asc, masked, nan, few, wide]
+    zeros = torch.zeros(2, 4096)  # -0 and +0 are equal: by column
+    zeros[0, ::2] = -0.0
+    zeros[1, 100:] = -0.0
+    zeros[:, 3000] = 1.0
+    return [asc, masked, nan, few, wide, zeros]
 
 
 def test_argmax_rows_is_torch_argmax_first_maximum_nan_largest(lib):
