@@ -217,6 +217,6 @@ class ReqToTokenPool:
         if self._np is not None:
             self._np[rows, positions] = slots
             return
-        dev = self.req_to_token.device
-        self.req_to_token.index_put_((to_device(rows, torch.int64, dev), to_device(positions, torch.int64, dev)),
-                                     to_device(slots, torch.int32, dev))
+        # one staged copy of the three lists (each host-to-device copy is a pinned block and a launch)
+        idx = to_device(rows + positions + slots, torch.int64, self.req_to_token.device).view(3, len(slots))
+        self.req_to_token.index_put_((idx[0], idx[1]), idx[2].to(torch.int32))

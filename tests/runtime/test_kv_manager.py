@@ -207,3 +207,18 @@ def test_grow_each_takes_the_slots_grow_would_take_one_by_one():
         assert short.assign_row(r) and short.grow(r, len(r.input_ids))
     assert short.grow_each([a]) and not short.grow_each([a, b])  # one free slot left: nothing taken
     assert short.stats().free == 0 and (a.kv_len, b.kv_len) == (4, 4)
+
+
+def test_indexed_writes_without_numpy_match_the_numpy_path():
+    """The device path of ReqToTokenPool's writes (one staged copy of rows, positions and slots; CUDA's) gives the
+    numpy path's table, checked here on a CPU tensor with the numpy view set aside."""
+    from sglpy.runtime.memory.kv_pool import ReqToTokenPool
+
+    a, b = ReqToTokenPool(4, 16, torch.device("cpu")), ReqToTokenPool(4, 16, torch.device("cpu"))
+    b._np = None
+    for pool in (a, b):
+        pool._write(1, 0, [5, 6, 7])
+        pool._write_each([0, 1, 3], [2, 3, 15], [40, 41, 42])
+        pool._write_each([], [], [])
+    assert torch.equal(a.req_to_token, b.req_to_token)
+    assert b.req_to_token[1, :4].tolist() == [5, 6, 7, 41] and b.req_to_token[3, 15] == 42
