@@ -38,29 +38,51 @@ static inline void int4_channel_scales(const uint16_t* sz, int64_t groups, int64
   }
 }
 
-// MR rows of x at once (1..8, fixed so that the accumulators stay in registers).
+// The float-activation kernels (SSE2, ARM without dotprod): one native-width accumulator per row, so that 8 rows'
+// accumulators and a group's dequantized weights stay in registers (with 16-float vectors, two chains per row took
+// 64 of SSE2's 16 registers at 8 rows: every product went through the stack and 8 rows cost 8.4x one row). Each
+// block's products are summed as a fixed pairwise tree before they meet the accumulator: short dependency chains
+// at one row, and an order that depends on K alone (a row's result never depends on how many rows share the call).
+static inline vn splatn(float x) {  // one broadcast (x - 0 is x, -0 included: the subtraction folds away)
+  return x - vn{};
+}
+typedef int32_t vni __attribute__((vector_size(NW * 4)));
+constexpr int HALF = (int)(16 / NW);  // native-width parts of 16 inputs
+// 16 int8 weights -> float in native-width parts (widened at once: cpu_common.h, load_i8_i32)
+static inline void load_i8_parts(const int8_t* p, vn* w) {
+  const vf f = __builtin_convertvector(load_i8_i32(p), vf);
+  std::memcpy(w, &f, sizeof f);
+}
+// sum_p w[p] * x[p NW ..] over P parts, as a pairwise tree
+template <int P>
+static inline vn tree_dot(const vn* w, const float* x) {
+  if constexpr (P == 1) {
+    return w[0] * loadn(x);
+  } else {
+    return tree_dot<P / 2>(w, x) + tree_dot<P / 2>(w + P / 2, x + (P / 2) * NW);
+  }
+}
+// MR rows of x at once (1..8). K a multiple of 16: blocks of 32, then a last one of 16.
 template <int MR>
 void int8_rows(const float* x, int64_t K, const int8_t* q, const float* scale, const float* bias, float* y,
                int64_t N, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
     const int8_t* qn = q + n * K;
-    vf acc[MR][2];  // two independent FMA chains per row (K is a multiple of 32 or the tail runs one)
-    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = vf{};
+    vn acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = vn{};
     int64_t k = 0;
-    for (; k + 2 * W <= K; k += 2 * W) {
-      const vf w0 = __builtin_convertvector(load_i8_i32(qn + k), vf);
-      const vf w1 = __builtin_convertvector(load_i8_i32(qn + k + W), vf);
-      for (int m = 0; m < MR; ++m) {
-        acc[m][0] += w0 * load(x + m * K + k);
-        acc[m][1] += w1 * load(x + m * K + k + W);
-      }
+    for (; k + 32 <= K; k += 32) {
+      vn w[2 * HALF];
+      for (int h = 0; h < 2; ++h) load_i8_parts(qn + k + h * 16, w + h * HALF);
+      for (int m = 0; m < MR; ++m) acc[m] += tree_dot<2 * HALF>(w, x + m * K + k);
     }
     if (k < K) {
-      const vf w0 = __builtin_convertvector(load_i8_i32(qn + k), vf);
-      for (int m = 0; m < MR; ++m) acc[m][0] += w0 * load(x + m * K + k);
+      vn w[HALF];
+      load_i8_parts(qn + k, w);
+      for (int m = 0; m < MR; ++m) acc[m] += tree_dot<HALF>(w, x + m * K + k);
     }
     const float add = bias != nullptr ? bias[n] : 0.f;
-    for (int m = 0; m < MR; ++m) y[m * N + n] = hsum(acc[m][0] + acc[m][1]) * scale[n] + add;
+    for (int m = 0; m < MR; ++m) y[m * N + n] = hsumn(acc[m]) * scale[n] + add;
   }
 }
 
@@ -96,8 +118,7 @@ void f32_rows(const float* x, int64_t K, const float* w, const float* bias, floa
 }
 
 // A vectorized pre-pass per output row turns its bf16 (scale, zero) planes into float32 with the code offset folded
-// in, W = code * s + (z - 8 s); the inner loop then dequantizes 32 weights with two FMAs (shared by the MR rows)
-// and accumulates with two FMAs per row.
+// in, W = code * s + (z - 8 s); the inner loop dequantizes a group's 32 weights once for the MR rows.
 template <int MR>
 void int4_rows(const float* x, int64_t K, const uint8_t* q, const uint16_t* sz, const float* bias, float* y,
                int64_t N, int64_t n0, int64_t n1) {
@@ -106,21 +127,22 @@ void int4_rows(const float* x, int64_t K, const uint8_t* q, const uint16_t* sz, 
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* qn = q + n * groups * 16;
     int4_channel_scales(sz, groups, n, sf, zf);
-    vf acc0[MR], acc1[MR];  // two independent FMA chains per row: one chain is latency-bound at MR = 1
-    for (int m = 0; m < MR; ++m) acc0[m] = acc1[m] = vf{};
+    vn acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = vn{};
     for (int64_t g = 0; g < groups; ++g) {
+      const vn s = splatn(sf[g]), z = splatn(zf[g]);
+      vni c[HALF];  // the group's 16 bytes widened at once (cpu_common.h: load_u8_i32), in native-width parts
       const vi wide = load_u8_i32(qn + g * 16);
-      const vf s = splat(sf[g]), z = splat(zf[g]);
-      const vf lo = __builtin_convertvector(wide & 15, vf) * s + z;  // weights of inputs g*32 + 0..15
-      const vf hi = __builtin_convertvector(wide >> 4, vf) * s + z;  // inputs g*32 + 16..31
-      for (int m = 0; m < MR; ++m) {
-        const float* xm = x + m * K + g * 32;
-        acc0[m] += lo * load(xm);
-        acc1[m] += hi * load(xm + W);
+      std::memcpy(c, &wide, sizeof c);
+      vn w[2 * HALF];  // inputs g*32 + 0..15 (low nibbles), then 16..31 (high nibbles)
+      for (int p = 0; p < HALF; ++p) {
+        w[p] = __builtin_convertvector(c[p] & 15, vn) * s + z;
+        w[p + HALF] = __builtin_convertvector(c[p] >> 4, vn) * s + z;
       }
+      for (int m = 0; m < MR; ++m) acc[m] += tree_dot<2 * HALF>(w, x + m * K + g * 32);
     }
     const float add = bias != nullptr ? bias[n] : 0.f;
-    for (int m = 0; m < MR; ++m) y[m * N + n] = hsum(acc0[m] + acc1[m]) + add;
+    for (int m = 0; m < MR; ++m) y[m * N + n] = hsumn(acc[m]) + add;
   }
 }
 

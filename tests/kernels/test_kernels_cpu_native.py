@@ -362,7 +362,11 @@ def test_every_isa_level_this_cpu_runs_matches_the_references(isa):
         p = pack_linear(torch.randn(n, k, generator=g) * 0.05, torch.randn(n, generator=g), kind, 32, native=True)
         for rows in (1, 3, 11):
             x = torch.randn(rows, k, generator=g)
-            assert_gemv_close(lib, quant_linear_cpu(lib, x, p.kind, p.qweight, p.scales, p.bias, n), x, p)
+            y = quant_linear_cpu(lib, x, p.kind, p.qweight, p.scales, p.bias, n)
+            assert_gemv_close(lib, y, x, p)
+            for i in (0, rows - 1):  # a row's result never depends on the rows beside it (docs/determinism.md)
+                assert torch.equal(y[i:i + 1], quant_linear_cpu(lib, x[i:i + 1], p.kind, p.qweight, p.scales, p.bias,
+                                                                n)), (isa, kind, rows, i)
     x, res, w = torch.randn(2, 64), torch.randn(2, 64), torch.randn(64)
     out, stream = rmsnorm_cpu(lib, x, w, 1e-6, res)
     want = rmsnorm_reference(x, w, 1e-6, res)
