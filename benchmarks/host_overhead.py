@@ -1,7 +1,8 @@
 """Host overhead of the engine step: a tiny model whose forward costs about nothing, so the step is the host's work.
 
 python benchmarks/host_overhead.py [--batches 1,16,64,256] [--cases greedy,sampled] [--tokens 128]
-                                   [--prompt-len 32] [--reps 1] [--threads N] [--vocab 49152] [--profile] [--json]
+                                   [--prompt-len 32] [--reps 1] [--threads N] [--vocab 49152] [--profile] [--parts]
+                                   [--json]
                                    [--compare /path/to/other/tree] [--rounds 2]
 
 A 2-layer, hidden-64 random model (the default tokenizer's 49,152-token vocabulary), Engine(quantization=
@@ -13,6 +14,9 @@ which at vocabulary 49,152 is not free at batch 256) and the rest, the host time
 --vocab 1024 cuts the lm_head (prompt ids stay below it).
 
 --profile: cProfile of the step loop (the loop thread) per run, top 25 functions by own time.
+--parts: the loop thread's CPU time per step inside the step's parts (schedule, prepare, sampling with its uniforms,
+penalties, top-k candidates and candidate sampling, appends and stop checks, retire/emit), each timed in place;
+a timer costs ~1 us per call, so parts called per request (none here) would be inflated.
 --compare TREE: run each case alternately in this tree and in another checkout of sglpy (e.g. a `git worktree`
 of the base commit), in fresh processes, --rounds times, and print both sides with their spread.
 Keep a run short with --batches 1,64 --tokens 64; batch 256 at the base commit takes ~1 minute.
@@ -87,7 +91,32 @@ def step_target(eng):
     return eng, "step"  # before: the Engine was the loop (a mixin)
 
 
-def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profile: bool) -> dict:
+def part_clocks(eng) -> dict[str, Clock]:
+    """Clocks around the parts of a step that exist in this checkout (they nest: top-k candidates and penalties run
+    inside sampling, the stop strings inside appending)."""
+    import importlib
+
+    stepper, _ = step_target(eng)
+    proc = getattr(stepper, "processor", None)
+    sampler = getattr(proc, "sampler", None)
+    targets = {"schedule": (getattr(stepper, "scheduler", None), "schedule"),
+               "prepare": (proc, "prepare"), "sampling (launch)": (proc, "launch"),
+               "uniforms": (sampler, "draw_uniforms"),
+               "penalties": (getattr(sampler, "penalties", None), "apply"),
+               "appends and stops (complete)": (proc, "complete"),
+               "retire/emit": (stepper, "retire_emit")}
+    for label, module, name in (("top-k candidates", "truncation", "top_candidates"),
+                                ("candidate sampling", "sampler", "candidate_sample")):
+        try:
+            targets[label] = (importlib.import_module(f"sglpy.runtime.engine.{module}"), name)
+        except ImportError:
+            pass
+    return {label: Clock(obj, name) for label, (obj, name) in targets.items()
+            if obj is not None and callable(getattr(obj, name, None))}
+
+
+def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profile: bool,
+             parts: bool = False) -> dict:
     """One generate() of `batch` requests; steps and times from the engine's counters."""
     import cProfile
     import io
@@ -103,6 +132,10 @@ def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profi
     if clocks is None:  # the model's forward, and the whole step (both on the loop thread)
         clocks = eng._bench_clocks = (Clock(eng.runner.model, "forward"), Clock(*step_target(eng)))
     model_clock, step_clock = clocks
+    part = getattr(eng, "_bench_parts", None)
+    if parts and part is None:
+        part = eng._bench_parts = part_clocks(eng)
+    part0 = {k: c.cpu for k, c in (part or {}).items()}
     prof = cProfile.Profile() if profile else None
     if prof is not None:
         obj, name = step_target(eng)
@@ -138,6 +171,8 @@ def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profi
            "step_ms": 1e3 * wall / steps, "forward_ms": 1e3 * fwd / steps, "host_ms": 1e3 * host / steps,
            "req_step_us": 1e6 * host / steps / batch, "engine_step_ms": 1e3 * step_s / steps, "tok_s": got / wall,
            "host_cpu_ms": 1e3 * host_cpu / steps, "req_step_cpu_us": 1e6 * host_cpu / steps / batch}
+    if parts:
+        res["parts_ms"] = {k: 1e3 * (c.cpu - part0[k]) / steps for k, c in part.items()}
     if prof is not None:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
@@ -176,7 +211,8 @@ def measure(args) -> list[dict]:
         results = []
         for batch, sampled in todo:
             for _ in range(args.reps):
-                results.append(run_case(eng, batch, sampled, args.tokens, args.prompt_len, args.profile))
+                results.append(run_case(eng, batch, sampled, args.tokens, args.prompt_len, args.profile,
+                                        args.parts))
         return results
     finally:
         eng.shutdown()
@@ -202,6 +238,8 @@ def compare(args) -> None:
                        "--prompt-len", str(args.prompt_len), "--reps", str(args.reps), "--vocab", str(args.vocab)]
                 if args.threads:
                     cmd += ["--threads", str(args.threads)]
+                if args.parts:
+                    cmd += ["--parts"]
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                 for r in json.loads(out.strip().splitlines()[-1]):
                     got.setdefault((r["case"], r["batch"]), {}).setdefault(side, []).append(r)
@@ -214,6 +252,12 @@ def compare(args) -> None:
                 v = [r[key] for r in sides.get(side, [])]
                 cells.append(f"{side} {statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}] us")
             print(f"  {case:>7} batch {batch:>3} host {what}: " + "; ".join(cells))
+        labels = dict.fromkeys(k for side in sides.values() for r in side for k in r.get("parts_ms", {}))
+        for label in labels:  # a part's loop-thread CPU ms per step, median of the rounds, per side
+            cells = [f"{side} {statistics.median(v):.3f}" if (v := [r["parts_ms"][label] for r in sides.get(side, [])
+                                                                  if label in r.get("parts_ms", {})]) else f"{side} -"
+                     for side in trees]
+            print(f"      {label}: " + "; ".join(cells) + " ms/step")
 
 
 def main() -> None:
@@ -226,6 +270,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--vocab", type=int, default=49152, help="model vocabulary (smaller: a cheaper lm_head)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--parts", action="store_true", help="loop-thread CPU of the step's parts (each timed in place)")
     ap.add_argument("--json", action="store_true", help="print the results as one JSON line")
     ap.add_argument("--tree", default=None, help="import sglpy from this checkout (used by --compare)")
     ap.add_argument("--compare", default=None, help="another checkout to alternate with, in fresh processes")
@@ -241,6 +286,9 @@ def main() -> None:
     print(f"cpu: {_cpu()}, torch threads: {args.threads or 'default'}")
     for r in results:
         print(fmt(r))
+        if "parts_ms" in r:
+            print("  parts, loop-thread CPU ms per step (nested, so they do not add up): "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in r["parts_ms"].items()))
         if "profile" in r:
             print(r["profile"])
 

@@ -70,8 +70,11 @@ class Sampler:
         others share the engine's, in one draw for the batch.
         """
         samplings = list(map(_sampling, reqs))
-        if not any(map(_greedy, samplings)) and list(map(_seed, samplings)).count(None) == len(reqs):
-            return torch.rand(len(reqs), generator=self.generator).tolist() if reqs else []  # one shared draw
+        greedy_rows = list(map(_greedy, samplings)).count(True)
+        if greedy_rows == len(reqs):
+            return [None] * len(reqs)
+        if not greedy_rows and list(map(_seed, samplings)).count(None) == len(reqs):
+            return torch.rand(len(reqs), generator=self.generator).tolist()  # one shared draw
         out: list[float | None] = [None] * len(reqs)
         shared = []
         for i, r in enumerate(reqs):
