@@ -297,8 +297,8 @@ static float lane_max_floor(const float* x, int64_t n, int64_t k, std::vector<fl
 }
 
 // topk_row by the passes above; false (nothing written) for a row with a NaN or too short a row.
-__attribute__((noinline)) bool topk_row_running(const float* x, int64_t n, int64_t k, RunBuf& b, std::vector<Item>& c,
-                                                float* vals, int64_t* idx) {
+__attribute__((noinline)) bool topk_row_running(const float* x, int64_t n, int64_t k, RunBuf& b, float* vals,
+                                                int64_t* idx) {
   const int64_t cap = std::max<int64_t>(512, 4 * k);
   b.v.resize(cap + BLOCK);
   b.i.resize(cap + BLOCK);
@@ -407,7 +407,9 @@ extern "C" int64_t sglpy_topk_rows(const float* x, int64_t n, int64_t vocab, int
     thread_local std::vector<Item> c;
     thread_local RunBuf run;
     const float* row = x + r * stride;
-    if (k * RUNNING_RATIO <= vocab && vocab <= INT32_MAX && topk_row_running(row, vocab, k, run, c, vals + r * k, idx + r * k)) return;
+    if (k * RUNNING_RATIO <= vocab && vocab <= INT32_MAX && topk_row_running(row, vocab, k, run, vals + r * k,
+                                                                             idx + r * k))
+      return;
     topk_row(row, vocab, k, bm, scratch, c, vals + r * k, idx + r * k);
   });
   return 0;
