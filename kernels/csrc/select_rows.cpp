@@ -2,6 +2,8 @@
 //   sglpy_argmax_rows   the first maximum of each row, NaN counting as the largest   oracle: torch.argmax
 //   sglpy_topk_rows     the k largest of each row, descending (NaN first; equal values by ascending column)
 //                                                   oracle: kernels/select_cpu.py:topk_rows_reference (torch.topk)
+//   sglpy_sample_rows   inverse-CDF draw from candidate weights with top-p / min-p cuts, as the sampler's torch ops
+//                                                   oracle: kernels/select_cpu.py:sample_rows_reference
 // float32 rows of `vocab` columns, `stride` floats apart. Rows are independent, so several rows split across threads.
 #include <functional>
 #include <vector>
@@ -412,5 +414,48 @@ extern "C" int64_t sglpy_topk_rows(const float* x, int64_t n, int64_t vocab, int
       return;
     topk_row(row, vocab, k, bm, scratch, c, vals + r * k, idx + r * k);
   });
+  return 0;
+}
+
+// w: float32 [n, k] candidate weights (descending candidates, w[0] the best's 1.0 or 0 where cut by top-k); top_p,
+// min_p (either may be null: no such rule), u: float32 [n]; out: int64 [n] the drawn candidate position. The torch
+// ops it replaces, in float32 with torch's CPU cumsum (a double running sum, each entry rounded to float):
+//   cum = cumsum(w); limit = top_p < 1 ? top_p * cum[k-1] : inf; w[j] = 0 where cum[j] - w[j] > limit;
+//   w[j] = 0 where w[j] < min_p; cdf = cumsum(w); out = min(#{j: cdf[j] <= u * cdf[k-1]}, k - 1).
+// Returns -1 when a row holds a NaN (nothing written for it; the caller takes the torch ops).
+extern "C" int64_t sglpy_sample_rows(const float* w, int64_t n, int64_t k, const float* top_p, const float* min_p,
+                                     const float* u, int64_t* out) {
+  if (k < 1) return -1;
+  std::vector<float> cw(k);
+  for (int64_t r = 0; r < n; ++r) {
+    const float* x = w + r * k;
+    for (int64_t j = 0; j < k; ++j)
+      if (x[j] != x[j]) return -1;
+    for (int64_t j = 0; j < k; ++j) cw[j] = x[j];
+    if (top_p != nullptr) {
+      double run = 0.0;
+      std::vector<float>& cum = cw;  // cut in place: each entry's test reads its own cum and w only
+      float mass = 0.0f;
+      for (int64_t j = 0; j < k; ++j) mass = static_cast<float>(run += x[j]);
+      const float limit = top_p[r] < 1.0f ? top_p[r] * mass : INFINITY;
+      run = 0.0;
+      for (int64_t j = 0; j < k; ++j) {
+        const float c = static_cast<float>(run += x[j]);
+        if (c - x[j] > limit) cum[j] = 0.0f;
+      }
+    }
+    if (min_p != nullptr)
+      for (int64_t j = 0; j < k; ++j)
+        if (cw[j] < min_p[r]) cw[j] = 0.0f;
+    double run = 0.0;
+    float total = 0.0f;
+    for (int64_t j = 0; j < k; ++j) total = static_cast<float>(run += cw[j]);
+    const float target = u[r] * total;
+    run = 0.0;
+    int64_t pick = 0;
+    for (; pick < k; ++pick)
+      if (static_cast<float>(run += cw[pick]) > target) break;
+    out[r] = std::min(pick, k - 1);
+  }
   return 0;
 }

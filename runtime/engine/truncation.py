@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from sglpy.kernels.select_cpu import argmax_rows, select_lib, topk_rows
+from sglpy.kernels.select_cpu import argmax_rows, sample_rows, select_lib, topk_rows
 
 CANDIDATES = 256  # candidates of a top_p / min_p row without top_k
 
@@ -151,6 +151,11 @@ def candidate_sample(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tens
         rank = torch.arange(k, device=logits.device)[None, :]
         scaled = scaled.masked_fill(rank >= top_k[:, None], float("-inf"))
     w = torch.exp(scaled - scaled[:, :1])  # [n, k] probabilities relative to the best candidate (1.0)
+    lib = None if whole_row else select_lib(w)
+    if lib is not None:  # the cuts and the draw in one native call (the same arithmetic: kernels/select_cpu.py)
+        pos = sample_rows(lib, w, top_p if some_p else None, min_p if some_min_p else None, u)
+        if pos is not None:
+            return cols.gather(1, pos[:, None])[:, 0], torch.ones(vals.shape[0], dtype=torch.bool)
     cum = w.cumsum(dim=-1)
     if whole_row:
         # [n]: the whole row's mass relative to the best token; summed in float64 so that how torch splits the

@@ -4,7 +4,8 @@ top-k candidates with and without them."""
 import pytest
 import torch
 
-from sglpy.kernels.select_cpu import argmax_rows, select_lib, topk_rows, topk_rows_reference
+from sglpy.kernels.select_cpu import (argmax_rows, sample_rows, sample_rows_reference, select_lib, topk_rows,
+                                     topk_rows_reference)
 from sglpy.runtime.engine.truncation import greedy, top_candidates
 
 
@@ -97,3 +98,30 @@ def test_sampler_paths_agree_with_the_torch_fallback(lib, monkeypatch):
     assert torch.equal(greedy(x), native_g)
     ref = top_candidates(x, 50)
     assert torch.equal(ref[0], native_c[0]) and torch.equal(ref[1], native_c[1])  # no ties in random rows
+
+
+def test_sample_rows_equals_the_torch_ops_bit_for_bit(lib):
+    g = torch.Generator().manual_seed(5)
+    for trial in range(400):
+        n, k = int(torch.randint(1, 70, (1,), generator=g)), int(torch.randint(1, 300, (1,), generator=g))
+        vals = (torch.randn(n, k, generator=g) * (0.3, 1.0, 3.0, 10.0)[trial % 4]).sort(dim=-1, descending=True).values
+        if trial % 7 == 0:
+            vals = vals.round()  # ties
+        if trial % 5 == 0:
+            vals[:, k // 2:] = float("-inf")  # cut by top-k: weight 0
+        scaled = vals / (torch.rand(n, generator=g) + 0.05)[:, None]
+        w = torch.exp(scaled - scaled[:, :1])
+        top_p = (torch.where(torch.rand(n, generator=g) < 0.2, torch.ones(n), torch.rand(n, generator=g))
+                 if trial % 3 else None)
+        min_p = torch.rand(n, generator=g) * 0.3 if trial % 2 else None
+        u = torch.rand(n, generator=g)
+        u[0] = 0.0 if trial % 11 == 0 else u[0]
+        assert torch.equal(sample_rows(lib, w, top_p, min_p, u), sample_rows_reference(w, top_p, min_p, u)), trial
+    # tiny weights after a 1.0: a float running sum would lose them all, torch's (double) does not
+    w = torch.cat([torch.ones(2, 1), torch.full((2, 99), 3e-8)], dim=1)
+    u, top_p = torch.tensor([0.9999995, 0.5]), torch.tensor([1.0, 0.9999999])
+    want = sample_rows_reference(w, top_p, None, u)
+    assert int(want[0]) > 0 and torch.equal(sample_rows(lib, w, top_p, None, u), want)
+    w[0, 0] = float("nan")
+    assert sample_rows(lib, w, top_p, None, u) is None  # declined: the caller runs the reference
+    assert sample_rows(lib, w.t().contiguous().t(), None, None, u) is None  # not contiguous
