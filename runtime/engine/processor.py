@@ -25,8 +25,6 @@ logger = logging.getLogger(__name__)
 
 _return_logprob = operator.attrgetter("return_logprob")
 _finish_reason = operator.attrgetter("finish_reason")
-_req = operator.attrgetter("req")
-_max_new_tokens = operator.attrgetter("sampling.max_new_tokens")
 
 
 def _unfinished(reqs: list[Req]) -> bool:
@@ -84,19 +82,14 @@ class OutputProcessor:
         """Prompt logprobs, and prefill-only requests (max_new_tokens 0) end when their prompt is done."""
         finished: list[Req] = []
         hook = self.iso.hook is not None
-        reqs = list(map(_req, entries))
-        # a decode step records nothing: no prompt rows, no logprobs asked, no fault hook (C-level passes)
-        if hook or any(map(len, out.input_rows)) or any(map(_return_logprob, reqs)):
-            for i, e in enumerate(entries):
-                if not hook and not e.req.return_logprob and not len(out.input_rows[i]):
-                    continue  # nothing to record (record_input_logprobs would do nothing)
-                try:
-                    self.iso.probe("input logprobs", e.req)
-                    record_input_logprobs(e, out, i)
-                except Exception as exc:  # noqa: BLE001 - isolated: this request alone ends
-                    self._fail(e.req, "input logprobs", exc, finished)
-        if 0 not in list(map(_max_new_tokens, reqs)):
-            return finished
+        for i, e in enumerate(entries):
+            if not hook and not e.req.return_logprob and not len(out.input_rows[i]):
+                continue  # nothing to record (record_input_logprobs would do nothing)
+            try:
+                self.iso.probe("input logprobs", e.req)
+                record_input_logprobs(e, out, i)
+            except Exception as exc:  # noqa: BLE001 - isolated: this request alone ends
+                self._fail(e.req, "input logprobs", exc, finished)
         for e in entries:
             r = e.req
             if r.sampling.max_new_tokens == 0 and not r.finished and e.prefix_len + e.extend_len >= r.seq_len:
