@@ -102,8 +102,7 @@ def test_fused_decode_layers_equal_the_per_op_path(tmp_path, monkeypatch, arch, 
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4"])
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bf16"])
+@pytest.mark.parametrize("quantization,kv_cache_dtype", [("int8", "auto"), ("int4", "bf16")])
 def test_deterministic_fused_decode_layers_equal_the_per_op_path(tmp_path, monkeypatch, quantization, kv_cache_dtype):
     """Deterministic inference keeps the fused layers, with attention as one-token extends: the per-op path's
     kernels (its decode rows run the native GEMV), so a generated token's logits are the same whether its step
