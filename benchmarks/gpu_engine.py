@@ -87,30 +87,11 @@ def gap_profile(eng, prompts, new_tokens: int) -> dict:
 
 def host_profile(eng, prompts, sps) -> str:
     """cProfile of the step loop (the loop thread) over one more run: the top functions by own time."""
-    import cProfile
-    import io
-    import pstats
+    from host_overhead import profile_text, profiled_steps
 
-    from host_overhead import step_target
-
-    obj, name = step_target(eng)
-    orig, prof = getattr(obj, name), cProfile.Profile()
-
-    def profiled(*a, **k):
-        prof.enable()
-        try:
-            return orig(*a, **k)
-        finally:
-            prof.disable()
-
-    setattr(obj, name, profiled)
-    try:
+    with profiled_steps(eng) as prof:
         eng.generate(input_ids=prompts, sampling_params=sps)
-    finally:
-        setattr(obj, name, orig)
-    out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(28)
-    return out.getvalue()
+    return profile_text(prof, top=28)
 
 
 def run_config(path: str, kernels: str, graphs: bool, overlap: bool, workloads: list[str], args, dev: str,

@@ -25,6 +25,7 @@ Keep a run short with --batches 1,64 --tokens 64; batch 256 at the base commit t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -115,13 +116,42 @@ def part_clocks(eng) -> dict[str, Clock]:
             if obj is not None and callable(getattr(obj, name, None))}
 
 
-def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profile: bool,
-             parts: bool = False) -> dict:
-    """One generate() of `batch` requests; steps and times from the engine's counters."""
+@contextlib.contextmanager
+def profiled_steps(eng):
+    """cProfile of the step loop (the loop thread) inside the block; yields the cProfile.Profile."""
     import cProfile
+
+    obj, name = step_target(eng)
+    orig, prof = getattr(obj, name), cProfile.Profile()
+
+    def profiled(*a, **k):
+        prof.enable()
+        try:
+            return orig(*a, **k)
+        finally:
+            prof.disable()
+
+    setattr(obj, name, profiled)
+    try:
+        yield prof
+    finally:
+        setattr(obj, name, orig)
+
+
+def profile_text(prof, keys: tuple[str, ...] = ("tottime",), top: int = 25) -> str:
+    """The top functions of a profile, per sort key (tottime: own time; cumulative)."""
     import io
     import pstats
 
+    out = io.StringIO()
+    for key in keys:
+        pstats.Stats(prof, stream=out).sort_stats(key).print_stats(top)
+    return out.getvalue()
+
+
+def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profile: bool,
+             parts: bool = False) -> dict:
+    """One generate() of `batch` requests; steps and times from the engine's counters."""
     sp = {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0.0}
     if sampled:
         sp.update(SAMPLED)
@@ -136,27 +166,13 @@ def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profi
     if parts and part is None:
         part = eng._bench_parts = part_clocks(eng)
     part0 = {k: c.cpu for k, c in (part or {}).items()}
-    prof = cProfile.Profile() if profile else None
-    if prof is not None:
-        obj, name = step_target(eng)
-        orig = getattr(obj, name)
-
-        def profiled(*a, **k):
-            prof.enable()
-            try:
-                return orig(*a, **k)
-            finally:
-                prof.disable()
-
-        setattr(obj, name, profiled)
     fwd0, fwd_cpu0, step_cpu0 = model_clock.seconds, model_clock.cpu, step_clock.cpu
     before = eng.get_server_info()
-    t0 = time.perf_counter()
-    outs = eng.generate(input_ids=ids, sampling_params=sp)
-    wall = time.perf_counter() - t0
+    with profiled_steps(eng) if profile else contextlib.nullcontext() as prof:
+        t0 = time.perf_counter()
+        outs = eng.generate(input_ids=ids, sampling_params=sp)
+        wall = time.perf_counter() - t0
     after = eng.get_server_info()
-    if prof is not None:
-        setattr(obj, name, orig)
     got = sum(len(o["output_ids"]) for o in outs)
     if got != batch * tokens:
         raise RuntimeError(f"expected {batch * tokens} tokens, got {got}")
@@ -174,9 +190,7 @@ def run_case(eng, batch: int, sampled: bool, tokens: int, prompt_len: int, profi
     if parts:
         res["parts_ms"] = {k: 1e3 * (c.cpu - part0[k]) / steps for k, c in part.items()}
     if prof is not None:
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
-        res["profile"] = s.getvalue()
+        res["profile"] = profile_text(prof)
     return res
 
 

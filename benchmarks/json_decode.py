@@ -100,32 +100,12 @@ def _run_once(eng, texts, mode, min_jump, extend_graphs):
 
 def _profile(eng, texts, mode: str) -> str:
     """cProfile of the step loop (the loop thread) over one run of `mode`: top functions, own and cumulative."""
-    import cProfile
-    import io
-    import pstats
+    from host_overhead import profile_text, profiled_steps
 
-    from host_overhead import step_target
-
-    obj, name = step_target(eng)
-    orig, prof = getattr(obj, name), cProfile.Profile()
-
-    def profiled(*a, **k):
-        prof.enable()
-        try:
-            return orig(*a, **k)
-        finally:
-            prof.disable()
-
-    setattr(obj, name, profiled)
-    try:
+    with profiled_steps(eng) as prof:
         r = _run_once(eng, texts, mode, None, True)
-    finally:
-        setattr(obj, name, orig)
-    out = io.StringIO()
-    out.write(f"\nprofile of {mode}: {r['steps']} steps in {r['seconds']:.3f} s\n")
-    for key in ("tottime", "cumulative"):
-        pstats.Stats(prof, stream=out).sort_stats(key).print_stats(22)
-    return out.getvalue()
+    return (f"\nprofile of {mode}: {r['steps']} steps in {r['seconds']:.3f} s\n"
+            + profile_text(prof, ("tottime", "cumulative"), 22))
 
 
 def main():
