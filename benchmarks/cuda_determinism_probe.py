@@ -5,7 +5,8 @@ python benchmarks/cuda_determinism_probe.py [--dtypes bfloat16,float32] [--varia
 The engine refuses --enable-deterministic-inference on CUDA (docs/determinism.md); this script sets that refusal
 aside for its own engines and runs the issue's matrix (6 seeded sampled + 6 greedy requests on a 2-layer model
 with Llama-3.2-1B's shapes: each alone on a flushed cache, then together, together over a cached prefix, and
-under chunked_prefill_size=64, alone and together, with and without the radix cache) with the flag, under variants that switch one suspect off at a time:
+under chunked_prefill_size=64, alone and together, with and without the radix cache) with the flag, under
+variants that switch one suspect off at a time:
 
 - base:     CUDA graphs, overlap scheduling, Triton kernels (the default);
 - nographs: CUDA graphs off (decode runs eagerly);

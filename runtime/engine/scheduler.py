@@ -78,7 +78,6 @@ class Scheduler:
         # graph step's T when the runner has one (set by the engine), so a long span rides captured steps in pieces
         # instead of taking the whole batch through an eager forward (the H100 spent 0.52 of 0.64 s there)
         self.span_cap: int | None = None
-        self._extending = True  # set by _schedule_decode each step
 
     # -------------------------------------------------------------- queue ops
     def add(self, req: Req) -> None:
@@ -128,12 +127,15 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch | None:
         """Pick this step's work: every decodable running request plus prefill chunks within budget."""
         aborted: list[Req] = []
-        decode = self._schedule_decode(aborted)
+        ordered = self.running.ordered()
+        decode = self._schedule_decode(ordered, aborted)
+        # every running request decodes one token: the steady state, where no request is mid-extend
+        mid_extend = len(decode) < len(ordered)
         drafted = self._draft(decode) if self.drafter is not None and decode else []
         if drafted:  # one-token entries stay first: the forward runs them as decode rows
             spec = {d.req for d in drafted}
             decode = [e for e in decode if e.req not in spec]
-        extend = self._schedule_extend(aborted)
+        extend = self._schedule_extend(aborted, mid_extend)
         entries = decode + drafted + extend
         if not entries and not aborted:
             return None
@@ -155,14 +157,11 @@ class Scheduler:
                 out.append(BatchEntry(r, e.prefix_len, 1 + len(draft), sample=True, draft=draft))
         return out
 
-    def _schedule_decode(self, aborted: list[Req]) -> list[BatchEntry]:
+    def _schedule_decode(self, ordered: list[Req], aborted: list[Req]) -> list[BatchEntry]:
         # r.pending == 1, inlined: this runs over every running request every step
-        ordered = self.running.ordered()
         decode = [r for r in ordered if len(r.input_ids) + len(r.output_ids) - len(r.slots) == 1]
         if self.cfg.enable_deterministic_inference:  # a prompt's last token left by chunking stays an extend row
             decode = [r for r in decode if len(r.slots) >= len(r.input_ids)]
-        # whether a running request is mid-extend (the steady decode state has none: _schedule_extend skips its pass)
-        self._extending = len(decode) < len(ordered)
         if not decode:
             return []
         if self.kv.grow_each(decode):  # the steady state: every request's next slot in one call
@@ -187,7 +186,7 @@ class Scheduler:
                 entries.append(BatchEntry(req, req.kv_len - 1, 1, sample=True))
         return entries
 
-    def _schedule_extend(self, aborted: list[Req]) -> list[BatchEntry]:
+    def _schedule_extend(self, aborted: list[Req], mid_extend: bool = True) -> list[BatchEntry]:
         budget = self.cfg.max_prefill_tokens
         entries = []
         # running requests mid-prefill (chunked) or after a jump-forward come first
@@ -195,7 +194,7 @@ class Scheduler:
         # decode attention kernel, whose split reduction (CUDA) can differ in the last bit from the extend kernel
         # that the same token takes when its prompt is prefilled whole
         det = self.cfg.enable_deterministic_inference
-        extending = self.running.ordered() if self._extending else ()
+        extending = self.running.ordered() if mid_extend else ()  # none mid-extend: no pass over the running
         for req in [r for r in extending
                     if r.pending > 1 or (det and r.pending == 1 and r.kv_len < len(r.input_ids))]:
             if budget <= 0:
