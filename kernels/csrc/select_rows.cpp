@@ -49,45 +49,41 @@ static inline bool any_equal(const float* p, float val) {
 #endif
 }
 
-// The largest of the W lanes (no NaN among them).
-typedef float vf8 __attribute__((vector_size(32)));
-typedef float vf4 __attribute__((vector_size(16)));
-static inline float hmax(vf m) {  // halves folded together (no shuffle builtin: g++ and clang++ spell it apart)
-  vf8 a, b;
-  std::memcpy(&a, &m, sizeof a);
-  std::memcpy(&b, reinterpret_cast<const char*>(&m) + sizeof a, sizeof b);
-  a = a > b ? a : b;
-  vf4 c, d;
-  std::memcpy(&c, &a, sizeof c);
-  std::memcpy(&d, reinterpret_cast<const char*>(&a) + sizeof c, sizeof d);
-  c = c > d ? c : d;
-  return std::max(std::max(c[0], c[1]), std::max(c[2], c[3]));
+// Native-width vectors (cpu_common.h, NW): GCC 12 compiles a select or a compare on 16-float vectors wider than the
+// target's registers lane by lane (AVX2, SSE2), so the passes below keep one register per accumulator.
+typedef int32_t vni __attribute__((vector_size(NW * 4)));
+static inline vn maxn(vn a, vn b) { return a > b ? a : b; }  // b where a is NaN (a NaN is tracked apart)
+static inline bool any_lane(vni m) {
+  bool any = false;
+  for (int l = 0; l < NW; ++l) any |= m[l] != 0;
+  return any;
+}
+static inline float hmaxn(vn m) {  // the largest lane (no NaN among them)
+  float r = m[0];
+  for (int l = 1; l < NW; ++l) r = std::max(r, m[l]);
+  return r;
 }
 
 // The first maximum of x[0, n): one vectorized max pass (the row then sits in L2), then the first column equal to
-// it; a row holding a NaN answers its first NaN (torch.argmax's rule).
+// it; a row holding a NaN answers its first NaN (torch.argmax's rule). The maximum is exact in any order (and -0
+// equals +0 in the second pass), so the answer does not depend on the vector width.
 int64_t argmax_row(const float* x, int64_t n) {
   int64_t j = 0;
   float best = -INFINITY;
   bool nan = false;
-  if (n >= 4 * W) {  // four accumulators: the max chain never waits on the previous block
-    vf m0 = load(x), m1 = load(x + W), m2 = load(x + 2 * W), m3 = load(x + 3 * W);
-    vi bad = (m0 != m0) | (m1 != m1) | (m2 != m2) | (m3 != m3);
-    for (j = 4 * W; j + 4 * W <= n; j += 4 * W) {
-      const vf a = load(x + j), b = load(x + j + W), c = load(x + j + 2 * W), d = load(x + j + 3 * W);
-      m0 = a > m0 ? a : m0;
-      m1 = b > m1 ? b : m1;
-      m2 = c > m2 ? c : m2;
-      m3 = d > m3 ? d : m3;
+  if (n >= 4 * NW) {  // four accumulators: the max chain never waits on the previous block
+    vn m0 = loadn(x), m1 = loadn(x + NW), m2 = loadn(x + 2 * NW), m3 = loadn(x + 3 * NW);
+    vni bad = (m0 != m0) | (m1 != m1) | (m2 != m2) | (m3 != m3);
+    for (j = 4 * NW; j + 4 * NW <= n; j += 4 * NW) {
+      const vn a = loadn(x + j), b = loadn(x + j + NW), c = loadn(x + j + 2 * NW), d = loadn(x + j + 3 * NW);
+      m0 = maxn(a, m0);
+      m1 = maxn(b, m1);
+      m2 = maxn(c, m2);
+      m3 = maxn(d, m3);
       bad |= (a != a) | (b != b) | (c != c) | (d != d);
     }
-    m0 = m1 > m0 ? m1 : m0;
-    m2 = m3 > m2 ? m3 : m2;
-    m0 = m2 > m0 ? m2 : m0;
-    for (int l = 0; l < W; ++l) {
-      best = std::max(best, m0[l]);
-      nan |= bad[l] != 0;
-    }
+    best = hmaxn(maxn(maxn(m1, m0), maxn(m3, m2)));
+    nan = any_lane(bad);
   }
   for (; j < n; ++j) {
     nan |= x[j] != x[j];
@@ -161,21 +157,20 @@ void topk_row(const float* x, int64_t n, int64_t k, std::vector<float>& bm, std:
               std::vector<Item>& c, float* vals, int64_t* idx) {
   const int64_t nb = (n + BLOCK - 1) / BLOCK;
   bm.resize(nb);
-  vi bad{};
+  vni bad{};
   int64_t b = 0;
   for (; (b + 1) * BLOCK <= n; ++b) {
     const float* p = x + b * BLOCK;
-    vf m = load(p);
+    vn m = loadn(p);
     bad |= (m != m);
-    for (int64_t j = W; j < BLOCK; j += W) {
-      const vf v = load(p + j);
-      m = v > m ? v : m;
+    for (int64_t j = NW; j < BLOCK; j += NW) {
+      const vn v = loadn(p + j);
+      m = maxn(v, m);
       bad |= (v != v);
     }
-    bm[b] = hmax(m);
+    bm[b] = hmaxn(m);
   }
-  bool nan = false;
-  for (int l = 0; l < W; ++l) nan |= bad[l] != 0;
+  bool nan = any_lane(bad);
   if (b < nb) {  // the last, shorter block
     float best = -INFINITY;
     for (int64_t j = b * BLOCK; j < n; ++j) {
@@ -218,14 +213,13 @@ void topk_row(const float* x, int64_t n, int64_t k, std::vector<float>& bm, std:
 // ones, so from then on only columns above it enter. A row with fewer than k columns above -inf takes its first
 // -inf columns. A NaN anywhere, or a row too short to pay, goes to topk_row.
 static inline bool has_nan(const float* v, int64_t n) {
-  vi bad{};
+  vni bad{};
   int64_t i = 0;
-  for (; i + W <= n; i += W) {
-    const vf a = load(v + i);
+  for (; i + NW <= n; i += NW) {
+    const vn a = loadn(v + i);
     bad |= a != a;
   }
-  bool nan = false;
-  for (int l = 0; l < W; ++l) nan |= bad[l] != 0;
+  bool nan = any_lane(bad);
   for (; i < n; ++i) nan |= v[i] != v[i];
   return nan;
 }
@@ -267,7 +261,7 @@ static void lane_max(const float* x, int64_t n, float* m) {
   for (int64_t j = A * NW; j + A * NW <= n; j += A * NW)
     for (int t = 0; t < A; ++t) {
       const vn v = loadn(x + j + t * NW);
-      acc[t] = v > acc[t] ? v : acc[t];
+      acc[t] = maxn(v, acc[t]);
     }
   for (int t = 0; t < A; ++t) storen(m + t * NW, acc[t]);
 }

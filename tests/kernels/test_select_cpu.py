@@ -77,6 +77,27 @@ def test_topk_rows_values_equal_torch_and_ties_come_by_column(lib):
         topk_rows(lib, torch.zeros(2, 4), 5)
 
 
+@pytest.mark.parametrize("isa", ["avx2", "baseline"])
+def test_each_lower_isa_level_selects_as_torch(isa):
+    """The levels below this CPU's best (forced, as SGLPY_CPU_ISA does): their passes run on other vector widths
+    (the AVX2 and SSE2 max passes once compiled lane by lane), with the same answers."""
+    from sglpy.kernels import cpu_native
+    from sglpy.kernels.cpu_isa import read_cpu_flags, runnable_levels
+    from sglpy.kernels.select_cpu import _typed
+
+    if isa not in runnable_levels(read_cpu_flags()) or cpu_native.find_compiler() is None:
+        pytest.skip(f"this machine does not build and run the {isa} level")
+    built = cpu_native.build_native(cpu_native.find_compiler(), cpu_native.cache_dir(), isa=isa)
+    assert built.lib is not None and built.isa == isa, built.detail
+    lib = _typed(built.lib)
+    for x in _rows():
+        assert torch.equal(argmax_rows(lib, x), x.argmax(dim=-1)), isa
+        for k in (1, 50, 256):
+            if k <= x.shape[1]:
+                vals, idx = topk_rows(lib, x, k)
+                assert _same(vals, topk_rows_reference(x, k).values) and _same(x.gather(1, idx), vals), (isa, k)
+
+
 def test_topk_rows_with_two_threads_equals_one(lib):
     x = torch.randn(64, 49152, generator=torch.Generator().manual_seed(4))
     threads = torch.get_num_threads()
