@@ -1,7 +1,7 @@
 """Host overhead of the engine step: a tiny model whose forward costs about nothing, so the step is the host's work.
 
 python benchmarks/host_overhead.py [--batches 1,16,64,256] [--cases greedy,sampled] [--tokens 128]
-                                   [--prompt-len 32] [--reps 1] [--threads N] [--vocab 49152] [--profile] [--parts]
+                                   [--prompt-len 32] [--reps 1] [--threads N] [--overlap] [--profile] [--parts]
                                    [--json]
                                    [--compare /path/to/other/tree] [--rounds 2]
 
@@ -11,7 +11,8 @@ A 2-layer, hidden-64 random model (the default tokenizer's 49,152-token vocabula
 frequency_penalty 0.5 and one stop string that never matches. Per run it prints the engine steps, the wall time
 per step, the model's forward time per step (timed around the model call: embedding, 2 layers and the lm_head,
 which at vocabulary 49,152 is not free at batch 256) and the rest, the host time, per step and per request-step.
---vocab 1024 cuts the lm_head (prompt ids stay below it).
+--overlap runs the overlapped step order (the order CUDA runs by default; on CPU its tensors are synchronous), so
+the host work of that order is measured too: its placeholders, readback and per-row validity checks.
 
 --profile: cProfile of the step loop (the loop thread) per run, top 25 functions by own time.
 --parts: the loop thread's CPU time per step inside the step's parts (schedule, prepare, sampling with its uniforms,
@@ -56,8 +57,9 @@ def use_tree(root: str) -> None:
     sys.meta_path.insert(0, TreeFinder)
 
 
-def tiny_model(vocab: int) -> str:
-    """The benchmark's model folder (built once under the temp folder); vocab < 49152 cuts the lm_head."""
+def tiny_model(vocab: int = 49152) -> str:
+    """The benchmark's model folder (built once under the temp folder); its vocabulary is the default tokenizer's
+    (the engine refuses a model vocabulary smaller than its tokenizer's ids)."""
     from sglpy.runtime.testing.tiny_model import make_tiny_model
 
     folder = pathlib.Path(tempfile.gettempdir()) / f"sglpy-host-overhead-model-{vocab}"
@@ -218,7 +220,8 @@ def measure(args) -> list[dict]:
     todo = cases(args)
     # grammar_workers=0: no compile worker processes starting up beside the first measured case (nothing here is
     # constrained)
-    eng = Engine(tiny_model(args.vocab), quantization="none", grammar_workers=0,
+    eng = Engine(tiny_model(), quantization="none", grammar_workers=0,
+                 disable_overlap_schedule=False if args.overlap else None,
                  max_running_requests=max(256, max(b for b, _ in todo)))
     try:
         run_case(eng, 4, True, 8, args.prompt_len, False)  # warm-up: first-call costs out of the numbers
@@ -249,11 +252,13 @@ def compare(args) -> None:
             for side, root in trees.items():
                 cmd = [sys.executable, __file__, "--tree", root, "--json", "--batches", str(batch),
                        "--cases", "sampled" if sampled else "greedy", "--tokens", str(args.tokens),
-                       "--prompt-len", str(args.prompt_len), "--reps", str(args.reps), "--vocab", str(args.vocab)]
+                       "--prompt-len", str(args.prompt_len), "--reps", str(args.reps)]
                 if args.threads:
                     cmd += ["--threads", str(args.threads)]
                 if args.parts:
                     cmd += ["--parts"]
+                if args.overlap:
+                    cmd += ["--overlap"]
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                 for r in json.loads(out.strip().splitlines()[-1]):
                     got.setdefault((r["case"], r["batch"]), {}).setdefault(side, []).append(r)
@@ -282,7 +287,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--vocab", type=int, default=49152, help="model vocabulary (smaller: a cheaper lm_head)")
+    ap.add_argument("--overlap", action="store_true", help="the overlapped step order (CUDA's default)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--parts", action="store_true", help="loop-thread CPU of the step's parts (each timed in place)")
     ap.add_argument("--json", action="store_true", help="print the results as one JSON line")

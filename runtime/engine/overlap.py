@@ -18,11 +18,6 @@ if TYPE_CHECKING:
     from ..memory.kv_manager import KVManager
 
 
-def placeholder(j: int) -> int:
-    """The output id standing for the j-th id of the in-flight sampling."""
-    return -1 - j
-
-
 def drop_placeholder(req: Req, kv: KVManager) -> None:
     """Remove a trailing unresolved id (the request ends before it is read back) and any KV slot taken for it."""
     if req.output_ids and req.output_ids[-1] < 0:

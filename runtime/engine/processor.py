@@ -101,7 +101,8 @@ class OutputProcessor:
         """Sample the rows of unfinished entries (and valid[i], when given) without reading the ids back."""
         sample_row = out.sample_row
         reqs = [e.req for e in entries]
-        if valid is None and None not in sample_row and _unfinished(reqs):  # a decode step: every row (C loops)
+        # a decode step whose rows are all valid (plain, or overlapped with nothing discarded): every row (C loops)
+        if (valid is None or all(valid)) and None not in sample_row and _unfinished(reqs):
             rows = list(sample_row)
         else:
             picked = [(sample_row[i], r) for i, r in enumerate(reqs)

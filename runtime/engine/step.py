@@ -25,7 +25,7 @@ from ..core import FinishReason, ForwardOutput, OutputSink, Req, ReqStatus, Sche
 from ..messages import ReqOutput, StepOutputs
 from ..model.parallel import TPGroupError
 from .output import aborted_output, build_output
-from .overlap import HostTokens, PinnedIds, drop_placeholder, placeholder
+from .overlap import HostTokens, PinnedIds, drop_placeholder
 from .processor import SampleLaunch
 from .spec_verify import drop_draft, verify_drafts
 
@@ -132,8 +132,10 @@ class Stepper:
                 if any(e.draft for e in entries[cur.batch.num_decode:]):  # drafted rows: verified when resolved
                     valid = [not e.draft for e in entries]
             else:  # a request that finished or jumped since its forward was launched has its row discarded
-                valid = [not e.req.finished and e.req.seq_len == e.prefix_len + e.extend_len
-                         and e.req.num_jumped_tokens == cur.jumped[i] for i, e in enumerate(entries)]
+                # (Req.finished and Req.seq_len inlined: this runs over every row every step)
+                valid = [(r := e.req).finish_reason is None
+                         and len(r.input_ids) + len(r.output_ids) == e.prefix_len + e.extend_len
+                         and r.num_jumped_tokens == jumped for e, jumped in zip(entries, cur.jumped)]
             cur.launch = launch = self.processor.launch(entries, cur.out, valid)
             if self.overlap and launch.reqs:
                 self._start_readback(cur)
@@ -160,9 +162,9 @@ class Stepper:
             ids, future = None, launch.tokens
         cur.future = future
         cur.host = HostTokens(future, self._pinned.next() if self._pinned is not None else None)
-        for j, r in enumerate(launch.reqs):
-            if not r.finished and (ids is None or ids[j] is not None):
-                r.output_ids.append(placeholder(j))
+        for j, r in enumerate(launch.reqs):  # row j's placeholder id is -1 - j (engine/overlap.py)
+            if r.finish_reason is None and (ids is None or ids[j] is not None):
+                r.output_ids.append(-1 - j)
 
     def resolve(self, s: Launched, res: Resolved) -> None:
         """Apply a step's sampled ids: logprobs, grammar advance, stop rules, detokenization, jump-forward."""
@@ -172,8 +174,9 @@ class Stepper:
             if s.host is not None:
                 tokens = s.host.wait()
                 for j, r in enumerate(launch.reqs):
-                    if r.output_ids and r.output_ids[-1] == placeholder(j):
-                        r.output_ids.pop()  # the real id is appended by complete(), through the normal path
+                    out = r.output_ids
+                    if out and out[-1] == -1 - j:
+                        out.pop()  # the real id is appended by complete(), through the normal path
             else:
                 tokens = launch.host_tokens() if launch is not None else []
             if not s.prepared:
