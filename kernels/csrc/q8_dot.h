@@ -1,10 +1,10 @@
 // int8 activations for the weight-only GEMV (llama.cpp's q8 trick): each row of x is quantized per block of 32
 // inputs, x ~= d * xq (xq int8 in [-127, 127], d = max |x| / 127), so a block's dot product with int4 codes or int8
 // weights is one integer multiply-add instruction sequence (AVX2 vpmaddubsw + vpmaddwd, or vpdpbusd with VNNI;
-// NEON sdot) and one float FMA, instead of dequantizing the weights to float. Error per output: at most
-// sum_k |W[n, k]| * d_block(k) / 2 (tests/kernels/test_kernels_cpu_native.py states it as the tolerance).
-// Compiled where an integer dot product exists (AVX2, aarch64 with dotprod): SGLPY_Q8_ACT. Elsewhere (SSE2,
-// ARM without dotprod) the float-activation kernels run.
+// SSE2 pmaddwd on int16; NEON sdot) and one float FMA, instead of dequantizing the weights to float. Error per
+// output: at most sum_k |W[n, k]| * d_block(k) / 2 (tests/kernels/test_kernels_cpu_native.py states it as the
+// tolerance). Compiled where an integer dot product exists (every x86 level, aarch64 with dotprod): SGLPY_Q8_ACT.
+// On ARM without dotprod the float-activation kernels run.
 #pragma once
 #include "cpu_common.h"
 
@@ -15,16 +15,28 @@
 #elif defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
 #include <arm_neon.h>
 #define SGLPY_Q8_ACT 1
+#elif defined(__SSE2__)
+#include <emmintrin.h>
+#define SGLPY_Q8_ACT 1
+#define SGLPY_Q8_I16 1  // the quantized activations are stored widened to int16 (pmaddwd's operand)
 #endif
 
 namespace sglpy {
 
 constexpr int64_t QBLOCK = 32;
 
+// The stored quantized activations: int8, or at SSE2 the same values widened to int16 once, at quantization (the
+// operand of pmaddwd: no per-row widening in the block loop; SSE2 has no sign-extending load).
+#if defined(SGLPY_Q8_I16)
+typedef int16_t qact_t;
+#else
+typedef int8_t qact_t;
+#endif
+
 // One row of quantized activations: q [K] (K rounded up to 32, zero-padded), per block d, d * sum(q) and sum(q)
 // (as int32 and as float: exact either way, |sum| <= 32 * 127).
 struct Q8Row {
-  const int8_t* q;
+  const qact_t* q;
   const float* d;
   const float* sum;
   const int32_t* qs;
@@ -33,7 +45,7 @@ struct Q8Row {
 
 // x [K] -> xq, d [ceil(K / 32)], sum [ceil(K / 32)] (= d * sum(xq): W . x-hat for centered W, llama.cpp's q8_1),
 // qs / qsf = sum(xq); K a multiple of 16 (a last block of 16 is zero-padded).
-static inline void quantize_row_q8(const float* x, int64_t K, int8_t* xq, float* d, float* sum, int32_t* qs,
+static inline void quantize_row_q8(const float* x, int64_t K, qact_t* xq, float* d, float* sum, int32_t* qs,
                                    float* qsf) {
   for (int64_t b = 0; b * QBLOCK < K; ++b) {
     const int64_t k0 = b * QBLOCK, n = std::min(QBLOCK, K - k0);
@@ -42,12 +54,27 @@ static inline void quantize_row_q8(const float* x, int64_t K, int8_t* xq, float*
     for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[k0 + i]));
     const float db = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
     int32_t s = 0;
+#if defined(SGLPY_Q8_I16)
+    // cvtps2dq rounds as nearbyint does (the current mode: nearest even); without SSE4.1's roundps, GCC called
+    // nearbyintf once per input. n is 16 or 32.
+    const __m128 vinv = _mm_set1_ps(inv);
+    __m128i s4 = _mm_setzero_si128();
+    for (int64_t i = 0; i < n; i += 4) {
+      const __m128i v = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + k0 + i), vinv));
+      s4 = _mm_add_epi32(s4, v);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(xq + k0 + i), _mm_packs_epi32(v, v));
+    }
+    alignas(16) int32_t lanes[4];
+    _mm_store_si128(reinterpret_cast<__m128i*>(lanes), s4);
+    s = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+#else
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; ++i) {
       const int32_t v = (int32_t)std::nearbyint(x[k0 + i] * inv);
-      xq[k0 + i] = (int8_t)v;
+      xq[k0 + i] = (qact_t)v;
       s += v;
     }
+#endif
     for (int64_t i = n; i < QBLOCK; ++i) xq[k0 + i] = 0;
     d[b] = db;
     sum[b] = db * (float)s;  // of the quantized block: the int4 zero term then sees the same x as the codes
@@ -57,13 +84,15 @@ static inline void quantize_row_q8(const float* x, int64_t K, int8_t* xq, float*
 }
 
 // Rows of a pass (up to PASS of them) block by block: block b's quantized rows at q + (b * PASS + m) * 32, their
-// d, sum(xq) at d / qsf / qs + b * PASS + m (the tile kernels' layout: Q8Acts in quant_gemv.cpp).
+// d, sum(xq) at d / qsf / qs + b * PASS + m (the tile kernels' layout: Q8Acts in quant_gemv.cpp); at SSE2 also d
+// broadcast to 4 lanes at d4 + (b * PASS + m) * 4 (a multiply's memory operand instead of a load and a shuffle).
 constexpr int64_t PASS = 8;
 struct Q8Pass {
-  const int8_t* q;
+  const qact_t* q;
   const float* d;
   const float* qsf;
   const int32_t* qs;
+  const float* d4;
 };
 
 #if defined(SGLPY_Q8_ACT) && defined(__AVX2__)
@@ -220,7 +249,7 @@ static inline __m256 bf16x8(const uint16_t* p) {  // 8 bf16 -> float32
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-#elif defined(SGLPY_Q8_ACT)  // aarch64 + dotprod
+#elif defined(SGLPY_Q8_ACT) && defined(__aarch64__)  // aarch64 + dotprod
 
 typedef float32x4_t facc;
 static inline facc facc_zero() { return vdupq_n_f32(0.f); }
@@ -240,6 +269,50 @@ static inline facc fma_u4(facc acc, const WBlock& w, const int8_t* xq, float d) 
 }
 static inline facc fma_s8(facc acc, const WBlock& w, const int8_t* xq, float d) { return fma_u4(acc, w, xq, d); }
 
+#elif defined(SGLPY_Q8_ACT)  // x86 SSE2 (the baseline level): pmaddwd, 8 int16 products summed in pairs
+
+// One accumulator per row: 8 rows' accumulators, a block's 4 weight registers and the temporaries fit SSE2's 16
+// registers (two chains per row spilled at 8 rows). The float work per block and row is one convert, a broadcast,
+// a multiply and an add; the chain's add is not what bounds it.
+constexpr int Q8_CHAINS = 1;
+// int8 weights are widened by unpacking them into the high byte of each int16 (w * 256: no arithmetic shift per 8
+// weights). The block's integer sum stays exact (|sum| <= 256 * 32 * 127 * 127 < 2^31) and exactly representable
+// as float (256 times an integer below 2^24), and scaling every float step by a power of two changes no rounding, so
+// sum * (scale / 256) is the same float as the unscaled sum times scale.
+constexpr float S8_UNIT = 1.f / 256;
+static_assert(__STDCPP_DEFAULT_NEW_ALIGNMENT__ >= 16, "Q8Acts' int16 blocks are read with aligned loads");
+typedef __m128 facc;  // 4 float partial sums
+static inline facc facc_zero() { return _mm_setzero_ps(); }
+static inline float facc_sum(facc a) {  // (a0 + a2) + (a1 + a3), as hsumn
+  const __m128 s = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+struct WBlock {
+  __m128i v[4];  // inputs 8j .. 8j + 7 of the block as int16 (int4: the codes 0..15; int8: w * 256)
+};
+static inline WBlock load_w_u4(const uint8_t* p) {  // 16 bytes: input i low nibble, input i + 16 high nibble
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), zero = _mm_setzero_si128();
+  const __m128i lo = _mm_unpacklo_epi8(b, zero), hi = _mm_unpackhi_epi8(b, zero), low = _mm_set1_epi16(15);
+  return {{_mm_and_si128(lo, low), _mm_and_si128(hi, low), _mm_srli_epi16(lo, 4), _mm_srli_epi16(hi, 4)}};
+}
+static inline WBlock load_w_s8(const int8_t* p) {
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), zero = _mm_setzero_si128();
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16));
+  return {{_mm_unpacklo_epi8(zero, a), _mm_unpackhi_epi8(zero, a), _mm_unpacklo_epi8(zero, b),
+           _mm_unpackhi_epi8(zero, b)}};
+}
+// sum_i w_i xq_i over the block in 4 int32 lanes (exact: the order of the integer adds does not matter)
+static inline __m128i dot_i16(const WBlock& w, const int16_t* xq) {
+  const __m128i* x = reinterpret_cast<const __m128i*>(xq);
+  const __m128i a = _mm_add_epi32(_mm_madd_epi16(w.v[0], _mm_load_si128(x)), _mm_madd_epi16(w.v[1], _mm_load_si128(x + 1)));
+  const __m128i b = _mm_add_epi32(_mm_madd_epi16(w.v[2], _mm_load_si128(x + 2)), _mm_madd_epi16(w.v[3], _mm_load_si128(x + 3)));
+  return _mm_add_epi32(a, b);
+}
+
+#endif
+
+#if defined(SGLPY_Q8_TILE) || defined(SGLPY_Q8_I16)
+#define SGLPY_Q8_PASS 1  // the GEMV reads a pass's rows side by side per block (Q8Pass)
 #endif
 
 }  // namespace sglpy

@@ -1,10 +1,11 @@
 // Weight-only quantized matrix x vector for a few rows (decode): y[m, n] = sum_k W[n, k] x[m, k] (+ bias[n]),
-// float32 activations in and out. Where the CPU has an integer dot product (q8_dot.h: AVX2, AVX-512, aarch64
-// dotprod) the activations are quantized to int8 per block of 32 and the blocks multiplied in integers; elsewhere
-// (SSE2, ARM without dotprod) the weights are dequantized to float in registers. Either way each weight is read once
-// per pass and reused by every row of the pass. On x86 the int8-activation kernels work on tiles of 8 output
-// channels (q8_dot.h: one lane per channel), so that a row costs little more than its integer dot products; the
-// last N % 8 channels and the other builds run one channel at a time.
+// float32 activations in and out. Where the CPU has an integer dot product (q8_dot.h: AVX-512, AVX2, SSE2's
+// pmaddwd, aarch64 dotprod) the activations are quantized to int8 per block of 32 and the blocks multiplied in
+// integers; elsewhere (ARM without dotprod) the weights are dequantized to float in registers. Either way each
+// weight is read once per pass and reused by every row of the pass. At AVX2 and AVX-512 the int8-activation kernels
+// work on tiles of 8 output channels (q8_dot.h: one lane per channel), so that a row costs little more than its
+// integer dot products; the last N % 8 channels and the other builds run one channel at a time (SSE2: against the
+// pass's rows side by side).
 // Oracle: kernels/quant_linear.py:quant_linear_reference (tests/kernels/test_kernels_cpu_native.py).
 //   int8: q int8 [N, K], scale float32 [N] (per output channel): W = q * scale.
 //   int4: q uint8 [N, K / 32, 16]: byte i of a group holds input i in its low nibble and input i + 16 in its high
@@ -38,7 +39,7 @@ static inline void int4_channel_scales(const uint16_t* sz, int64_t groups, int64
   }
 }
 
-// The float-activation kernels (SSE2, ARM without dotprod): one native-width accumulator per row, so that 8 rows'
+// The float-activation kernels (ARM without dotprod; -DSGLPY_FLOAT_ACT): one native-width accumulator per row, so that 8 rows'
 // accumulators and a group's dequantized weights stay in registers (with 16-float vectors, two chains per row took
 // 64 of SSE2's 16 registers at 8 rows: every product went through the stack and 8 rows cost 8.4x one row). Each
 // block's products are summed as a fixed pairwise tree before they meet the accumulator: short dependency chains
@@ -147,6 +148,7 @@ void int4_rows(const float* x, int64_t K, const uint8_t* q, const uint16_t* sz, 
 }
 
 #if defined(SGLPY_Q8_ACT)
+#if !defined(SGLPY_Q8_I16)
 // MR rows of int8 activations (a[m]) against int4 codes: y = sum_g s_g * d_g * (codes . xq)_g + sum_g z'_g * xsum_g,
 // W = code * s + z' with z' = z - 8 s folded in by the same pre-pass as the float kernel.
 template <int MR>
@@ -207,6 +209,7 @@ void int8_rows_q8(const Q8Row* a, int64_t K, const int8_t* q, const float* scale
     for (int m = 0; m < MR; ++m) y[m * N + n] = facc_sum(acc[m][0] + acc[m][1]) * scale[n] + add;
   }
 }
+#endif
 
 #if defined(SGLPY_Q8_TILE)
 // A tile reads its 8 channels' rows a block at a time, 8 places at once: the hardware prefetchers, which follow one
@@ -297,9 +300,72 @@ void int8_tiles_q8(const Q8Pass& a, int64_t K, const int8_t* q, const float* sca
 }
 #endif
 
+#if defined(SGLPY_Q8_I16)
+// SSE2 (pmaddwd): one output channel at a time against the pass's rows, read side by side per block (Q8Pass). A
+// block's weights are widened to int16 once (q8_dot.h) for every row; per row, 4 pmaddwd and 3 paddd give the
+// block's exact integer sums in 4 lanes, then one convert, the scaling (the row's d from a pre-broadcast memory
+// operand) and one add to the row's accumulator. A row runs the same operations whatever the other rows are.
+template <int MR>
+void int4_channels_i16(const Q8Row* r, const Q8Pass& a, int64_t K, const uint8_t* q, const uint16_t* sz,
+                       const float* bias, float* y, int64_t N, int64_t n0, int64_t n1) {
+  const int64_t groups = K / 32;
+  float sf[MAX_GROUPS], zf[MAX_GROUPS];
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* qn = q + n * groups * 16;
+    int4_channel_scales(sz, groups, n, sf, zf);
+    __m128 acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = _mm_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      const WBlock w = load_w_u4(qn + g * 16);
+      const __m128 s = _mm_set1_ps(sf[g]);
+      const int16_t* xg = a.q + g * PASS * QBLOCK;
+      const float* dg = a.d4 + g * PASS * 4;
+      for (int m = 0; m < MR; ++m) {
+        const __m128 dot = _mm_cvtepi32_ps(dot_i16(w, xg + m * QBLOCK));
+        acc[m] = _mm_add_ps(acc[m], _mm_mul_ps(_mm_mul_ps(dot, s), _mm_load_ps(dg + m * 4)));
+      }
+    }
+    const float add = bias != nullptr ? bias[n] : 0.f;
+    for (int m = 0; m < MR; ++m) {
+      const float zsum = dot_n(zf, r[m].sum, groups);  // the zero-point term, as int4_rows_q8
+      y[m * N + n] = facc_sum(acc[m]) + zsum + add;
+    }
+  }
+}
+
+// int8 weights: y = scale * sum_b d_b (w . xq)_b (w * 256 in the integer sums: S8_UNIT folds it into the scale). A
+// last block of 16 inputs reads its weights through a zero-padded copy (the activations are zero-padded too).
+template <int MR>
+void int8_channels_i16(const Q8Pass& a, int64_t K, const int8_t* q, const float* scale, const float* bias, float* y,
+                       int64_t N, int64_t n0, int64_t n1) {
+  const int64_t full = K / 32, blocks = (K + 31) / 32;
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* qn = q + n * K;
+    __m128 acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = _mm_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      WBlock w;
+      if (b < full) {
+        w = load_w_s8(qn + b * 32);
+      } else {
+        alignas(16) int8_t pad[32] = {};
+        std::memcpy(pad, qn + b * 32, (size_t)(K - b * 32));
+        w = load_w_s8(pad);
+      }
+      const int16_t* xb = a.q + b * PASS * QBLOCK;
+      const float* db = a.d4 + b * PASS * 4;
+      for (int m = 0; m < MR; ++m)
+        acc[m] = _mm_add_ps(acc[m], _mm_mul_ps(_mm_cvtepi32_ps(dot_i16(w, xb + m * QBLOCK)), _mm_load_ps(db + m * 4)));
+    }
+    const float sc = scale[n] * S8_UNIT, add = bias != nullptr ? bias[n] : 0.f;
+    for (int m = 0; m < MR; ++m) y[m * N + n] = facc_sum(acc[m]) * sc + add;
+  }
+}
+#endif
+
 // The activations of one call, quantized once before the row blocks split across threads.
 struct Q8Acts {
-  std::vector<int8_t> q;
+  std::vector<qact_t> q;
   std::vector<float> d, sum, qsf;
   std::vector<int32_t> qs;
   int64_t blocks = 0;
@@ -313,7 +379,7 @@ struct Q8Acts {
       quantize_row_q8(x + m * K, K, q.data() + o * QBLOCK, d.data() + o, sum.data() + o, qs.data() + o,
                       qsf.data() + o);
     }
-#if defined(SGLPY_Q8_TILE)
+#if defined(SGLPY_Q8_PASS)
     interleave(M);
 #endif
   }
@@ -321,12 +387,12 @@ struct Q8Acts {
     const int64_t o = m * blocks;
     return {q.data() + o * QBLOCK, d.data() + o, sum.data() + o, qs.data() + o, qsf.data() + o};
   }
-#if defined(SGLPY_Q8_TILE)
-  // The tile kernels' copy: per pass of PASS rows and block, the rows' quantized blocks side by side (then their
-  // d, sum(xq)): a row's data sits at a fixed offset from one pointer per block, not behind a pointer of its own
-  // (with 8 rows the AVX2 loop reloaded its 24 row pointers from the stack).
-  std::vector<int8_t> pq;
-  std::vector<float> pd, pqsf;
+#if defined(SGLPY_Q8_PASS)
+  // The tile kernels' copy (and SSE2's channel kernels'): per pass of PASS rows and block, the rows' quantized
+  // blocks side by side (then their d, sum(xq)): a row's data sits at a fixed offset from one pointer per block,
+  // not behind a pointer of its own (with 8 rows the AVX2 loop reloaded its 24 row pointers from the stack).
+  std::vector<qact_t> pq;
+  std::vector<float> pd, pqsf, pd4;
   std::vector<int32_t> pqs;
   void interleave(int64_t M) {
     const int64_t passes = (M + PASS - 1) / PASS, n = passes * blocks * PASS;
@@ -334,16 +400,23 @@ struct Q8Acts {
     pd.assign((size_t)n, 0.f);
     pqsf.assign((size_t)n, 0.f);
     pqs.assign((size_t)n, 0);
+#if defined(SGLPY_Q8_I16)
+    pd4.assign((size_t)(n * 4), 0.f);
+#endif
     for (int64_t m = 0; m < M; ++m)
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t i = ((m / PASS) * blocks + b) * PASS + m % PASS, o = m * blocks + b;
-        std::memcpy(pq.data() + i * QBLOCK, q.data() + o * QBLOCK, QBLOCK);
+        std::memcpy(pq.data() + i * QBLOCK, q.data() + o * QBLOCK, QBLOCK * sizeof(qact_t));
         pd[i] = d[o], pqsf[i] = qsf[o], pqs[i] = qs[o];
+#if defined(SGLPY_Q8_I16)
+        for (int l = 0; l < 4; ++l) pd4[i * 4 + l] = d[o];
+#endif
       }
   }
   Q8Pass pass(int64_t m0) const {
     const int64_t i = (m0 / PASS) * blocks * PASS;
-    return {pq.data() + i * QBLOCK, pd.data() + i, pqsf.data() + i, pqs.data() + i};
+    return {pq.data() + i * QBLOCK, pd.data() + i, pqsf.data() + i, pqs.data() + i,
+            pd4.empty() ? nullptr : pd4.data() + i * 4};
   }
 #endif
 };
@@ -355,6 +428,10 @@ struct Int8Weights {
   template <int MR>
   void rows(const Q8Row* a, const Q8Pass& p, int64_t K, const float* bias, float* y, int64_t N, int64_t n0,
             int64_t n1) const {
+#if defined(SGLPY_Q8_I16)
+    (void)a;
+    int8_channels_i16<MR>(p, K, q, scale, bias, y, N, n0, n1);
+#else
     int64_t n = n0;
 #if defined(SGLPY_Q8_TILE)
     const int64_t tiles = (n1 - n0) / TILE;  // n0 is a multiple of ROW_BLOCK, hence of TILE
@@ -362,6 +439,7 @@ struct Int8Weights {
     n += tiles * TILE;
 #endif
     int8_rows_q8<MR>(a, K, q, scale, bias, y, N, n, n1);
+#endif
   }
 };
 
@@ -371,6 +449,9 @@ struct Int4Weights {
   template <int MR>
   void rows(const Q8Row* a, const Q8Pass& p, int64_t K, const float* bias, float* y, int64_t N, int64_t n0,
             int64_t n1) const {
+#if defined(SGLPY_Q8_I16)
+    int4_channels_i16<MR>(a, p, K, q, sz, bias, y, N, n0, n1);
+#else
     int64_t n = n0;
 #if defined(SGLPY_Q8_TILE)
     const int64_t tiles = (n1 - n0) / TILE;
@@ -378,6 +459,7 @@ struct Int4Weights {
     n += tiles * TILE;
 #endif
     int4_rows_q8<MR>(a, K, q, sz, bias, y, N, n, n1);
+#endif
   }
 };
 using Acts = Q8Acts;
@@ -467,7 +549,7 @@ struct QuantKernel {
 #if defined(SGLPY_Q8_ACT)
     Q8Row r[MR];
     for (int m = 0; m < MR; ++m) r[m] = a.row(m0 + m);
-#if defined(SGLPY_Q8_TILE)
+#if defined(SGLPY_Q8_PASS)
     const Q8Pass p = a.pass(m0);
 #else
     const Q8Pass p{};

@@ -72,7 +72,7 @@ def test_the_engine_status_names_the_level_in_use(monkeypatch):
     monkeypatch.delenv(cpu_native.DISABLE_ENV, raising=False)
     monkeypatch.setenv(ISA_ENV, "baseline")
     status = cpu_native.native_status()
-    assert status.startswith("native: baseline (forced by SGLPY_CPU_ISA: -march=x86-64; GEMV activations float32)")
+    assert status.startswith("native: baseline (forced by SGLPY_CPU_ISA: -march=x86-64; GEMV activations int8)")
     assert cpu_native.native_isa() == "baseline"
     monkeypatch.delenv(ISA_ENV)
     best = runnable_levels(cpu_native.read_cpu_flags())[0]
