@@ -98,6 +98,21 @@ def _cross_compile(march: str, out: pathlib.Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+@pytest.mark.skipif(find_compiler() is None, reason="no C++ compiler on this machine")
+@pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="x86-64 levels")
+def test_float_activation_build_passes_its_self_test(tmp_path):
+    """-DSGLPY_FLOAT_ACT (the A/B switch: float32 activations where the level would quantize them; every x86 level
+    quantizes now, so nothing else runs these kernels on x86) at the baseline level, against plain loops."""
+    exe = tmp_path / "selftest"
+    sources = sorted((ROOT / "kernels" / "csrc").glob("*.cpp"))
+    cmd = [find_compiler(), "-O1", "-march=x86-64", "-DSGLPY_FLOAT_ACT", "-std=c++17", "-fopenmp-simd", "-Wno-psabi",
+           str(ROOT / "tests" / "kernels" / "native_selftest.cpp"), *map(str, sources), "-o", str(exe)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok (GEMV activations float32)", r.stdout + r.stderr
+
+
 @pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None,
                     reason="no aarch64 cross compiler (apt-get install g++-aarch64-linux-gnu): NEON path unverified")
 @pytest.mark.parametrize("march,acts", [("armv8.2-a+dotprod", "int8"),
