@@ -16,7 +16,7 @@ import torch
 
 NATIVE_GROUP = 32  # the int4 kernel's group size (GGUF Q4_1's block)
 SCALE_TILE = 8  # output rows per tile of the int4 scales (csrc/quant_gemv.cpp: TILE)
-MAX_INT4_K = 32 * 1024  # csrc/quant_gemv.cpp: MAX_GROUPS
+MAX_INT4_K = 32 * 1024  # csrc/gemv_float.h: MAX_GROUPS
 # Rows up to which the native kernels beat a dense bf16 copy of the weights. Measured on the 2-core AMD EPYC dev box
 # (AVX-512, no AMX), every layer's weights read from memory, us per SmolLM2 layer: int4 native M=1 139, M=8 507,
 # dense bf16 747 / 829; M=16 about even (1,014 vs 1,127); the int8 lm_head at M=8 3.0 vs 6.2 ms.
