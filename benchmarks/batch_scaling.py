@@ -12,7 +12,10 @@ below avx512 also caps torch's own kernels, as benchmarks/isa_matrix.py does). P
         a second timed run the CPU ms of the stepping thread inside the fused decoder layers (sglpy_decode_layer)
         and inside the lm_head's GEMV (exact at --threads 1); the rest is embedding, final norm, sampling, Python;
   engine: 8 chat requests of 64 greedy tokens submitted together vs one of them alone, best of --reps: tok/s
-        wall and tok per CPU-second, and their ratio (the issue's target: 8 together >= 3x one alone).
+        wall and tok per CPU-second, and their ratio (the issue's target: 8 together >= 3x one alone); and, from one
+        more 8-together run, its CPU ms per step (64 steps) in the decode forwards, in the extend forwards (the
+        prompts are in the radix cache after the first run: each extend is a prompt's last token) and the rest
+        (host: scheduling, sampling, outputs; other threads).
 Another tree (--compare) is imported in its child ahead of the installed package (host_overhead.use_tree), so its
 kernels are built from its own csrc.
 """
@@ -127,12 +130,45 @@ def engine_batch(path: str, mode: str, threads: int, reps: int) -> dict:
     sp = {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}
     with Engine(path, device="cpu", num_threads=threads, max_total_tokens=8192, quantization=quant,
                 kv_cache_dtype=kv_dtype or "auto") as eng:
+        split = ForwardSplit(eng.runner)
         eng.generate(input_ids=ids[0], sampling_params=sp)
         one = best_of(lambda: eng.generate(input_ids=ids[0], sampling_params=sp), reps)
         eight = best_of(lambda: eng.generate(input_ids=ids, sampling_params=[sp] * 8), reps)
+        split.reset()
+        eng.generate(input_ids=ids, sampling_params=[sp] * 8)
+        parts = split.ms_per_step(512 / 8)
         kernels = eng.get_server_info()["cpu_kernels"]
     return dict(one_tok_s=64 / one[0], one_tok_cpu_s=64 / one[1], eight_tok_s=512 / eight[0],
-                eight_tok_cpu_s=512 / eight[1], cpu_kernels=kernels)
+                eight_tok_cpu_s=512 / eight[1], eight_parts=parts, cpu_kernels=kernels)
+
+
+class ForwardSplit:
+    """Loop-thread CPU seconds in the runner's decode forwards and in its extend (prefill) forwards; the rest of a
+    run's process CPU time is the host (scheduling, sampling, outputs) and other threads."""
+
+    def __init__(self, runner):
+        self.sec = {"decode": 0.0, "extend": 0.0}
+        self.cpu0 = time.process_time()
+        real = runner.forward
+
+        def timed(entries, num_decode, *a, **k):
+            t = time.thread_time()
+            try:
+                return real(entries, num_decode, *a, **k)
+            finally:
+                self.sec["decode" if num_decode == len(entries) else "extend"] += time.thread_time() - t
+
+        runner.forward = timed
+
+    def reset(self) -> None:
+        self.sec = {"decode": 0.0, "extend": 0.0}
+        self.cpu0 = time.process_time()
+
+    def ms_per_step(self, steps: float) -> dict:
+        """CPU ms per generated token's step since reset: decode forwards, extend forwards, everything else."""
+        total = time.process_time() - self.cpu0
+        return {k: v / steps * 1e3 for k, v in
+                [*self.sec.items(), ("other", total - sum(self.sec.values()))]}
 
 
 def child(args) -> None:
@@ -230,17 +266,19 @@ def print_tables(results: dict[tuple, list[dict]]) -> None:
         print(f"| {tree} | {level} | {mode} | " + " | ".join(cells) + f" | {rng(ratio)}x |")
     if any("one_tok_s" in runs[0] for runs in results.values()):
         print("\n| tree | level | mode | one request tok/s (per CPU-s) | 8 together tok/s (per CPU-s) | "
-              "ratio wall | ratio CPU |")
-        print("|---|---|---|---|---|---|---|")
+              "8 together CPU ms per step: decode, extend, other | ratio wall | ratio CPU |")
+        print("|---|---|---|---|---|---|---|---|")
         for (tree, level, mode), runs in results.items():
             if "one_tok_s" not in runs[0]:
                 continue
             g = lambda k: [run[k] for run in runs]  # noqa: E731
             rw = [run["eight_tok_s"] / run["one_tok_s"] for run in runs]
             rc = [run["eight_tok_cpu_s"] / run["one_tok_cpu_s"] for run in runs]
+            split = ", ".join(rng([run.get("eight_parts", {}).get(k, float("nan")) for run in runs])
+                              for k in ("decode", "extend", "other"))
             print(f"| {tree} | {level} | {mode} | {rng(g('one_tok_s'), '{:.1f}')} ({rng(g('one_tok_cpu_s'), '{:.1f}')})"
-                  f" | {rng(g('eight_tok_s'), '{:.1f}')} ({rng(g('eight_tok_cpu_s'), '{:.1f}')}) | {rng(rw)}x | "
-                  f"{rng(rc)}x |")
+                  f" | {rng(g('eight_tok_s'), '{:.1f}')} ({rng(g('eight_tok_cpu_s'), '{:.1f}')}) | {split} | "
+                  f"{rng(rw)}x | {rng(rc)}x |")
 
 
 if __name__ == "__main__":
