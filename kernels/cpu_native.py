@@ -57,6 +57,7 @@ SIGNATURES = {
     "sglpy_gemv_int4": (_I64, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I32]),
     "sglpy_gemv_f32": (_I64, [_P, _I64, _I64, _P, _P, _P, _I64, _I32]),
     "sglpy_gemv_int8_activations": (_I32, []),
+    "sglpy_gemv_int8_weight_act_max": (_I32, []),
     "sglpy_moe_experts": (_I64, [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _I32, _P, _P, _P, _P, _P, _I32]),
 }
 
@@ -178,6 +179,8 @@ def build_native(cxx: str | None, cache: pathlib.Path, openmp: bool | None = Non
         return NativeBuild(None, f"loading {out} failed: {e}", isa.name)
     threads = "OpenMP on torch's libgomp" if openmp else "single-threaded (torch does not run on libgomp)"
     acts = "int8" if lib.sglpy_gemv_int8_activations() else "float32"
+    if acts == "int8" and lib.sglpy_gemv_int8_weight_act_max() < 127:
+        acts += f" (7-bit, |q| <= {lib.sglpy_gemv_int8_weight_act_max()}, against int8 weights)"
     return NativeBuild(lib, f"{isa.name} ({isa.reason}: {' '.join(isa.flags)}; GEMV activations {acts}); "
                             f"{version.splitlines()[0] if version else cxx}; {threads}; {out}", isa.name)
 
@@ -203,9 +206,10 @@ scale = (ctypes.c_float * rows)(0.5, 0.25, 2.0)
 y = (ctypes.c_float * rows)()
 lib.sglpy_gemv_int8(x, ctypes.c_int64(1), ctypes.c_int64(k), q, scale, None, y, ctypes.c_int64(rows),
                     ctypes.c_int32(1))
-for r in range(rows):  # int8 activations (q8_dot.h) err by at most sum |w| * (max |x| / 127) / 2 (|x| <= 1 here)
+qmax = lib.sglpy_gemv_int8_weight_act_max()
+for r in range(rows):  # int8 activations (q8_dot.h) err by at most sum |w| * (max |x| / qmax) / 2 (|x| <= 1 here)
     want = sum(q[r * k + i] * x[i] for i in range(k)) * scale[r]
-    bound = sum(abs(q[r * k + i]) for i in range(k)) * scale[r] / 254.0
+    bound = sum(abs(q[r * k + i]) for i in range(k)) * scale[r] / (2.0 * qmax)
     assert abs(y[r] - want) <= bound + 1e-4 * (1.0 + abs(want)), (r, y[r], want)
 """
 

@@ -83,16 +83,18 @@ def linear_f32_cpu(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias
     return y
 
 
-def native_error_bound(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def native_error_bound(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, int8_weights: bool) -> torch.Tensor:
     """[M, N] bound on |native GEMV - float32 x @ weight^T| (weight: the dequantized float32 [N, K]): float32
     rounding, plus, where the build quantizes activations to int8 per block of 32 (csrc/q8_dot.h),
-    sum_k |W[n, k]| * d_block(k) / 2 with d = max |x| over the block / 127 (each activation moves by <= d / 2)."""
+    sum_k |W[n, k]| * d_block(k) / 2 with d = max |x| over the block / Q (each activation moves by <= d / 2); Q is
+    127, or the build's sglpy_gemv_int8_weight_act_max() against int8 weights (63 at AVX2 without VNNI)."""
     # x: [M, K], weight: [N, K] -> [M, N]
     x = x.to(torch.float32)
     tol = 1e-5 + 1e-5 * (x @ weight.t()).abs()
     if lib.sglpy_gemv_int8_activations():
         m, k = x.shape
         pad = torch.nn.functional.pad(x.abs(), (0, (-k) % 32)).view(m, -1, 32)
-        d = (pad.amax(-1) / 127.0).repeat_interleave(32, 1)[:, :k]  # [M, K]
+        qmax = float(lib.sglpy_gemv_int8_weight_act_max()) if int8_weights else 127.0
+        d = (pad.amax(-1) / qmax).repeat_interleave(32, 1)[:, :k]  # [M, K]
         tol = tol + (d / 2) @ weight.abs().t() * 1.0001
     return tol

@@ -39,4 +39,5 @@ int64_t sglpy_rotary_store(float* qkv, int64_t M, int64_t row_stride, int64_t H,
                            int32_t nthreads);
 int64_t sglpy_silu_mul(const float* gate_up, int64_t M, int64_t I, float* out, int32_t nthreads);
 int32_t sglpy_gemv_int8_activations();
+int32_t sglpy_gemv_int8_weight_act_max();
 }

@@ -1,8 +1,9 @@
 // int8 activations for the weight-only GEMV (llama.cpp's q8 trick): each row of x is quantized per block of 32
-// inputs, x ~= d * xq (xq int8 in [-127, 127], d = max |x| / 127), so a block's dot product with int4 codes or int8
+// inputs, x ~= d * xq (xq int8 in [-Q, Q], d = max |x| / Q, Q = 127; Q = S8_QMAX = 63 against int8 weights at
+// AVX2 without VNNI, below), so a block's dot product with int4 codes or int8
 // weights is one integer multiply-add instruction sequence (AVX2 vpmaddubsw + vpmaddwd, or vpdpbusd with VNNI;
 // SSE2 pmaddwd on int16; NEON sdot) and one float FMA, instead of dequantizing the weights to float. Error per
-// output: at most sum_k |W[n, k]| * d_block(k) / 2 (tests/kernels/test_kernels_cpu_native.py states it as the
+// output: at most sum_k |W[n, k]| * d_block(k) / 2 (kernels/quant_linear_cpu.py:native_error_bound states it as the
 // tolerance). Compiled where an integer dot product exists (every x86 level, aarch64 with dotprod): SGLPY_Q8_ACT.
 // On ARM without dotprod the float-activation kernels run.
 #pragma once
@@ -25,6 +26,17 @@ namespace sglpy {
 
 constexpr int64_t QBLOCK = 32;
 
+// The int8-weight tiles at AVX2 without VNNI multiply w + 128 (unsigned) by the activations with vpmaddubsw, whose
+// pair sums must fit int16: activations for int8 weights are quantized to [-63, 63] there (elsewhere [-127, 127]).
+// Against 8-bit activations with the signs moved onto them (vpsignb + vpmaddubsw + vpmaddwd + vpaddd per 4 inputs)
+// this drops a quarter of a row's instructions: the 8-row int8 lm_head 4.3-4.6 -> 3.5-3.9 ms. The quality gate
+// passes (benchmarks/README.md, "7-bit activations against int8 weights at AVX2"). int4 codes keep 8-bit activations.
+#if defined(__AVX2__) && !defined(__AVXVNNI__) && !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
+constexpr float S8_QMAX = 63.f;
+#else
+constexpr float S8_QMAX = 127.f;
+#endif
+
 // The stored quantized activations: int8, or at SSE2 the same values widened to int16 once, at quantization (the
 // operand of pmaddwd: no per-row widening in the block loop; SSE2 has no sign-extending load).
 #if defined(SGLPY_Q8_I16)
@@ -46,13 +58,13 @@ struct Q8Row {
 // x [K] -> xq, d [ceil(K / 32)], sum [ceil(K / 32)] (= d * sum(xq): W . x-hat for centered W, llama.cpp's q8_1),
 // qs / qsf = sum(xq); K a multiple of 16 (a last block of 16 is zero-padded).
 static inline void quantize_row_q8(const float* x, int64_t K, qact_t* xq, float* d, float* sum, int32_t* qs,
-                                   float* qsf) {
+                                   float* qsf, float qmax = 127.f) {
   for (int64_t b = 0; b * QBLOCK < K; ++b) {
     const int64_t k0 = b * QBLOCK, n = std::min(QBLOCK, K - k0);
     float amax = 0.f;
 #pragma omp simd reduction(max : amax)
     for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[k0 + i]));
-    const float db = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+    const float db = amax / qmax, inv = amax > 0.f ? qmax / amax : 0.f;
     int32_t s = 0;
 #if defined(SGLPY_Q8_I16)
     // cvtps2dq rounds as nearbyint does (the current mode: nearest even); without SSE4.1's roundps, GCC called
@@ -148,11 +160,10 @@ static inline facc fma_s8(facc acc, const WBlock& w, const int8_t* xq, float d) 
 #define SGLPY_Q8_TILE 1
 constexpr int64_t TILE = 8;
 
-// u[j] lane c: channel c's weight bytes for inputs 4j .. 4j + 3 of the block (int4: the codes 0..15; int8: w + 128
-// with VNNI, else |w|), s[j] the signed weights (int8 without VNNI: their signs move onto the activations).
+// u[j] lane c: channel c's weight bytes for inputs 4j .. 4j + 3 of the block (int4: the codes 0..15; int8: w + 128,
+// unsigned, with a - 128 sum(xq) correction).
 struct TileBlock {
   __m256i u[8];
-  __m256i s[8];
 };
 
 static inline __m256i bcast_dword(const int8_t* p) {
@@ -192,14 +203,7 @@ static inline void load_tile_s8(const int8_t* p, int64_t stride, TileBlock& t) {
   transpose_8x4(y, d);
   for (int c = 0; c < 4; ++c) y[c] = load_pair(b + c * stride + 16, b + (c + 4) * stride + 16);
   transpose_8x4(y, d + 4);
-  for (int j = 0; j < 8; ++j) {
-#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
-    t.u[j] = _mm256_xor_si256(d[j], _mm256_set1_epi8((char)0x80));  // w + 128: unsigned
-#else
-    t.u[j] = _mm256_sign_epi8(d[j], d[j]);  // |w| (the weights are in [-127, 127])
-    t.s[j] = d[j];
-#endif
-  }
+  for (int j = 0; j < 8; ++j) t.u[j] = _mm256_xor_si256(d[j], _mm256_set1_epi8((char)0x80));  // w + 128: unsigned
 }
 // two chains of 4 (one chain of 8 dependent dot products is latency-bound at one row)
 static inline __m256i dpbusd8(__m256i acc, const TileBlock& t, const int8_t* xq) {
@@ -216,8 +220,9 @@ static inline __m256i dpbusd8(__m256i acc, const TileBlock& t, const int8_t* xq)
   }
   return _mm256_add_epi32(acc, b);
 }
-// Exact int32 sums over one block of 32 inputs, lane c = channel c: codes . xq (int4), w . xq (int8). AVX2 and VNNI
-// give the same integers, so the float results that follow are the same at both levels.
+// Exact int32 sums over one block of 32 inputs, lane c = channel c: codes . xq (int4), w . xq (int8). For int4 codes
+// AVX2 and VNNI give the same integers, so the float results that follow are the same at both levels; int8 weights
+// meet 7-bit activations at AVX2 without VNNI (S8_QMAX), so there the two levels differ within the stated bound.
 static inline __m256i tile_dot_u4(const TileBlock& t, const int8_t* xq) {
 #if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
   return dpbusd8(_mm256_setzero_si256(), t, xq);
@@ -232,16 +237,15 @@ static inline __m256i tile_dot_s8(const TileBlock& t, const int8_t* xq, int32_t 
 #if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
   return dpbusd8(_mm256_set1_epi32(-128 * qsum), t, xq);  // (w + 128) . xq - 128 sum(xq)
 #else
-  // |w| * (xq with w's sign): 2 products per 16-bit lane, at most 2 * 127 * 127 = 32258: widened every step
+  // (w + 128) * xq with |xq| <= S8_QMAX = 63: 2 products per 16-bit lane, at most 2 * 255 * 63 = 32130 (no
+  // saturation), widened every step; then - 128 sum(xq)
   const __m256i one = _mm256_set1_epi16(1);
-  __m256i acc = _mm256_setzero_si256();
-  (void)qsum;
-  for (int j = 0; j < 8; ++j)
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(t.u[j],
-                                                                        _mm256_sign_epi8(bcast_dword(xq + 4 * j),
-                                                                                         t.s[j])),
-                                                  one));
-  return acc;
+  __m256i acc = _mm256_set1_epi32(-128 * qsum), b = _mm256_setzero_si256();
+  for (int j = 0; j < 8; j += 2) {
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(t.u[j], bcast_dword(xq + 4 * j)), one));
+    b = _mm256_add_epi32(b, _mm256_madd_epi16(_mm256_maddubs_epi16(t.u[j + 1], bcast_dword(xq + 4 * j + 4)), one));
+  }
+  return _mm256_add_epi32(acc, b);
 #endif
 }
 static inline __m256 bf16x8(const uint16_t* p) {  // 8 bf16 -> float32

@@ -29,7 +29,7 @@ struct Q8Acts {
   std::vector<float> d, sum, qsf;
   std::vector<int32_t> qs;
   int64_t blocks = 0;
-  void quantize(const float* x, int64_t M, int64_t K) {
+  void quantize(const float* x, int64_t M, int64_t K, float qmax) {
     blocks = (K + QBLOCK - 1) / QBLOCK;
     q.resize((size_t)(M * blocks * QBLOCK));
     for (auto* v : {&d, &sum, &qsf}) v->resize((size_t)(M * blocks));
@@ -37,7 +37,7 @@ struct Q8Acts {
     for (int64_t m = 0; m < M; ++m) {
       const int64_t o = m * blocks;
       quantize_row_q8(x + m * K, K, q.data() + o * QBLOCK, d.data() + o, sum.data() + o, qs.data() + o,
-                      qsf.data() + o);
+                      qsf.data() + o, qmax);
     }
 #if defined(SGLPY_Q8_PASS)
     interleave(M);
@@ -83,6 +83,7 @@ struct Q8Acts {
 
 // One weight format each: MR rows of a call's activations (from row m0) against output channels n0 .. n1.
 struct Int8Weights {
+  static constexpr float QMAX = S8_QMAX;
   const int8_t* q;
   const float* scale;
   template <int MR>
@@ -104,6 +105,7 @@ struct Int8Weights {
 };
 
 struct Int4Weights {
+  static constexpr float QMAX = 127.f;
   const uint8_t* q;
   const uint16_t* sz;
   template <int MR>
@@ -125,6 +127,7 @@ struct Int4Weights {
 using Acts = Q8Acts;
 #else
 struct Int8Weights {
+  static constexpr float QMAX = S8_QMAX;
   const int8_t* q;
   const float* scale;
   template <int MR>
@@ -134,6 +137,7 @@ struct Int8Weights {
 };
 
 struct Int4Weights {
+  static constexpr float QMAX = 127.f;
   const uint8_t* q;
   const uint16_t* sz;
   template <int MR>
@@ -146,7 +150,7 @@ struct Int4Weights {
 struct Acts {
   const float* x = nullptr;
   int64_t K = 0;
-  void quantize(const float* x_, int64_t, int64_t K_) { x = x_, K = K_; }
+  void quantize(const float* x_, int64_t, int64_t K_, float) { x = x_, K = K_; }
 };
 #endif
 
@@ -225,7 +229,7 @@ template <typename Weights>
 void quant_gemv(const float* x, int64_t M, int64_t K, Weights w, const float* bias, float* y, int64_t N,
                 int32_t nthreads) {
   thread_local Acts acts;
-  acts.quantize(x, M, K);
+  acts.quantize(x, M, K, Weights::QMAX);
   passes(QuantKernel<Weights>{acts, K, w, bias, y, N}, M, N, nthreads);
 }
 
@@ -255,6 +259,10 @@ extern "C" int64_t sglpy_gemv_f32(const float* x, int64_t M, int64_t K, const fl
   passes(F32Kernel{x, K, w, bias, y, N}, M, N, nthreads);
   return 0;
 }
+
+// The largest activation code against int8 weights (q8_dot.h: S8_QMAX, 127 or 63; int4 codes always meet 127): the
+// error bound of kernels/quant_linear_cpu.py:native_error_bound and the self-tests.
+extern "C" int32_t sglpy_gemv_int8_weight_act_max() { return (int32_t)S8_QMAX; }
 
 // 1 when this build quantizes the GEMV's activations to int8 (q8_dot.h), 0 when it keeps them float32: the tests'
 // tolerance and get_server_info's description depend on it.
