@@ -22,6 +22,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
@@ -127,6 +128,36 @@ def compile_flags(openmp: bool, isa_flags: tuple[str, ...] | list[str] = ("-marc
             "-fopenmp" if openmp else "-fopenmp-simd"]
 
 
+def _compile_and_link(cxx: str, flags: list[str], sources: list[pathlib.Path], out: pathlib.Path) -> str | None:
+    """Compile each source to an object file, at once on the CPU's cores (one g++ over all sources ran them one
+    after another: ~11 s here, quant_gemv.cpp alone 3.4 s), then link them into `out`. None, or what failed (the
+    command and the end of its stderr), appended to 'building the CPU kernels failed'."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    compile_flags_ = [f for f in flags if f != "-shared"]
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        objs = pathlib.Path(tempfile.mkdtemp(prefix=f"{out.name}.objs.", dir=out.parent))
+    except OSError as e:
+        return f": {e}"
+    try:
+        cmds = [[cxx, *compile_flags_, "-c", str(src), "-o", str(objs / f"{src.stem}.o")] for src in sources]
+        link = [cxx, *flags, *(c[-1] for c in cmds), "-o", str(out)]
+        with ThreadPoolExecutor(max_workers=max(1, min(len(cmds), os.cpu_count() or 1))) as pool:
+            runs = list(pool.map(lambda c: subprocess.run(c, capture_output=True, text=True, timeout=600), cmds))
+        for cmd, r in zip(cmds, runs):
+            if r.returncode != 0:
+                return f" ({' '.join(cmd)}): {r.stderr.strip()[-1500:]}"
+        r = subprocess.run(link, capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            return f" ({' '.join(link)}): {r.stderr.strip()[-1500:]}"
+        return None
+    except (OSError, subprocess.SubprocessError) as e:
+        return f": {e}"
+    finally:
+        shutil.rmtree(objs, ignore_errors=True)
+
+
 def build_native(cxx: str | None, cache: pathlib.Path, openmp: bool | None = None,
                  isa: IsaChoice | str | None = None) -> NativeBuild:
     """Compile (unless cached) and load the kernels library for `isa` (a choice or a level name; None: the best this
@@ -154,17 +185,11 @@ def build_native(cxx: str | None, cache: pathlib.Path, openmp: bool | None = Non
         key.update(path.name.encode() + path.read_bytes())
     out = cache / f"libsglpy_cpu_{key.hexdigest()[:20]}.so"
     if not out.exists():
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(f"{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            cmd = [cxx, *flags, *map(str, sources), "-o", str(tmp)]
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        except (OSError, subprocess.SubprocessError) as e:
-            return NativeBuild(None, f"building the CPU kernels failed: {e}", isa.name)
-        if r.returncode != 0:
+        tmp = out.with_name(f"{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        failure = _compile_and_link(cxx, flags, sources, tmp)
+        if failure is not None:
             tmp.unlink(missing_ok=True)
-            return NativeBuild(None, f"building the CPU kernels failed ({' '.join(cmd)}): {r.stderr.strip()[-1500:]}",
-                               isa.name)
+            return NativeBuild(None, f"building the CPU kernels failed{failure}", isa.name)
         problem = self_test(tmp)
         if problem is not None:
             tmp.unlink(missing_ok=True)
