@@ -134,14 +134,14 @@ def _compile_and_link(cxx: str, flags: list[str], sources: list[pathlib.Path], o
     command and the end of its stderr), appended to 'building the CPU kernels failed'."""
     from concurrent.futures import ThreadPoolExecutor
 
-    compile_flags_ = [f for f in flags if f != "-shared"]
+    cflags = [f for f in flags if f != "-shared"]  # objects first; -shared is the link's
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         objs = pathlib.Path(tempfile.mkdtemp(prefix=f"{out.name}.objs.", dir=out.parent))
     except OSError as e:
         return f": {e}"
     try:
-        cmds = [[cxx, *compile_flags_, "-c", str(src), "-o", str(objs / f"{src.stem}.o")] for src in sources]
+        cmds = [[cxx, *cflags, "-c", str(src), "-o", str(objs / f"{src.stem}.o")] for src in sources]
         link = [cxx, *flags, *(c[-1] for c in cmds), "-o", str(out)]
         with ThreadPoolExecutor(max_workers=max(1, min(len(cmds), os.cpu_count() or 1))) as pool:
             runs = list(pool.map(lambda c: subprocess.run(c, capture_output=True, text=True, timeout=600), cmds))

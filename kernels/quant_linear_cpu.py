@@ -15,7 +15,7 @@ import ctypes
 import torch
 
 NATIVE_GROUP = 32  # the int4 kernel's group size (GGUF Q4_1's block)
-SCALE_TILE = 8  # output rows per tile of the int4 scales (csrc/quant_gemv.cpp: TILE)
+SCALE_TILE = 8  # output rows per tile of the int4 scales (csrc/q8_dot.h: TILE)
 MAX_INT4_K = 32 * 1024  # csrc/gemv_float.h: MAX_GROUPS
 # Rows up to which the native kernels beat a dense bf16 copy of the weights. Measured on the 2-core AMD EPYC dev box
 # (AVX-512, no AMX), every layer's weights read from memory, us per SmolLM2 layer: int4 native M=1 139, M=8 507,
