@@ -82,7 +82,10 @@ def test_generate_stream_is_cumulative_and_matches_non_stream(srv):
     events = sse_events(r)
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
-    assert len(chunks) >= 2
+    # How many chunks arrive depends on timing: a reader that lags gets the newest cumulative output (as SGLang's
+    # tokenizer manager does), so a fast tiny model may finish in one. The collapse is unit-tested in
+    # test_server_engine_process.py; here every chunk must extend the one before and the last must be the answer.
+    assert chunks
     for a, b in zip(chunks, chunks[1:]):
         assert b["text"].startswith(a["text"]) and b["output_ids"][:len(a["output_ids"])] == a["output_ids"]
     assert chunks[-1]["text"] == full["text"] and chunks[-1]["output_ids"] == full["output_ids"]

@@ -144,7 +144,7 @@ def test_constrained_stream_has_origins_and_a_timeline(tiny):
             "sampling_params": {"max_new_tokens": 40, "temperature": 0, "json_schema": json.dumps(SCHEMA)}}
     ev = sse_events(tiny.post("/console/api/generate", body, stream=True))
     chunks = [e for e in ev if isinstance(e, dict) and "meta_info" in e]
-    assert len(chunks) > 2 and ev[-1] == "[DONE]"
+    assert chunks and ev[-1] == "[DONE]"  # a lagging reader may get fewer, cumulative chunks
     rec = ev[-2]["record"]
     origins = [t["origin"] for t in rec["output"]]
     assert origins[0] == "jump_forward" and "sampled" in origins  # '{"' is forced, the name is sampled

@@ -156,3 +156,29 @@ def test_compiles_wait_in_the_engine_submit_never_blocks_and_an_abort_while_comp
     finally:
         p.close()
         eng.shutdown()
+
+
+def test_a_lagging_stream_reader_skips_to_the_newest_cumulative_output():
+    import asyncio
+
+    from sglpy.runtime.messages import ReqOutput
+    from sglpy.runtime.server.engine_client import _Pending
+
+    def out(n, finished=False):
+        return ReqOutput("r", "x" * n, list(range(n)), {"completion_tokens": n}, finished)
+
+    async def main():
+        pend = _Pending()
+        pend.put(out(1))
+        first = await pend.get()  # a reader that keeps up sees every step
+        for n in (2, 3, 4):
+            pend.put(out(n))
+        newest = await pend.get()  # one that lags gets the newest of the queued outputs, not each
+        pend.put(out(5, finished=True))
+        pend.put(Failed("r", "late", 500))
+        last, failure = await pend.get(), await pend.get()  # collapsing never swallows a non-output message
+        return first, newest, last, failure
+
+    first, newest, last, failure = asyncio.run(main())
+    assert [first.output_ids, newest.output_ids, last.output_ids] == [[0], [0, 1, 2, 3], [0, 1, 2, 3, 4]]
+    assert last.finished and isinstance(failure, Failed)
