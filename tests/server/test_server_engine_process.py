@@ -1,13 +1,15 @@
 """The engine-process side in one process: typed messages in, one pipe message per engine step out."""
 
+import asyncio
 import threading
 import time
 
 import pytest
 
 from sglpy.runtime.messages import (AbortReq, Call, CallResult, DetokenizeReq, Failed, FlushCacheReq, GenerateReqInput,
-                                    ShutdownReq, StepOutputs, TokenizeReq)
+                                    ReqOutput, ShutdownReq, StepOutputs, TokenizeReq)
 from sglpy.runtime.sampling_params import SamplingParams
+from sglpy.runtime.server.engine_client import _Pending
 from sglpy.runtime.server.engine_process import EngineProcess, PipeSender
 from sglpy.runtime.testing.fake_engine import FakeEngine
 
@@ -159,11 +161,6 @@ def test_compiles_wait_in_the_engine_submit_never_blocks_and_an_abort_while_comp
 
 
 def test_a_lagging_stream_reader_skips_to_the_newest_cumulative_output():
-    import asyncio
-
-    from sglpy.runtime.messages import ReqOutput
-    from sglpy.runtime.server.engine_client import _Pending
-
     def out(n, finished=False):
         return ReqOutput("r", "x" * n, list(range(n)), {"completion_tokens": n}, finished)
 
