@@ -51,7 +51,7 @@ def reason(msg: str) -> str:
 def compile_one(schema, draft: str, ws, timeout_s: float, max_states: int):
     from sglpy.grammar.budget import CompileBudget
     from sglpy.grammar.errors import GrammarError
-    from sglpy.grammar.json_schema import compile_schema
+    from sglpy.grammar.json.schema import compile_schema
 
     t0 = time.perf_counter()
     try:
@@ -155,7 +155,7 @@ def run_dir(folder: str, timeout_s: float, max_states: int, tokenizer: bool, wal
     """Compile every *.json schema of a folder (optionally with the real tokenizer's index) and sample walks."""
     from sglpy.grammar import GrammarCompiler
     from sglpy.grammar.errors import GrammarError
-    from sglpy.grammar.json_vocab import detect_draft
+    from sglpy.grammar.json.vocab import detect_draft
     from sglpy.grammar.testing import small_vocab_info
 
     info = _real_tokenizer_info() if tokenizer else small_vocab_info()

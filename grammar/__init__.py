@@ -3,7 +3,7 @@
 from .compiler import DTYPE_REGEX, GrammarCompiler, choices_regex
 from .errors import GrammarError
 from .guide import Guide, JumpResult, RegexGuide
-from .vocab import TokenizerInfo
+from .tokens.vocab import TokenizerInfo
 
 __all__ = [
     "DTYPE_REGEX",

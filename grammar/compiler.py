@@ -14,12 +14,12 @@ from typing import Any, Callable
 import numpy as np
 
 from .budget import CompileBudget
-from .dfa import ByteDFA, regex_to_dfa
+from .regex.dfa import ByteDFA, regex_to_dfa
 from .errors import GrammarError
 from .guide import Guide, RegexGuide
-from .rtn import Module
-from .rtn_guide import StackGuide
-from .vocab import TokenizerInfo
+from .rtn.module import Module
+from .rtn.guide import StackGuide
+from .tokens.vocab import TokenizerInfo
 
 # SGLang's dtype constraints (gen(..., dtype=int/float/bool/str)); the one definition (sglpy/ir.py uses it).
 DTYPE_REGEX = {
@@ -203,7 +203,7 @@ class GrammarCompiler:
 
     def json_schema_to_regex(self, schema: Any, strict: bool = True, whitespace_pattern: Any = ...) -> str:
         """The plain regex for a JSON schema that needs no automaton algebra (GrammarError otherwise)."""
-        from .json_schema import schema_to_regex
+        from .json.schema import schema_to_regex
 
         ws = self.whitespace_pattern if whitespace_pattern is ... else whitespace_pattern
         return schema_to_regex(schema, whitespace_pattern=ws, strict=strict,
@@ -216,7 +216,7 @@ class GrammarCompiler:
         whitespace_pattern overrides the compiler's default for this schema (None = compact layout).
         `guide.schema_info` tells the draft used and the keywords ignored (annotations, unknown keywords).
         """
-        from .json_schema import compile_schema, normalize_schema
+        from .json.schema import compile_schema, normalize_schema
 
         norm = normalize_schema(schema)
         ws = self.whitespace_pattern if whitespace_pattern is ... else whitespace_pattern
@@ -243,7 +243,7 @@ class GrammarCompiler:
 
     def compile_structural_tag(self, spec: Any, cancel: Any = None, timeout_s: Any = ...) -> Guide:
         """Guide for a structural tag (SGLang's shape; grammar/structural_tag.py): free text, triggered JSON regions."""
-        from .json_schema import compile_schema
+        from .json.schema import compile_schema
         from .structural_tag import StructuralTag, structural_tag_dfa
 
         tag = StructuralTag.parse(spec)
@@ -267,7 +267,7 @@ class GrammarCompiler:
 
     def compile_ebnf(self, grammar: str, start: str = "start", cancel: Any = None, timeout_s: Any = ...) -> Guide:
         """Guide for a context-free grammar in lark EBNF syntax."""
-        from .ebnf import EBNFGuide
+        from .ebnf.guide import EBNFGuide
 
         if not isinstance(grammar, str):
             raise GrammarError(f"EBNF grammar must be a str, got {type(grammar).__name__}")

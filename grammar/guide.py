@@ -9,9 +9,9 @@ from typing import Any, Hashable
 
 import numpy as np
 
-from .dfa import DEAD, ByteDFA
-from .index import TokenIndex, build_index
-from .vocab import TokenizerInfo
+from .regex.dfa import DEAD, ByteDFA
+from .tokens.index import TokenIndex, build_index
+from .tokens.vocab import TokenizerInfo
 
 _MAX_FORCED = 4096
 
@@ -81,11 +81,11 @@ class Guide:
         return 0 <= token_id < self.info.vocab_size and bool((int(m[token_id >> 5]) >> (token_id & 31)) & 1)
 
     def jump_tokens(self, state, generated_token_ids, forced: str | None = None, tokenizer: Any = None, **kw):
-        """Canonical tokens for a jump over the forced string; see `sglpy.grammar.jump.jump_tokens`.
+        """Canonical tokens for a jump over the forced string; see `sglpy.grammar.tokens.jump.jump_tokens`.
 
         Memoized per guide: the result depends only on the state, the forced text and the last 8 generated ids
         (<= 4 re-tokenized plus <= 4 of context), and requests of one schema often repeat all three."""
-        from .jump import _MEMO_MAX, jump_tokens
+        from .tokens.jump import _MEMO_MAX, jump_tokens
 
         if kw or tokenizer is None:
             return jump_tokens(self, state, generated_token_ids, forced, tokenizer, **kw)

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from .budget import CompileBudget
-from .dfa import DEAD, ByteDFA
+from .regex.dfa import DEAD, ByteDFA
 from .errors import GrammarError
-from .regex_nfa import ATOM_BASE
-from .rtn_build import regex_to_module
+from .regex.nfa import ATOM_BASE
+from .rtn.build import regex_to_module
 
 MAX_STRUCTURES = 128
 MAX_TRIGGER_BYTES = 256

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .guide import Guide
-from .vocab import TokenizerInfo
+from .tokens.vocab import TokenizerInfo
 
 _WORDS = [
     " ", "  ", "\n", "\t", "{", "}", "[", "]", ",", ":", '"', '",', '":', '{"', '"}', '"]', ", ", ": ", " {", " [",

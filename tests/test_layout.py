@@ -81,6 +81,12 @@ def test_grammar_imports_nothing_of_ours_and_no_torch():
     assert offenders == []
 
 
+def test_grammar_root_stays_small():
+    """grammar/ keeps its entry points at the root and the rest in concept folders (regex/, json/, rtn/, ...)."""
+    root_files = sorted(p.name for p in (ROOT / "grammar").glob("*.py"))
+    assert len(root_files) <= 12, root_files
+
+
 def test_import_sglpy_does_not_import_torch():
     code = "import sys, sglpy; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -105,13 +111,13 @@ def test_wheel_builds_and_imports_outside_repo(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheels[0])],
                    check=True, capture_output=True, text=True)
     for pkg in ("runtime", "runtime/engine", "runtime/memory", "runtime/model", "runtime/server", "runtime/testing",
-                "grammar", "kernels"):
+                "grammar", "grammar/ebnf", "grammar/json", "grammar/regex", "grammar/rtn", "grammar/tokens", "kernels"):
         assert (target / "sglpy" / pkg / "__init__.py").exists(), f"wheel lacks sglpy/{pkg}"
     assert not (target / "runtime").exists(), "runtime/ must not install as a top-level package"
     for src in ("csrc/cpu_common.h", "csrc/decode_attention.cpp"):  # the native CPU kernels compile from these
         assert (target / "sglpy" / "kernels" / src).exists(), f"wheel lacks sglpy/kernels/{src}"
     code = (
-        "import sglpy, sglpy.runtime, sglpy.grammar, sglpy.kernels, sglpy.runtime.model\n"
+        "import sglpy, sglpy.runtime, sglpy.grammar, sglpy.kernels, sglpy.runtime.model, sglpy.grammar.json\n"
         "import sglpy.runtime.engine, sglpy.runtime.server, sglpy.runtime.testing.fake_engine\n"
         "from sglpy.runtime.engine import Engine\n"
         f"assert sglpy.runtime.__file__.startswith({str(target)!r}), sglpy.runtime.__file__\n"

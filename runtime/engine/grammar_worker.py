@@ -178,7 +178,7 @@ def worker_main(read_fd: int, write_fd: int) -> None:
     except (EOFError, OSError):
         os._exit(0)  # the engine went away before this worker started
     from sglpy.grammar import GrammarCompiler, GrammarError, TokenizerInfo
-    from sglpy.grammar.ebnf_imports import bundled_grammars
+    from sglpy.grammar.ebnf.imports import bundled_grammars
 
     info = TokenizerInfo(**init.info_fields)
     # the engine caches results; the budget counts this worker's CPU time (a loaded box must not refuse a compile

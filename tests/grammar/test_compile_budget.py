@@ -7,7 +7,7 @@ import pytest
 from sglpy.grammar import GrammarCompiler, GrammarError
 from sglpy.grammar.budget import CompileBudget
 from sglpy.grammar.errors import BudgetExceeded, CompileCancelled
-from sglpy.grammar.json_schema import compile_schema
+from sglpy.grammar.json.schema import compile_schema
 from sglpy.grammar.testing import small_vocab_info
 
 INFO = small_vocab_info()

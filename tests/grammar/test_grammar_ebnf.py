@@ -134,7 +134,7 @@ def test_ebnf_imports_never_open_files(grammar, tmp_path, monkeypatch):
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc" / "passwd.lark").write_text('X: "secret"\n')  # a decoy that compiles if ever read
     monkeypatch.chdir(tmp_path)
-    from sglpy.grammar.ebnf_imports import bundled_grammars
+    from sglpy.grammar.ebnf.imports import bundled_grammars
 
     bundled_grammars()  # read at startup, before the audit below
     opened, recording = [], [True]

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglpy.grammar import DTYPE_REGEX, GrammarCompiler, GrammarError, TokenizerInfo
-from sglpy.grammar.dfa import regex_to_dfa
-from sglpy.grammar.json_schema import schema_to_regex
+from sglpy.grammar.regex.dfa import regex_to_dfa
+from sglpy.grammar.json.schema import schema_to_regex
 from sglpy.grammar.testing import mask_to_ids, random_walk, small_vocab_info
 
 INFO = small_vocab_info()
@@ -316,7 +316,7 @@ def test_index_matches_dfa_walk_in_every_state(pattern):
 
 
 def test_minimisation_survives_hash_collisions(monkeypatch):
-    from sglpy.grammar import dfa as dfa_mod
+    from sglpy.grammar.regex import dfa as dfa_mod
 
     def collide(block, ctrans):
         return np.zeros(len(block), np.int64), 1  # every row "equal": must be caught and redone exactly
@@ -330,7 +330,7 @@ def test_minimisation_survives_hash_collisions(monkeypatch):
 
 def test_minimisation_budget_keeps_the_language(monkeypatch):
     """Past the refinement budget the trimmed automaton is used unminimised: same language."""
-    from sglpy.grammar import dfa as dfa_mod
+    from sglpy.grammar.regex import dfa as dfa_mod
 
     monkeypatch.setattr(dfa_mod, "_MINIMISE_WORK", 1)
     d = dfa_mod.regex_to_dfa(r"(?:ab|ac){0,70}d")
@@ -339,7 +339,7 @@ def test_minimisation_budget_keeps_the_language(monkeypatch):
 
 
 def test_char_length_range():
-    from sglpy.grammar.dfa import char_length_range
+    from sglpy.grammar.regex.dfa import char_length_range
 
     assert char_length_range(regex_to_dfa("abc")) == (3, 3)
     assert char_length_range(regex_to_dfa("(é|ab)x?")) == (1, 3)  # characters, not bytes

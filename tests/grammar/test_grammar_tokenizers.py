@@ -246,7 +246,7 @@ INT: /[0-9]+/
 
 def test_byte_level_vocabulary_with_an_odd_token():
     """GPT-2 byte-level tokens map through the byte-to-unicode table; a stray unmappable token is dropped."""
-    from sglpy.grammar.vocab import byte_level_decoder
+    from sglpy.grammar.tokens.vocab import byte_level_decoder
 
     enc = {b: c for c, b in byte_level_decoder().items()}
     words = [b" the", b"\n", b"\xe2\x96", b"\x81", b"{", b'"', b"a"] + [bytes([i]) for i in range(256)]
@@ -269,7 +269,7 @@ def test_byte_level_vocabulary_with_an_odd_token():
 
 def test_jump_memo_returns_what_a_fresh_jump_computes(spm):
     """Guide.jump_tokens memoizes per (state, forced, last 8 ids): hits equal fresh results, and are not shared."""
-    from sglpy.grammar.jump import jump_tokens
+    from sglpy.grammar.tokens.jump import jump_tokens
 
     tok, info = spm
     g = GrammarCompiler(info).compile_json_schema(SCHEMA)
@@ -294,7 +294,7 @@ def test_jump_memo_returns_what_a_fresh_jump_computes(spm):
 def test_fast_tokenizer_backend_encodes_like_the_wrapper(spm):
     from transformers import PreTrainedTokenizerFast
 
-    from sglpy.grammar.jump import make_encoder
+    from sglpy.grammar.tokens.jump import make_encoder
 
     tok, _ = spm
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tok)

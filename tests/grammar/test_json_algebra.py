@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglpy.grammar import GrammarCompiler, GrammarError
-from sglpy.grammar.json_schema import compile_schema
+from sglpy.grammar.json.schema import compile_schema
 from sglpy.grammar.testing import random_walk, small_vocab_info
 
 INFO = small_vocab_info()

@@ -11,7 +11,7 @@ import pytest
 
 from sglpy.grammar.budget import CompileBudget
 from sglpy.grammar.errors import GrammarError
-from sglpy.grammar.json_schema import compile_schema
+from sglpy.grammar.json.schema import compile_schema
 
 SUITE = "/work/shared/data/json-schema-test-suite"
 DRAFTS = {"draft2020-12": ("2020-12", jsonschema.Draft202012Validator),

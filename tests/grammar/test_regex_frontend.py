@@ -1,10 +1,10 @@
-"""The regex front end is Python's `re` parser behind `regex_nfa.parse`: pin the node kinds the builder reads."""
+"""The regex front end is Python's `re` parser behind `regex.nfa.parse`: pin the node kinds the builder reads."""
 
 import sys
 
 import pytest
 
-from sglpy.grammar.regex_nfa import parse, sre_c
+from sglpy.grammar.regex.nfa import parse, sre_c
 
 
 def _ops(tree):

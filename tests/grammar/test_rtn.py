@@ -10,18 +10,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sglpy.grammar.rtn as rtn
+import sglpy.grammar.rtn.module as rtn
 from sglpy.grammar import GrammarCompiler
 from sglpy.grammar.guide import RegexGuide
-from sglpy.grammar.json_schema import compile_schema
-from sglpy.grammar.json_universe import loose_module
-from sglpy.grammar.regex_nfa import ATOM_BASE
-from sglpy.grammar.rtn import flat_minimal, flatten
-from sglpy.grammar.rtn_algebra import module_product
-from sglpy.grammar.rtn_build import regex_to_module
-from sglpy.grammar.rtn_guide import StackGuide
-from sglpy.grammar.rtn_index import EAGER_CHUNK, build_program_index
-from sglpy.grammar.rtn_program import Program
+from sglpy.grammar.json.schema import compile_schema
+from sglpy.grammar.json.universe import loose_module
+from sglpy.grammar.regex.nfa import ATOM_BASE
+from sglpy.grammar.rtn.module import flat_minimal, flatten
+from sglpy.grammar.rtn.algebra import module_product
+from sglpy.grammar.rtn.build import regex_to_module
+from sglpy.grammar.rtn.guide import StackGuide
+from sglpy.grammar.rtn.index import EAGER_CHUNK, build_program_index
+from sglpy.grammar.rtn.program import Program
 from sglpy.grammar.testing import mask_to_ids, small_vocab_info
 
 INFO = small_vocab_info()

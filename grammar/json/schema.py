@@ -14,23 +14,23 @@ import warnings
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from . import json_formats as F
-from .budget import CompileBudget
-from .errors import GrammarError
-from .fsa import is_empty
-from .json_arrays import ArraysMixin
-from .json_automata import AutomataMixin
-from .json_normal import TYPES, Ctx, Norm, Sub, add_part, alt, is_json_type
-from .json_numbers import ANY_NUMBER_RE, MAX_DIGITS, NumbersMixin
-from .json_objects import ObjectsMixin
-from .json_over import ANY_DEPTH, OverMixin
-from .json_refs import ROOT_URI, SchemaRegistry
-from .json_strings import StringsMixin
-from .json_universe import any_module
-from .json_vocab import DEFAULT_DRAFT, detect_draft
-from .regex_nfa import ATOM_BASE, ATOM_END, OptionalSlots
-from .rtn import Module
-from .rtn_program import Program
+from . import formats as F
+from ..budget import CompileBudget
+from ..errors import GrammarError
+from ..regex.fsa import is_empty
+from .arrays import ArraysMixin
+from .automata import AutomataMixin
+from .normal import TYPES, Ctx, Norm, Sub, add_part, alt, is_json_type
+from .numbers import ANY_NUMBER_RE, MAX_DIGITS, NumbersMixin
+from .objects import ObjectsMixin
+from .over import ANY_DEPTH, OverMixin
+from .refs import ROOT_URI, SchemaRegistry
+from .strings import StringsMixin
+from .universe import any_module
+from .vocab import DEFAULT_DRAFT, detect_draft
+from ..regex.nfa import ATOM_BASE, ATOM_END, OptionalSlots
+from ..rtn.module import Module
+from ..rtn.program import Program
 
 MAX_DEPTH = 16  # instance nesting the converter generates; deeper optional parts are dropped
 MAX_BRANCHES = 256  # anyOf / oneOf / if combinations explored at one instance position
@@ -49,7 +49,7 @@ class CompiledSchema:
     @property
     def dfa(self) -> "Program":
         """The automaton as a byte matcher (`fullmatch`, `num_states`), without flattening it."""
-        from .rtn_program import Program
+        from ..rtn.program import Program
 
         return Program(self.module)
 
@@ -359,7 +359,7 @@ def _scalar_texts(v: Any) -> list[str] | None:
         if v.is_integer():
             i = str(int(v))
             return [i, i + ".0"] if len(i) < MAX_DIGITS else [i]
-        from .json_numbers import _plain_decimal
+        from .numbers import _plain_decimal
 
         t = _plain_decimal(v)
         return [] if t is None else [t]

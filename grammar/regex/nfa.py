@@ -13,7 +13,7 @@ import functools
 import re
 
 from . import utf8
-from .errors import GrammarError
+from ..errors import GrammarError
 
 try:  # Python >= 3.11
     from re import _constants as sre_c
@@ -263,7 +263,7 @@ class _Builder:
         raise GrammarError(f"unsupported regex construct: {names.get(op, str(op).lower())}")
 
     def atom(self, marker: int) -> tuple[int, int]:
-        """The registered automaton: a module is embedded by reference (rtn_build steps or calls it), a
+        """The registered automaton: a module is embedded by reference (rtn.build steps or calls it), a
         fragment builds itself, a plain DFA is copied (its accepting states lead to one end)."""
         nfa = self.nfa
         if self.budget is not None:

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .budget import CompileBudget
-from .errors import GrammarError
-from .regex_nfa import NFA, build_nfa
+from ..budget import CompileBudget
+from ..errors import GrammarError
+from .nfa import NFA, build_nfa
 
 DEAD = 0
 
@@ -44,7 +44,7 @@ def regex_to_dfa(pattern: str, max_states: int = 10_000, unicode_classes: bool =
                  allow_empty: bool = False, search: bool = False, dollar_newline: bool = False) -> ByteDFA:
     """Compile a Python-syntax regex into a minimal byte DFA, or raise GrammarError.
 
-    atoms: marker code point -> ByteDFA embedded where the marker appears (see regex_nfa.build_nfa);
+    atoms: marker code point -> ByteDFA embedded where the marker appears (see regex.nfa.build_nfa);
     what: names the construct in size/time errors; allow_empty: return the empty automaton instead of raising.
     """
     nfa = build_nfa(pattern, max_nfa_states=min(500_000, max(100_000, 50 * max_states)),
@@ -70,7 +70,7 @@ def _byte_classes(nfa: NFA) -> tuple[np.ndarray, int]:
 def nfa_to_dfa(nfa: NFA, max_states: int, budget: CompileBudget | None = None, what: str = "the automaton") -> ByteDFA:
     """Subset construction over byte classes, then trimming and minimisation (budget checked as it grows)."""
     if nfa.embeds:
-        raise GrammarError("internal: an NFA embedding modules needs rtn_build.nfa_to_module")
+        raise GrammarError("internal: an NFA embedding modules needs rtn.build.nfa_to_module")
     class_of, n_classes = _byte_classes(nfa)
     cedges = [[(int(class_of[lo]), int(class_of[hi]), t) for lo, hi, t in es] for es in nfa.edges]
     eps, accept = nfa.eps, nfa.accept

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .budget import CompileBudget
-from .dfa import DEAD, ByteDFA, group_rows
-from .errors import GrammarError, too_large
+from ..budget import CompileBudget
+from ..regex.dfa import DEAD, ByteDFA, group_rows
+from ..errors import GrammarError, too_large
 
 CALL_MIN = 24  # modules smaller than this are inlined into their callers (a call costs a stack frame)
 
@@ -39,7 +39,7 @@ class Module:
     initial: int
     entries: tuple = ()  # Entry per call index
     classes: np.ndarray = field(default=None, repr=False)  # [256] byte class ids refining this module and its callees
-    universal: bool = False  # accepts every value the compiler generates (rtn_algebra may call it unchecked)
+    universal: bool = False  # accepts every value the compiler generates (rtn.algebra may call it unchecked)
     value: bool = False  # its strings are whole JSON values (set by the schema converter: see mark_value)
 
     def __post_init__(self):
@@ -155,7 +155,7 @@ def minimise_module(ctrans: np.ndarray, accepting: np.ndarray, initial: int, ent
     A pseudo-state's row leads to the entry's ret everywhere and its initial block is its (callee, at), so
     two call cells end up equivalent exactly when they call the same place and return to equivalent states.
     """
-    from .dfa import _minimise
+    from ..regex.dfa import _minimise
 
     n, k = ctrans.shape
     e_count = len(entries)
@@ -250,7 +250,7 @@ def flatten(mod: Module, max_states: int, budget: CompileBudget | None = None, w
 def flat_minimal(mod: Module, max_states: int, budget: CompileBudget | None = None,
                  what: str = "the automaton") -> ByteDFA:
     """flatten() followed by trimming and minimisation."""
-    from .dfa import _minimise, _trim
+    from ..regex.dfa import _minimise, _trim
 
     d = flatten(mod, max_states, budget, what)
     if not mod.entries:

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dfa import _MIX, DEAD, group_rows
-from .index import _csr_expand
-from .rtn_program import Program
-from .vocab import TokenizerInfo
+from ..regex.dfa import _MIX, DEAD, group_rows
+from ..tokens.index import _csr_expand
+from .program import Program
+from ..tokens.vocab import TokenizerInfo
 
 _MAX_PAIRS = 3_000_000
 _MAX_SCRATCH = 16_000_000

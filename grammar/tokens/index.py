@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dfa import DEAD, ByteDFA, group_rows
-from .errors import GrammarError
+from ..regex.dfa import DEAD, ByteDFA, group_rows
+from ..errors import GrammarError
 from .vocab import TokenizerInfo
 
 # Bound on simultaneously alive (state, trie node) pairs and on the bool scratch matrix (memory, not speed).

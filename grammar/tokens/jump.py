@@ -7,7 +7,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .guide import Guide, JumpResult
+from ..guide import Guide, JumpResult
 
 
 _MEMO_MAX = 8192  # entries of a guide's jump memos before they are cleared

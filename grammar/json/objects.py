@@ -12,11 +12,11 @@ import json
 import re
 from itertools import combinations
 
-from . import json_formats as F
-from .errors import GrammarError
-from .json_normal import Norm
-from .regex_nfa import OptionalSlots
-from .rtn_program import Program
+from . import formats as F
+from ..errors import GrammarError
+from .normal import Norm
+from ..regex.nfa import OptionalSlots
+from ..rtn.program import Program
 
 MAX_PATTERN_REGIONS = 3  # patterns whose every combination gets its own key region
 MAX_OVER_FILTERS = 6  # over-approximation: constraints kept per object (the rest dropped: still a superset)
@@ -137,7 +137,7 @@ class ObjectsMixin:
 
     def _extra_pair(self, n: Norm, names: list, uneval: list, ctx) -> str | None:
         """Regex for one free-form `"key": value` pair (keys not among the named slots), or None."""
-        from .json_strings import encode_json_body
+        from .strings import encode_json_body
 
         pats = list(dict.fromkeys(p for _, ps, _, _ in n.groups for p in ps))
         explicit_addl = any(g[2] is not None for g in n.groups)
@@ -231,7 +231,7 @@ class ObjectsMixin:
                 continue
             allowed = [self.key_body_dfa(k) for k in own]
             keys = [self.atom(d) for d in allowed]
-            from .json_strings import encode_json_body
+            from .strings import encode_json_body
 
             for p in pats:
                 m = self.pattern_dfa(p, "over")
@@ -263,7 +263,7 @@ class ObjectsMixin:
         key = ("notkey", name)
         got = self.dfa_cache.get(key)
         if got is None:
-            from .fsa import product
+            from ..regex.fsa import product
 
             body = self.to_dfa(F.STRING_CHAR + "*", "property names")
             got = self.dfa_cache[key] = product(body, self.key_body_dfa(name), "diff", self.max_states,

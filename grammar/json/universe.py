@@ -6,11 +6,11 @@ import functools
 
 import numpy as np
 
-from . import json_formats as F
-from .dfa import DEAD, ByteDFA, regex_to_dfa
-from .json_numbers import ANY_NUMBER_RE
-from .regex_nfa import ATOM_BASE
-from .rtn import Entry, Module
+from . import formats as F
+from ..regex.dfa import DEAD, ByteDFA, regex_to_dfa
+from .numbers import ANY_NUMBER_RE
+from ..regex.nfa import ATOM_BASE
+from ..rtn.module import Entry, Module
 
 
 @functools.lru_cache(maxsize=64)
@@ -37,8 +37,8 @@ def any_module(layout: tuple, depth: int) -> Module:
 
     Prefix-free; large ones are called rather than copied, and their nested calls pair with `loose`'s.
     """
-    from .rtn import mark_value
-    from .rtn_build import regex_to_module
+    from ..rtn.module import mark_value
+    from ..rtn.build import regex_to_module
 
     oo, co, oa, ca, comma, colon = layout
     alts = [F.STRING, F.BOOLEAN, F.NULL]
@@ -61,7 +61,7 @@ def loose_module(layout: tuple) -> Module:
 
     Strings, true/false/null, and brackets `{`/`[` holding items (an optional key before each) closed by
     `}`/`]` (not matched by kind), to any depth: nested non-number values are calls of this module itself,
-    numbers are inline. Prefix-free and marked universal, so rtn_algebra may pair it with any value callee.
+    numbers are inline. Prefix-free and marked universal, so rtn.algebra may pair it with any value callee.
     """
     oo, co, oa, ca, comma, colon = layout
     trans = np.zeros((3, 256), np.int32)

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .errors import GrammarError
-from .json_vocab import VOCABULARY, ref_overrides_siblings
+from ..errors import GrammarError
+from .vocab import VOCABULARY, ref_overrides_siblings
 
 TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 

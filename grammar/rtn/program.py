@@ -12,8 +12,8 @@ from array import array
 
 import numpy as np
 
-from .dfa import DEAD
-from .rtn import Module
+from ..regex.dfa import DEAD
+from .module import Module
 
 
 class Program:

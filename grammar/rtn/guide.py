@@ -6,12 +6,12 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .dfa import DEAD
-from .guide import Guide
-from .rtn import Module
-from .rtn_index import ProgramIndex, StateIndex, build_program_index, index_state
-from .rtn_program import Program
-from .vocab import TokenizerInfo
+from ..regex.dfa import DEAD
+from ..guide import Guide
+from .module import Module
+from .index import ProgramIndex, StateIndex, build_program_index, index_state
+from .program import Program
+from ..tokens.vocab import TokenizerInfo
 
 _MAX_FORCED = 4096
 _MASK_CACHE = 512  # masks of stacks whose crossing tokens were checked (the common case needs no cache)
@@ -94,7 +94,7 @@ class StackGuide(Guide):
             meta = json.loads(str(z["schema_info"]))
             g = cls(None, info, str(z["source"]), program=prog, index=ProgramIndex(**fields))
         if meta is not None:
-            from .compiler import SchemaInfo
+            from ..compiler import SchemaInfo
 
             g.schema_info = SchemaInfo(meta[0], *(tuple(m) for m in meta[1:]))
         return g

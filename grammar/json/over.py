@@ -9,10 +9,10 @@ import json
 import re
 from typing import Any
 
-from .errors import GrammarError, is_fatal
-from .json_normal import TYPES, Ctx, Norm, Sub, alt, is_json_type
-from .json_numbers import ANY_NUMBER_RE
-from .json_universe import loose_module
+from ..errors import GrammarError, is_fatal
+from .normal import TYPES, Ctx, Norm, Sub, alt, is_json_type
+from .numbers import ANY_NUMBER_RE
+from .universe import loose_module
 
 ANY_DEPTH = 2  # nesting of unconstrained values ({} / true / missing items) below where they start
 OVER_LEVELS = 2  # over-approximations look this many nesting levels below where the negation applies

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .budget import CompileBudget
+from ..budget import CompileBudget
 from .dfa import DEAD, ByteDFA, _minimise, _trim
 
 _OPS = {
@@ -102,7 +102,7 @@ def product(a: ByteDFA, b: ByteDFA, op: str, max_states: int = 20_000, budget: C
 
 
 def raise_too_large(max_states: int, what: str) -> None:
-    from .errors import too_large
+    from ..errors import too_large
 
     raise too_large(what, max_states)
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import json_formats as F
-from .dfa import DEAD, ByteDFA, _minimise, _trim, regex_to_dfa
-from .errors import GrammarError, is_fatal
-from .fsa import intersect_all, product
+from . import formats as F
+from ..regex.dfa import DEAD, ByteDFA, _minimise, _trim, regex_to_dfa
+from ..errors import GrammarError, is_fatal
+from ..regex.fsa import intersect_all, product
 
 _ESCAPES = {ord('"'): ord('"'), ord("\\"): ord("\\"), ord("/"): ord("/"), ord("b"): 8, ord("f"): 12,
             ord("n"): 10, ord("r"): 13, ord("t"): 9}

@@ -1,6 +1,6 @@
 """Subset construction for NFAs that embed modules: callable sub-automata become call cells, not copies.
 
-NFA states may embed a module (regex_nfa `atoms`): "run this module from its initial state, then continue
+NFA states may embed a module (regex.nfa `atoms`): "run this module from its initial state, then continue
 at `end`". Subsets hold NFA states and module items `(module, state, continuation)`, where the
 continuation is an item again. Whenever every item left after a byte sits in the same state of one
 callable module, the cell becomes a call entry landing there, and the subset of continuations becomes the
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .budget import CompileBudget
-from .dfa import DEAD
-from .errors import too_large
-from .regex_nfa import NFA
-from .rtn import Entry, Module, finish_module, refine_classes
+from ..budget import CompileBudget
+from ..regex.dfa import DEAD
+from ..errors import too_large
+from ..regex.nfa import NFA
+from .module import Entry, Module, finish_module, refine_classes
 
 
 def _nfa_classes(nfa: NFA, modules: list[Module]) -> tuple[np.ndarray, np.ndarray]:
@@ -143,10 +143,10 @@ def nfa_to_module(nfa: NFA, max_states: int, budget: CompileBudget | None = None
 
 def regex_to_module(pattern: str, max_states: int, budget: CompileBudget | None = None, atoms: dict | None = None,
                     what: str = "the automaton") -> Module:
-    """A regex whose atom markers stand for modules / fragments / DFAs (regex_nfa.build_nfa) as one module."""
-    from .dfa import nfa_to_dfa
-    from .regex_nfa import build_nfa
-    from .rtn import module_of
+    """A regex whose atom markers stand for modules / fragments / DFAs (regex.nfa.build_nfa) as one module."""
+    from ..regex.dfa import nfa_to_dfa
+    from ..regex.nfa import build_nfa
+    from .module import module_of
 
     nfa = build_nfa(pattern, max_nfa_states=min(500_000, max(100_000, 50 * max_states)), atoms=atoms,
                     budget=budget)

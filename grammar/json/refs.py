@@ -5,8 +5,8 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
-from .errors import GrammarError
-from .json_vocab import id_keyword, ref_overrides_siblings, subschema_slots
+from ..errors import GrammarError
+from .vocab import id_keyword, ref_overrides_siblings, subschema_slots
 
 ROOT_URI = "https://sglpy.invalid/root.json"  # base URI of a root schema without $id
 MAX_SCHEMA_DEPTH = 200  # nesting of the schema document itself (not of instances)

@@ -9,12 +9,12 @@ from typing import Hashable
 
 import numpy as np
 
-from .dfa import DEAD, ByteDFA, regex_to_dfa
-from .ebnf_imports import bundled_loader
-from .errors import GrammarError
-from .guide import Guide
-from .index import build_index
-from .vocab import TokenizerInfo
+from ..regex.dfa import DEAD, ByteDFA, regex_to_dfa
+from .imports import bundled_loader
+from ..errors import GrammarError
+from ..guide import Guide
+from ..tokens.index import build_index
+from ..tokens.vocab import TokenizerInfo
 
 TERMINATED = ("$terminated",)
 _MAX_FORCED = 4096

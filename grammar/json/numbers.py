@@ -14,9 +14,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from .dfa import DEAD, ByteDFA, _minimise, _trim, regex_to_dfa
-from .errors import GrammarError
-from .json_formats import integer_range
+from ..regex.dfa import DEAD, ByteDFA, _minimise, _trim, regex_to_dfa
+from ..errors import GrammarError
+from .formats import integer_range
 
 MAX_DIGITS = 15
 INT_DIGITS, FRAC_DIGITS = 9, 6  # decimals with a fraction: at most 9 + 6 = 15 digits
@@ -84,7 +84,7 @@ _UDEC = _UINT + r"\.[0-9]+"
 
 def _gt_set(B: Fraction, strict: bool, max_states: int, budget) -> ByteDFA:
     """Signed decimal texts (fraction present) x with x > B (strict) or x >= B; B a finite decimal."""
-    from .fsa import product
+    from ..regex.fsa import product
 
     if B > 0:
         return regex_to_dfa(_mag(B, strict), max_states, budget=budget)
@@ -99,7 +99,7 @@ def _gt_set(B: Fraction, strict: bool, max_states: int, budget) -> ByteDFA:
 
 def decimal_range_dfa(lo, lo_excl: bool, hi, hi_excl: bool, max_states: int = 20_000, budget=None) -> ByteDFA:
     """Decimal texts (fraction present, at most 15 digits) within the bounds, as compared after json.loads."""
-    from .fsa import product
+    from ..regex.fsa import product
 
     grid = FRAC_DIGITS  # the fraction digits of generated decimals
     out = regex_to_dfa(DEC_RE, max_states, budget=budget)
@@ -201,7 +201,7 @@ class NumbersMixin:
         """Decimals outside the 9+6-digit universe: over-approximations keep them all (no exact float check)."""
         got = self.dfa_cache.get("longdec")
         if got is None:
-            from .fsa import product
+            from ..regex.fsa import product
 
             d = product(regex_to_dfa(ANY_DEC_RE, self.max_states, budget=self.budget),
                         regex_to_dfa(DEC_RE, self.max_states, budget=self.budget), "diff", self.max_states,
@@ -234,7 +234,7 @@ class NumbersMixin:
         return None if text is None else re.escape(text) + "0*"
 
     def number_re(self, n, integer_only: bool, mode: str) -> str | None:
-        from .fsa import intersect_all, product
+        from ..regex.fsa import intersect_all, product
 
         lo, lo_x = _tightest(n.num_lo, True)
         hi, hi_x = _tightest(n.num_hi, False)

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .errors import GrammarError
+from ..errors import GrammarError
 
 _INSTANCES: dict[str, "TokenizerInfo"] = {}
 _INSTANCES_LOCK = threading.Lock()

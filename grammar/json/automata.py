@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from .dfa import DEAD, ByteDFA
-from .errors import GrammarError, is_fatal
-from .fsa import is_empty
-from .json_objects import OVER_MAX_STATES
-from .regex_nfa import ATOM_BASE, ATOM_END, OptionalSlots
-from .rtn import Module, flatten, mark_value, module_of
-from .rtn_algebra import module_product
-from .rtn_build import regex_to_module
+from ..regex.dfa import DEAD, ByteDFA
+from ..errors import GrammarError, is_fatal
+from ..regex.fsa import is_empty
+from .objects import OVER_MAX_STATES
+from ..regex.nfa import ATOM_BASE, ATOM_END, OptionalSlots
+from ..rtn.module import Module, flatten, mark_value, module_of
+from ..rtn.algebra import module_product
+from ..rtn.build import regex_to_module
 
 
 class AutomataMixin:

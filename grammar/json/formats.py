@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import GrammarError
+from ..errors import GrammarError
 
 STRING_CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt])'
 STRING = r'"' + STRING_CHAR + r'*"'

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .budget import CompileBudget
-from .dfa import DEAD
-from .errors import too_large
-from .rtn import Entry, Module, finish_module, refine_classes
+from ..budget import CompileBudget
+from ..regex.dfa import DEAD
+from ..errors import too_large
+from .module import Entry, Module, finish_module, refine_classes
 
 _OPS = ("and", "or", "diff")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import pkgutil
 
-from .errors import GrammarError
+from ..errors import GrammarError
 
 BUNDLED = ("common", "unicode", "lark", "python")
 

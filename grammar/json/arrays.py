@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from .errors import GrammarError, is_fatal
-from .json_normal import Norm, Sub
+from ..errors import GrammarError, is_fatal
+from .normal import Norm, Sub
 
 MAX_UNIQUE_VALUES = 8  # uniqueItems: distinct item values we can track (2^n subsets)
 

@@ -1,0 +1,6 @@
+"""Regular languages: Python-`re` syntax -> byte NFA (nfa, utf8) -> minimal byte DFA (dfa); DFA algebra (fsa)."""
+
+from .dfa import DEAD, ByteDFA, regex_to_dfa
+from .fsa import intersect_all, is_empty, product, union_all
+
+__all__ = ["DEAD", "ByteDFA", "intersect_all", "is_empty", "product", "regex_to_dfa", "union_all"]

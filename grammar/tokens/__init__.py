@@ -1,0 +1,6 @@
+"""The vocabulary side: token id -> bytes (vocab), per-state token masks of a DFA (index), jump-forward (jump)."""
+
+from .index import TokenIndex, build_index
+from .vocab import TokenizerInfo
+
+__all__ = ["TokenIndex", "TokenizerInfo", "build_index"]
