@@ -234,6 +234,12 @@ class NumbersMixin:
         return None if text is None else re.escape(text) + "0*"
 
     def number_re(self, n, integer_only: bool, mode: str) -> str | None:
+        key = ("number", repr((n.num_lo, n.num_hi, n.multiple_of)), integer_only, mode)
+        if key not in self.dfa_cache:  # one atom per distinct number constraint (repr tells 1 from 1.0)
+            self.dfa_cache[key] = self._number_re(n, integer_only, mode)
+        return self.dfa_cache[key]
+
+    def _number_re(self, n, integer_only: bool, mode: str) -> str | None:
         from ..regex.fsa import intersect_all, product
 
         lo, lo_x = _tightest(n.num_lo, True)

@@ -137,8 +137,6 @@ class ObjectsMixin:
 
     def _extra_pair(self, n: Norm, names: list, uneval: list, ctx) -> str | None:
         """Regex for one free-form `"key": value` pair (keys not among the named slots), or None."""
-        from .strings import encode_json_body
-
         pats = list(dict.fromkeys(p for _, ps, _, _ in n.groups for p in ps))
         explicit_addl = any(g[2] is not None for g in n.groups)
         free = not n.props and not n.required
@@ -165,13 +163,12 @@ class ObjectsMixin:
                 continue
             key_body = body
             for p in pats:
-                m = self.pattern_dfa(p, "under" if p in q else "over")
+                m = self.pattern_key_atom(p, "under" if p in q else "over")
                 if m is None:
                     if p in q:
                         key_body = None
                     continue
-                key_body = self.combine(key_body, self.atom(encode_json_body(m)), "and" if p in q else "diff",
-                                        "patternProperties")
+                key_body = self.combine(key_body, m, "and" if p in q else "diff", "patternProperties")
                 if key_body is None:
                     break
             for k in names:
@@ -230,12 +227,7 @@ class ObjectsMixin:
             if addl is None or addl.schema is not False:
                 continue
             allowed = [self.key_body_dfa(k) for k in own]
-            keys = [self.atom(d) for d in allowed]
-            from .strings import encode_json_body
-
-            for p in pats:
-                m = self.pattern_dfa(p, "over")
-                keys.append(self.atom(encode_json_body(m)) if m is not None else None)
+            keys = [self.atom(d) for d in allowed] + [self.pattern_key_atom(p, "over") for p in pats]
             if any(k is None for k in keys):
                 continue
             pair = ('"(?:' + "|".join(keys) + ')"' + cl + loose) if keys else None

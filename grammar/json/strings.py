@@ -53,6 +53,12 @@ class StringsMixin:
 
     def pattern_dfa(self, pattern: str, mode: str) -> ByteDFA | None:
         """Decoded strings `re.search(pattern, s)` matches (under: subset, over: superset); None = no constraint."""
+        key = ("pattern", pattern, mode)
+        if key not in self.dfa_cache:
+            self.dfa_cache[key] = self._pattern_dfa(pattern, mode)
+        return self.dfa_cache[key]
+
+    def _pattern_dfa(self, pattern: str, mode: str) -> ByteDFA | None:
         try:
             split = leading_lookahead(pattern)
             if split is None:
@@ -73,6 +79,14 @@ class StringsMixin:
                 return None  # dropping a constraint keeps a superset
             self.refuse("pattern", f"{pattern!r}: {e}")
             return None
+
+    def pattern_key_atom(self, pattern: str, mode: str) -> str | None:
+        """Atom of the escaped JSON bodies of the names a pattern matches (one per pattern); None = no constraint."""
+        key = ("patternkey", pattern, mode)
+        if key not in self.dfa_cache:
+            m = self.pattern_dfa(pattern, mode)
+            self.dfa_cache[key] = None if m is None else self.atom(encode_json_body(m))
+        return self.dfa_cache[key]
 
     def content_dfa(self, n, mode: str) -> ByteDFA | None:
         """Decoded-text automaton for minLength/maxLength/pattern/format, or None when only lengths apply."""
@@ -106,6 +120,13 @@ class StringsMixin:
         """Regex (quotes included) for the JSON strings allowed by the string keywords of `n`."""
         if n.max_len is not None and n.max_len < n.min_len:
             return None
+        # one atom per distinct string constraint: a $ref'd string type used N times is one module, not N
+        key = ("string", tuple(n.patterns), tuple(n.formats), n.min_len, n.max_len, mode)
+        if key not in self.dfa_cache:
+            self.dfa_cache[key] = self._string_re(n, mode)
+        return self.dfa_cache[key]
+
+    def _string_re(self, n, mode: str) -> str | None:
         content = self.content_dfa(n, mode)
         if content is None:
             hi = "" if n.max_len is None else n.max_len
