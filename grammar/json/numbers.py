@@ -19,6 +19,8 @@ from ..errors import GrammarError
 from .formats import integer_range
 
 MAX_DIGITS = 15
+MAX_MULTIPLES = 20_000  # non-integer multipleOf between two bounds: enumerated exactly up to this many
+MULTIPLES_WINDOW = 2_000  # past that (or with an open bound): this many multiples nearest 0 (a sound subset)
 INT_DIGITS, FRAC_DIGITS = 9, 6  # decimals with a fraction: at most 9 + 6 = 15 digits
 INT_RE = r"(?:0|-?[1-9][0-9]*)"
 _UINT = r"(?:0|[1-9][0-9]*)"
@@ -306,15 +308,17 @@ class NumbersMixin:
         import re
         from decimal import Decimal
 
-        if lo is None or hi is None:
-            self.refuse("multipleOf", f"a non-integer divisor ({divisors[0]}) needs both minimum and maximum "
-                                      "(float division is not a regular language)")
-            return self.number_re(type(n)(num_lo=n.num_lo, num_hi=n.num_hi), integers_only, "under")
         step = Decimal(repr(divisors[0]))
-        k0, k1 = math.ceil(Decimal(repr(float(lo))) / step), math.floor(Decimal(repr(float(hi))) / step)
-        if k1 - k0 > 20_000:
-            self.refuse("multipleOf", f"{k1 - k0} multiples of {divisors[0]} between the bounds (limit 20000)")
-            return self.number_re(type(n)(num_lo=n.num_lo, num_hi=n.num_hi), integers_only, "under")
+        k0 = None if lo is None else math.ceil(Decimal(repr(float(lo))) / step)
+        k1 = None if hi is None else math.floor(Decimal(repr(float(hi))) / step)
+        if k0 is None or k1 is None or k1 - k0 > MAX_MULTIPLES:
+            w = MULTIPLES_WINDOW
+            # float division is not a regular language: generate the window of multiples nearest 0 inside the
+            # bounds (a sound subset of the valid numbers)
+            c = min(max(0, -(1 << 200) if k0 is None else k0), (1 << 200) if k1 is None else k1)
+            k0 = c - w // 2 if k0 is None else max(k0, c - w // 2)
+            k1 = k0 + w if k1 is None else min(k1, k0 + w)
+            self.narrowed.add(f"multipleOf {divisors[0]}: the {w} multiples nearest 0 within the bounds")
         texts = []
         for k in range(k0, k1 + 1):
             self.budget.check("multipleOf") if k % 1000 == 0 else None
@@ -322,7 +326,7 @@ class NumbersMixin:
             if integers_only and "." in t:
                 continue
             x = json.loads(t)
-            if not ((x > lo if lo_x else x >= lo) and (x < hi if hi_x else x <= hi)):
+            if not ((lo is None or (x > lo if lo_x else x >= lo)) and (hi is None or (x < hi if hi_x else x <= hi))):
                 continue
             if sum(c.isdigit() for c in t) > MAX_DIGITS and "." in t:
                 continue

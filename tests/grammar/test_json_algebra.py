@@ -101,14 +101,25 @@ def test_annotations_and_unknown_keywords_are_listed_not_enforced():
 def test_refusals_name_the_keyword():
     for schema, word in [({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2},
                            "uniqueItems"),
-                         ({"type": "string", "pattern": "(?<=a)b"}, "pattern"),
-                         ({"type": "number", "multipleOf": 0.25}, "multipleOf")]:
+                         ({"type": "string", "pattern": "(?<=a)b"}, "pattern")]:
         with pytest.raises(GrammarError, match=f"'{word}'"):
             compile_schema(schema)
     with pytest.warns(UserWarning, match="uniqueItems"):
         relaxed = compile_schema({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2},
                                  strict=False)
     assert relaxed.relaxed == ("uniqueItems",)
+
+
+def test_fractional_multiple_of_without_both_bounds_generates_multiples_near_zero():
+    """Float division is not regular: a window of multiples that jsonschema's own check accepts is generated."""
+    for schema in ({"type": "number", "multipleOf": 0.1}, {"type": "number", "multipleOf": 0.25, "minimum": 7},
+                   {"type": "number", "multipleOf": 0.01, "minimum": 0, "maximum": 1e12}):
+        res = compile_schema(schema)
+        assert res.narrowed and "multipleOf" in res.narrowed[0]
+        for text in ("0", "0.5", "0.3", "7.25", "8", "-1.2", "12.34", "0.07", "1e3"):
+            if res.dfa.fullmatch(text.encode()):
+                assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(text)), (schema, text)
+        assert res.dfa.fullmatch(b"8")
 
 
 def test_unique_items_over_unbounded_items_generate_at_most_one_item():
