@@ -235,16 +235,18 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
         if kind == "anyOf":
             return alt([self.under_norm(self.extend(rest, [b]), ctx) for b in payload])
         if kind == "oneOf":
-            outs, overs = [], None
+            outs, overs, heads = [], {}, [self.norm([b]) for b in payload]
             for i, b in enumerate(payload):
                 mine = self.under_norm(self.extend(rest, [b]), ctx)
-                if mine is None:
-                    continue
-                overs = overs or [self.over(o) for o in payload]
-                for j, o in enumerate(overs):  # one difference per other branch: no union automaton
-                    if j != i and mine is not None and not self.disjoint(mine, o):
-                        mine = self.combine(mine, o, "diff", "oneOf")
-                outs.append(mine)
+                for j, o in enumerate(payload):  # one difference per other branch: no union automaton
+                    if mine is None or j == i or self.exclusive(heads[i], heads[j]):
+                        continue
+                    if j not in overs:
+                        overs[j] = self.over(o)
+                    if not self.disjoint(mine, overs[j]):
+                        mine = self.combine(mine, overs[j], "diff", "oneOf")
+                if mine is not None:
+                    outs.append(mine)
             return alt(outs)
         if kind == "if":
             cond, then, els = payload
@@ -257,6 +259,37 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
         present = self.under_norm(self.extend(rest, [dep, Sub({"required": [name]}, c)]), ctx)
         absent = self.under_norm(self.extend(rest, [Sub({"properties": {name: False}}, c)]), ctx)
         return alt([present, absent])
+
+    def exclusive(self, a: Norm, b: Norm) -> bool:
+        """Proof from the keywords that no instance is valid under both (False = unknown): disjoint types or
+        enums, or objects that require one property with disjoint enums (a discriminator such as GeoJSON's
+        `type`)."""
+        ta, tb = self._value_types(a), self._value_types(b)
+        common = ta & tb
+        if not common:
+            return True
+        if a.enum is not None and b.enum is not None and self._enums_disjoint(a.enum, b.enum):
+            return True
+        if common != {"object"}:
+            return False
+        for name in a.required.keys() & b.required.keys():
+            pa, pb = a.props.get(name), b.props.get(name)
+            if pa and pb:
+                ea, eb = self.norm(pa).enum, self.norm(pb).enum
+                if ea is not None and eb is not None and self._enums_disjoint(ea, eb):
+                    return True
+        return False
+
+    def _value_types(self, n: Norm) -> set:
+        types = set(TYPES) if n.types is None else set(n.types)
+        if n.enum is not None:
+            types = {t for t in types if any(is_json_type(v, t, self.draft) for v in n.enum)}
+        if "integer" in types:
+            types.add("number")  # 1.0 is an integer in drafts 6+, and every integer a number
+        return types
+
+    def _enums_disjoint(self, xs: list, ys: list) -> bool:
+        return not any(self.json_eq(x, y) for x in xs for y in ys)
 
     def typed_under(self, n: Norm, ctx: Ctx) -> str | None:
         saved, self._branches = self._branches, 0  # the values inside are other positions: their own count
