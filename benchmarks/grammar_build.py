@@ -75,8 +75,8 @@ def main() -> None:
 
     from sglpy.grammar.budget import CompileBudget
     from sglpy.grammar.errors import GrammarError
-    from sglpy.grammar.json_schema import compile_schema
-    from sglpy.grammar.json_vocab import detect_draft
+    from sglpy.grammar.json.schema import compile_schema
+    from sglpy.grammar.json.vocab import detect_draft
 
     sample = load_sample(args.data, args.per_split)
     if args.only:
