@@ -16,7 +16,7 @@ from types import SimpleNamespace
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import speculative as S  # noqa: E402  (the workloads)
 
-from sglpy.runtime.engine.spec_ngram import NgramDrafter  # noqa: E402
+from sglpy.runtime.engine.spec.ngram import NgramDrafter  # noqa: E402
 
 
 def replay(prompt: list[int], out: list[int], costs: list[float], max_k: int) -> tuple[int, int, float]:

@@ -147,9 +147,9 @@ class LlamaPeer:
 def run_sglpy(eng, drafter, prompts: list[str], sp: dict, spec: bool, ungated: bool = False) -> dict:
     """One timed generate of all prompts at once, with the drafter on or off (ungated: NGRAM's acceptance gate for
     batches off, every request drafts up to the batch policy's cap)."""
-    from sglpy.runtime.engine import spec_ngram
+    from sglpy.runtime.engine.spec import ngram as spec_ngram
 
-    eng.scheduler.drafter = drafter if spec else None
+    eng.loop.stepper.drafter = drafter if spec else None
     row_cost = spec_ngram.ROW_COST
     if ungated:
         spec_ngram.ROW_COST = 0.0
@@ -158,7 +158,7 @@ def run_sglpy(eng, drafter, prompts: list[str], sp: dict, spec: bool, ungated: b
     t = time.perf_counter()
     outs = eng.generate(prompt=prompts, sampling_params=sp)
     dt = time.perf_counter() - t
-    eng.scheduler.drafter = drafter
+    eng.loop.stepper.drafter = drafter
     spec_ngram.ROW_COST = row_cost
     n = sum(o["meta_info"]["completion_tokens"] for o in outs)
     d = {k: drafter.stats[k] - s0[k] for k in s0}
@@ -223,7 +223,7 @@ def main() -> None:
 
 def run_cases(eng, args, peer, results: dict, label: str):
     """Every workload x concurrency case on one engine, its drafter on and off alternating; returns the peer."""
-    drafter = eng.scheduler.drafter
+    drafter = eng.loop.stepper.drafter
     if peer is None and not args.no_llamacpp:
         try:
             import llama_cpp  # noqa: F401

@@ -96,7 +96,7 @@ class Req:
     grammar: Any = None  # per-request guide state holder (constrained decoding)
     generator: Any = None  # torch.Generator of a seeded request (created on first sample)
     sampler_state: Any = None  # engine/penalties.RowState: the sampler's per-request arrays (built on first sample)
-    spec: Any = None  # engine/spec_ngram.SpecState under speculative decoding (draft length, counters); else None
+    spec: Any = None  # engine/spec/ngram.SpecState under speculative decoding (draft length, counters); else None
 
     @property
     def all_ids(self) -> list[int]:

@@ -34,10 +34,12 @@ from .processor import OutputProcessor
 from .request_trace import RequestTrace
 from .offline_api import OfflineAPI
 from .request_builder import RequestLimits, build_request
+from .penalties import Penalties
 from .sampler import Sampler
 from .scheduler import Scheduler
 from .admission import Admission, SubmitMsg
-from .spec_verify import check_speculation, make_drafter
+from .spec.drafter import check_speculation, make_drafter
+from .spec.verify import Verifier
 from .step import Stepper
 from .step_loop import CallMsg, EngineLoop
 from .tokenizer_ops import TokenizerOps
@@ -108,7 +110,7 @@ class Engine(OfflineAPI):
         if r.extend_graphs is not None:
             self.scheduler.span_cap = cfg.cuda_graph_extend_tokens
         self.eos_ids = self._eos_ids()
-        self.scheduler.drafter = make_drafter(cfg, self.eos_ids, self.tokenizer, r.vocab_size, self.max_context, total)
+        drafter = make_drafter(cfg, self.eos_ids, self.tokenizer, r.vocab_size, self.max_context, total)
         from .constrained import ConstrainedDecoding, jump_min_tokens
 
         self.isolation = Isolation()  # per-request failures in the step; `.hook` injects faults in tests
@@ -119,8 +121,11 @@ class Engine(OfflineAPI):
         self.constrained.think = reasoning_tokens(cfg, self.tokenizer)  # constraints start after </think>
         captured = bool(r.graphs is not None and r.graphs.graphs)  # decode off the graph costs a whole step
         self.constrained.min_jump_tokens = jump_min_tokens(cfg, captured)
-        sampler = Sampler(cfg.seed, r.device, batch_invariant=cfg.enable_deterministic_inference)
+        penalties = Penalties()
+        sampler = Sampler(cfg.seed, r.device, batch_invariant=cfg.enable_deterministic_inference, penalties=penalties)
         self.processor = OutputProcessor(sampler, self.eos_ids, self.max_context, self.constrained, self.isolation)
+        verifier = (Verifier(self.processor, sampler, penalties, self.constrained.masks, self.eos_ids, self.kv)
+                    if drafter is not None else None)
         cuda = r.device.type == "cuda"
         overlap = cfg.disable_overlap_schedule is False or (cfg.disable_overlap_schedule is None and cuda)
         if cfg.tp_size > 1 or cfg.speculative_algorithm:
@@ -128,8 +133,14 @@ class Engine(OfflineAPI):
         stepper = Stepper(scheduler=self.scheduler, runner=r, kv=self.kv, processor=self.processor,
                           constrained=self.constrained, isolation=self.isolation, tokenizer=self.tokenizer,
                           stats=self.stats, reqs={}, overlap=overlap, max_running_requests=cfg.max_running_requests,
-                          debug_invariants=cfg.debug_invariants)
+                          debug_invariants=cfg.debug_invariants, max_context=self.max_context, drafter=drafter,
+                          verifier=verifier)
         self.loop = EngineLoop(stepper, self.admission, self._inbox, self._answer)
+
+    @property
+    def drafter(self):
+        """The step's drafter under speculative decoding (engine/spec/), else None."""
+        return self.loop.stepper.drafter if self.loop is not None else None
 
     @property
     def overlap(self) -> Stepper | None:
@@ -283,8 +294,8 @@ class Engine(OfflineAPI):
         if self._has_work():
             return False
         self.kv.flush()
-        if self.scheduler.drafter is not None:
-            self.scheduler.drafter.flush()
+        if self.drafter is not None:
+            self.drafter.flush()
         return True
 
     def _info(self) -> dict:
@@ -310,8 +321,8 @@ class Engine(OfflineAPI):
         })
         info.update(self.stats)
         info["grammar"] = {**self.constrained.stats, **self.constrained.service.stats}
-        if self.scheduler.drafter is not None:
-            info.update(self.scheduler.drafter.info())
+        if self.drafter is not None:
+            info.update(self.drafter.info())
         info["isolated_failures"] = dict(self.isolation.failures)
         info["tp_rank_pids"] = self.runner.rank_pids()  # this node's ranks 1..; operators (and tests) watch them
         return info

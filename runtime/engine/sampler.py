@@ -54,11 +54,12 @@ class _Rows:
 class Sampler:
     """Next tokens from a batch of logits. State: the fallback generator of unseeded requests, the penalty scratch."""
 
-    def __init__(self, seed: int, device: torch.device, batch_invariant: bool = False):
+    def __init__(self, seed: int, device: torch.device, batch_invariant: bool = False,
+                 penalties: Penalties | None = None):
         self.device = device
         self.batch_invariant = batch_invariant  # deterministic inference: sampled rows on CUDA take invariant_sample
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
-        self.penalties = Penalties()
+        self.penalties = penalties if penalties is not None else Penalties()
         if device.type == "cpu":  # the logits sampled here are freed every step: malloc keeps their blocks for reuse
             keep_freed_blocks()
 

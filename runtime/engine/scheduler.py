@@ -9,7 +9,6 @@ from ..config import EngineConfig
 from ..memory.kv_manager import KVManager
 from ..core import BatchEntry, FinishReason, Req, ReqStatus, ScheduledBatch
 from .schedule_policy import order_waiting, split_in_batch_sharing
-from .spec_ngram import draft_limit
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +72,6 @@ class Scheduler:
         self.waiting: list[Req] = []
         self.running = RunningSet()
         self.total_retractions = 0
-        self.drafter = None  # engine/spec_ngram.NgramDrafter under speculative decoding (set by the engine)
         # the most generated tokens (a jump-forward span) a running request extends by in one step: the multi-token
         # graph step's T when the runner has one (set by the engine), so a long span rides captured steps in pieces
         # instead of taking the whole batch through an eager forward (the H100 spent 0.52 of 0.64 s there)
@@ -131,31 +129,11 @@ class Scheduler:
         decode = self._schedule_decode(ordered, aborted)
         # every running request decodes one token: the steady state, where no request is mid-extend
         mid_extend = len(decode) < len(ordered)
-        drafted = self._draft(decode) if self.drafter is not None and decode else []
-        if drafted:  # one-token entries stay first: the forward runs them as decode rows
-            spec = {d.req for d in drafted}
-            decode = [e for e in decode if e.req not in spec]
         extend = self._schedule_extend(aborted, mid_extend)
-        entries = decode + drafted + extend
+        entries = decode + extend
         if not entries and not aborted:
             return None
         return ScheduledBatch(entries, len(decode), aborted)
-
-    def _draft(self, decode: list[BatchEntry]) -> list[BatchEntry]:
-        """Speculative decoding: decode entries that got a draft, grown by its KV slots (taken from free slots only,
-        never by evicting or preempting); they extend [last token + draft] and are verified after the forward."""
-        budget = self.drafter.budget(len(decode))
-        if budget <= 0:
-            return []
-        cands = [e for e in decode if not e.req.wants_input_logprobs()]
-        drafts = self.drafter.propose_batch([e.req for e in cands],
-                                            [draft_limit(e.req, self.max_context) for e in cands], budget)
-        out = []
-        for e, draft in zip(cands, drafts):
-            r = e.req
-            if draft and self.kv.free_slots() >= len(draft) and self.kv.grow(r, len(draft)):
-                out.append(BatchEntry(r, e.prefix_len, 1 + len(draft), sample=True, draft=draft))
-        return out
 
     def _schedule_decode(self, ordered: list[Req], aborted: list[Req]) -> list[BatchEntry]:
         # r.pending == 1, inlined: this runs over every running request every step

@@ -1,7 +1,10 @@
-"""One engine step from typed parts (schedule, launch, resolve, retire/emit), run plain or overlapped.
+"""One engine step from typed parts (schedule, draft, launch, resolve, retire/emit), run plain or overlapped.
 
-    plain:       schedule n -> forward n -> sample n -> resolve n   -> retire/emit
+    plain:       schedule n -> draft n -> forward n -> sample or verify n -> resolve n -> retire/emit
     overlapped:  schedule n -> forward n -> resolve n-1 -> retire/emit -> sample n (its ids stay on the device)
+
+The draft phase (speculative decoding, engine/spec/) runs in the plain order only: drafting step n needs step
+n-1's tokens on the host, which is what the overlapped order defers (docs/speculative.md, "Limits").
 
 `Stepper.step` is the one step function for both orders. Overlapped, a request whose step n-1 token is not read
 back yet carries a placeholder id in output_ids (engine/overlap.py), forward n resolves it on the device, and the
@@ -27,7 +30,8 @@ from ..model.parallel import TPGroupError
 from .output import aborted_output, build_output
 from .overlap import HostTokens, PinnedIds, drop_placeholder
 from .processor import SampleLaunch
-from .spec_verify import drop_draft, verify_drafts
+from .spec.drafter import Drafter, draft
+from .spec.verify import Verifier, drop_draft
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +62,12 @@ class Stepper:
     """Runs engine steps (plain or overlapped) and owns the per-request bookkeeping of retiring and emitting."""
 
     def __init__(self, *, scheduler, runner, kv, processor, constrained, isolation, tokenizer, stats: dict,
-                 reqs: dict[str, Req], overlap: bool, max_running_requests: int, debug_invariants: bool):
+                 reqs: dict[str, Req], overlap: bool, max_running_requests: int, debug_invariants: bool,
+                 max_context: int = 0, drafter: Drafter | None = None, verifier: Verifier | None = None):
+        if drafter is not None and (overlap or verifier is None):
+            raise ValueError("drafting runs in the plain step order, with a verifier")
         self.scheduler, self.runner, self.kv = scheduler, runner, kv
+        self.drafter, self.verifier, self.max_context = drafter, verifier, max_context
         self.processor, self.constrained, self.isolation = processor, constrained, isolation
         self.tokenizer, self.stats, self.reqs = tokenizer, stats, reqs
         self.overlap = overlap
@@ -84,6 +92,8 @@ class Stepper:
         batch = self.scheduler.schedule()
         if batch is None and prev is None:
             return False
+        if batch is not None and self.drafter is not None:
+            batch = draft(batch, self.drafter, self.kv, self.max_context)
         res = Resolved(list(batch.aborted) if batch is not None else [])
         cur = self.launch_forward(batch, prev, res.finished) if batch is not None and batch.entries else None
         if prev is not None:
@@ -183,8 +193,8 @@ class Stepper:
                 res.finished += self.processor.prepare(entries, s.out)
             if launch is not None:
                 res.finished += self.processor.complete(launch, tokens)
-            if self.scheduler.drafter is not None and any(e.draft for e in entries[s.batch.num_decode:]):
-                res.finished += verify_drafts(entries, s.out, self.processor, self.kv, self.scheduler.drafter)
+            if self.drafter is not None and any(e.draft for e in entries[s.batch.num_decode:]):
+                res.finished += self.verifier.verify(entries, s.out, self.drafter)
             # jump-forward right after a sampled token. Overlapped, only over the rows just appended: a request
             # whose row was discarded has just jumped, and its jumped tokens are being extended now
             jump = launch.reqs if self.overlap and launch is not None else [e.req for e in entries]
@@ -234,8 +244,8 @@ class Stepper:
         for r in reqs:
             drop_placeholder(r, self.kv)  # overlapped: an id still in flight is not part of the output
             self.scheduler.remove(r)
-            if r.spec is not None and self.scheduler.drafter is not None:
-                self.scheduler.drafter.release(r)  # a draft model's KV for the request goes to its cache
+            if r.spec is not None and self.drafter is not None:
+                self.drafter.release(r)  # a draft model's KV for the request goes to its cache
             self.reqs.pop(r.rid, None)
             if r.finish_reason.type == "abort":
                 stats["num_aborted"] += 1

@@ -7,7 +7,7 @@ import pytest
 
 from sglpy.runtime.core import BatchEntry, Req
 from sglpy.runtime.engine import Engine
-from sglpy.runtime.engine.spec_ngram import NgramDrafter, SpecState, min_rate
+from sglpy.runtime.engine.spec.ngram import NgramDrafter, SpecState, min_rate
 from sglpy.runtime.model.forward_batch import build_host_batch
 from sglpy.runtime.sampling_params import SamplingParams
 
@@ -100,13 +100,13 @@ def test_oracle_drafts_accepted_rejected_and_rolled_back(engines, wrong):
     sp = {"max_new_tokens": 24, "temperature": 0}
     ref = base.generate(prompt=PROMPTS, sampling_params=sp)
     ids = [base.tokenizer(p).input_ids for p in PROMPTS]
-    drafter = spec.scheduler.drafter
+    drafter = spec.loop.stepper.drafter
     oracle = OracleDrafter({tuple(i): r["output_ids"] for i, r in zip(ids, ref)}, wrong=wrong)
-    spec.scheduler.drafter = oracle
+    spec.loop.stepper.drafter = oracle
     try:
         got = spec.generate(input_ids=ids, sampling_params=sp)
     finally:
-        spec.scheduler.drafter = drafter
+        spec.loop.stepper.drafter = drafter
     assert [g["output_ids"] for g in got] == [r["output_ids"] for r in ref]
     st = oracle.stats
     assert st["spec_draft_tokens"] > 0
@@ -304,11 +304,11 @@ def test_default_model_extraction_greedy_equal(default_model_path):
             tokenize=False, add_generation_prompt=True)
         sp = {"max_new_tokens": 48, "temperature": 0}
         got = eng.generate(prompt=prompt, sampling_params=sp)
-        drafter, eng.scheduler.drafter = eng.scheduler.drafter, None
+        drafter, eng.loop.stepper.drafter = eng.loop.stepper.drafter, None
         try:
             ref = eng.generate(prompt=prompt, sampling_params=sp)
         finally:
-            eng.scheduler.drafter = drafter
+            eng.loop.stepper.drafter = drafter
         assert got["output_ids"] == ref["output_ids"]
         assert got["meta_info"]["spec_verify_ct"] < got["meta_info"]["completion_tokens"] // 2
         _no_leak(eng)

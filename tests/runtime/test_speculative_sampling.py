@@ -5,7 +5,7 @@ distribution (chi-square), given the likeliest 1st token."""
 import math
 
 from sglpy.runtime.engine import Engine
-from sglpy.runtime.engine.spec_ngram import NgramDrafter, SpecState
+from sglpy.runtime.engine.spec.ngram import NgramDrafter, SpecState
 
 N = 400
 TOP_K = 3
@@ -64,12 +64,12 @@ def test_rejection_sampling_matches_target_distribution(tiny_model_path):
         d1 = sorted(p1, key=p1.get)[-2]
         d2 = max((k for k in exact if k[0] == d1), key=exact.get)[1]
         sp = {"max_new_tokens": 4, "temperature": 1.0, "top_k": TOP_K}
-        drafter = eng.scheduler.drafter
-        fixed = eng.scheduler.drafter = FixedDrafter((d1, d2))
+        drafter = eng.loop.stepper.drafter
+        fixed = eng.loop.stepper.drafter = FixedDrafter((d1, d2))
         try:
             spec, n = _counts(eng.generate(input_ids=[ids] * N, sampling_params=sp), g)
         finally:
-            eng.scheduler.drafter = drafter
+            eng.loop.stepper.drafter = drafter
         assert fixed.stats["spec_draft_tokens"] == 2 * N
         assert 0 < fixed.stats["spec_accepted_tokens"] < 2 * N  # both acceptance and rejection happened
         assert n > N // 5 and set(spec) <= set(exact)

@@ -9,7 +9,7 @@ import pytest
 
 from sglpy.runtime.config import EngineConfig
 from sglpy.runtime.engine import Engine
-from sglpy.runtime.engine.spec_probs import judge, processed_probs
+from sglpy.runtime.engine.spec.probs import judge, processed_probs
 from sglpy.runtime.testing import make_tiny_model
 
 PROMPTS = ["The cat sat on the mat. The cat sat on the mat. The dog ran in the park. The cat sat on the",
@@ -32,7 +32,7 @@ def engines(tiny_model_path):
     base = Engine(tiny_model_path, **KW)
     spec = Engine(tiny_model_path, speculative_algorithm="STANDALONE", speculative_draft_model_path=tiny_model_path,
                   speculative_draft_model_quantization="int4", **KW)
-    spec.scheduler.drafter.gate = None  # always draft: the tiny draft costs what the target does (gate tested apart)
+    spec.loop.stepper.drafter.gate = None  # always draft: the tiny draft costs what the target does (gate tested apart)
     yield base, spec
     base.shutdown()
     spec.shutdown()
@@ -83,7 +83,7 @@ def test_target_as_its_own_draft_is_accepted_whole(tiny_model_path):
     rolled back and extended across steps (and the short extends run as decode rows) is the target's."""
     eng = Engine(tiny_model_path, speculative_algorithm="STANDALONE", speculative_draft_model_path=tiny_model_path,
                  speculative_draft_model_quantization="none", speculative_num_steps=3, **KW)
-    eng.scheduler.drafter.gate = None
+    eng.loop.stepper.drafter.gate = None
     try:
         eng.generate(prompt=PROMPTS, sampling_params={"max_new_tokens": 40, "temperature": 0, "ignore_eos": True})
         info = eng.get_server_info()
@@ -173,7 +173,7 @@ def test_rejection_sampling_with_draft_model_matches_target(tiny_model_path, dra
         for t1, q1 in _top(eng, ids + [g]).items():
             for t2, q2 in _top(eng, ids + [g, t1]).items():
                 exact[(t1, t2)] = q1 * q2
-        drafter = eng.scheduler.drafter
+        drafter = eng.loop.stepper.drafter
         drafter.budget = lambda batch_size: 1 << 20  # every request drafts, at any batch size
         drafter.gate = None
         before = eng.get_server_info()
@@ -217,7 +217,7 @@ def _run_gate(gate, clock, draft_s, plain_s, steps=200, reqs=None):
 
 
 def test_cost_gate_drafts_only_where_drafting_is_faster():
-    from sglpy.runtime.engine.spec_gate import CostGate
+    from sglpy.runtime.engine.spec.gate import CostGate
 
     c = _Clock()
     g = CostGate(clock=c)
@@ -300,17 +300,17 @@ def test_default_model_int4_draft_for_float32_target(default_model_path):
     eng = Engine(default_model_path, quantization="none", speculative_algorithm="STANDALONE",
                  speculative_draft_model_path=default_model_path, speculative_draft_model_quantization="int4",
                  debug_invariants=True, max_total_tokens=8192)
-    eng.scheduler.drafter.gate = None  # the comparison below is about the tokens, not the speed
+    eng.loop.stepper.drafter.gate = None  # the comparison below is about the tokens, not the speed
     try:
         prompt = eng.tokenizer.apply_chat_template([{"role": "user", "content": "Write a short story about a fox."}],
                                                    tokenize=False, add_generation_prompt=True)
         sp = {"max_new_tokens": 48, "temperature": 0}
         got = eng.generate(prompt=prompt, sampling_params=sp)
-        drafter, eng.scheduler.drafter = eng.scheduler.drafter, None
+        drafter, eng.loop.stepper.drafter = eng.loop.stepper.drafter, None
         try:
             ref = eng.generate(prompt=prompt, sampling_params=sp)
         finally:
-            eng.scheduler.drafter = drafter
+            eng.loop.stepper.drafter = drafter
         assert got["output_ids"] == ref["output_ids"]
         info = eng.get_server_info()
         assert info["spec_accepted_tokens"] > info["spec_draft_tokens"] // 2

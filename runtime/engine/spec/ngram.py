@@ -1,7 +1,7 @@
 """NGRAM speculative decoding's drafts (prompt lookup): the request's last tokens matched against its own prompt and
 output, the tokens that followed the match proposed; the draft length adapts to the request's recent acceptance.
 
-A draft is only a guess: engine/spec_verify.py checks it against the target model in the same forward as the step's
+A draft is only a guess: engine/spec/verify.py checks it against the target model in the same forward as the step's
 decode, so a wrong draft costs compute, never a different output. What the drafter owns:
 - the match: the longest suffix (speculative_ngram_max_match_window_size tokens down to ..._min_...) of prompt +
   output that occurred before, its most recent occurrence first; the tokens after it are the draft;
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import Req
+from ...core import Req
 
 MAX_DRAFT_BATCH = 8  # decode batch size above which no request drafts (STANDALONE, its cost gate decides below)
 NGRAM_MAX_DRAFT_BATCH = 4  # NGRAM's: 8 requests drafting ran 0.93-0.95x, 4 0.99-1.18x (docs/speculative.md)
@@ -184,13 +184,3 @@ class NgramDrafter:
             st.k = 1
             st.misses += 1
             st.pause = min(1 << (st.misses - 1), MAX_PAUSE)
-
-
-def draft_limit(req: Req, max_context: int) -> int:
-    """Most draft tokens req can use: the accepted ones plus the target's own token stay within max_new_tokens
-    and the context."""
-    left = max_context - req.seq_len - 1
-    m = req.sampling.max_new_tokens
-    if m is not None:
-        left = min(left, m - len(req.output_ids) - 1)
-    return left

@@ -1,5 +1,5 @@
 """STANDALONE speculative decoding's drafts: a smaller (or more quantized) model with the target's vocabulary guesses
-the next k tokens of each drafting request; engine/spec_verify.py checks them in one target forward.
+the next k tokens of each drafting request; engine/spec/verify.py checks them in one target forward.
 
 What the draft model owns:
 - its own ModelRunner (speculative_draft_model_path, speculative_draft_model_quantization), KV pool, request rows
@@ -12,11 +12,11 @@ What the draft model owns:
 - the k draft forwards, batched across requests: the first extends what is pending, the next k - 1 decode one
   token each. A token is drawn from q, the draft's distribution under the request's grammar mask (the guide
   advanced over the draft so far), temperature and truncation, with the end tokens masked (a draft never guesses
-  the end); greedy requests take q's argmax. A sampled request keeps q for the p/q acceptance (spec_probs.py);
+  the end); greedy requests take q's argmax. A sampled request keeps q for the p/q acceptance (spec/probs.py);
 - the cuts: a draft stops where the guide forbids every token, and after a token from which the guide forces a
   string (jump-forward appends that, undrafted);
 - release: when the target request leaves, its shadow's KV goes to the draft radix cache (no leak in either pool).
-The draft length adapts as NGRAM's does (spec_ngram.NgramDrafter.record), and the same batch policy applies.
+The draft length adapts as NGRAM's does (ngram.NgramDrafter.record), and the same batch policy applies.
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ import torch
 
 from sglpy.kernels import apply_token_bitmask
 
-from ..config import EngineConfig
-from ..core import BatchEntry, Req
-from ..memory.kv_manager import KVManager
-from ..memory.kv_pool import KVPool, ReqToTokenPool, kv_cache_torch_dtype
-from ..memory.radix_cache import RadixCache
-from .spec_gate import CostGate
-from .spec_ngram import MAX_DRAFT_BATCH, NgramDrafter, SpecState
-from .spec_probs import processed_probs
-from .truncation import inverse_cdf
+from ...config import EngineConfig
+from ...core import BatchEntry, Req
+from ...memory.kv_manager import KVManager
+from ...memory.kv_pool import KVPool, ReqToTokenPool, kv_cache_torch_dtype
+from ...memory.radix_cache import RadixCache
+from .gate import CostGate
+from .ngram import MAX_DRAFT_BATCH, NgramDrafter, SpecState
+from .probs import processed_probs
+from ..truncation import inverse_cdf
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +80,8 @@ class StandaloneDrafter(NgramDrafter):
 
     def __init__(self, cfg: EngineConfig, target_tokenizer, target_vocab: int, max_context: int, pool_tokens: int,
                  eos_ids: set[int]):
-        from ..model.loader import resolve_model_path
-        from ..model.runner import ModelRunner
+        from ...model.loader import resolve_model_path
+        from ...model.runner import ModelRunner
 
         k = cfg.speculative_num_steps or cfg.speculative_num_draft_tokens
         super().__init__(k, 1, 1, eos_ids, max_batch=MAX_DRAFT_BATCH, jump_forward=not cfg.disable_jump_forward)
@@ -105,7 +105,7 @@ class StandaloneDrafter(NgramDrafter):
     def propose_batch(self, reqs: list[Req], limits: list[int], budget: int) -> list[tuple[int, ...]]:
         """Draft for every request at once (k draft forwards); () for those that pause or cannot draft."""
         if self.gate is not None and not self.gate.decide(reqs, sum(len(r.output_ids) for r in reqs)):
-            return [()] * len(reqs)  # plain steps are the faster ones here (engine/spec_gate.py)
+            return [()] * len(reqs)  # plain steps are the faster ones here (engine/spec/gate.py)
         want: list[_Drafting] = []
         for i, (r, lim) in enumerate(zip(reqs, limits)):
             st = r.spec

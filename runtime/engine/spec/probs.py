@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core import Req
-from .truncation import inverse_cdf
+from ...core import Req
+from ..truncation import inverse_cdf
 
 
 def processed_probs(logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
