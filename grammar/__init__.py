@@ -2,7 +2,8 @@
 
 from .compiler import DTYPE_REGEX, GrammarCompiler, choices_regex
 from .errors import GrammarError
-from .guide import Guide, JumpResult, RegexGuide
+from .guide import Guide, RegexGuide
+from .tokens.jump import JumpResult
 from .tokens.vocab import TokenizerInfo
 
 __all__ = [

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import BudgetExceeded, CompileCancelled, too_large
+from .errors import BudgetExceeded, CompileCancelled
 
 _CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
@@ -47,18 +47,10 @@ class CompileBudget:
     def deadline(self) -> float | None:
         return None if self.time_s is None else self.started + self.time_s
 
-    def elapsed(self) -> float:
-        return self.now() - self.started
-
     def check(self, what: str) -> None:
         """Raise CompileCancelled / GrammarError naming `what` if cancelled or past the deadline."""
         if self.cancel is not None and self.cancel.is_set():
             raise CompileCancelled(f"compile cancelled while building {what}")
         if self.time_s is not None and self.now() - self.started > self.time_s:
             raise BudgetExceeded(f"compile time budget ({self.time_s:g} s) exceeded while building {what}")
-
-    def check_states(self, n: int, what: str) -> None:
-        """Raise a GrammarError naming `what` when an automaton grows past max_states."""
-        if n > self.max_states:
-            raise too_large(what, self.max_states)
 

@@ -8,15 +8,14 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from .budget import CompileBudget
-from .regex.dfa import ByteDFA, regex_to_dfa
+from .regex import ByteDFA, regex_to_dfa
 from .errors import GrammarError
-from .guide import Guide, RegexGuide
+from .guide import Guide, RegexGuide, SchemaInfo
 from .rtn.module import Module
 from .rtn.guide import StackGuide
 from .tokens.vocab import TokenizerInfo
@@ -28,16 +27,6 @@ DTYPE_REGEX = {
     "bool": r"(True|False)",
     "str": r"\"[\w\d\s]*\"",
 }
-
-
-@dataclass(frozen=True)
-class SchemaInfo:
-    """What a JSON-schema compile used and ignored (for debugging a schema)."""
-
-    draft: str
-    ignored: tuple[str, ...]  # annotations, keywords unknown to the draft, unknown formats ("format:name")
-    relaxed: tuple[str, ...]  # strict=False: constraints that were not enforced
-    narrowed: tuple[str, ...] = ()  # enforced by generating a smaller valid language (uniqueItems: <= 1 item)
 
 
 def choices_regex(choices: list[str]) -> str:
@@ -200,14 +189,6 @@ class GrammarCompiler:
         if name not in DTYPE_REGEX:
             raise GrammarError(f"unsupported dtype {dtype!r} (expected int, float, bool or str)")
         return self.compile_regex(DTYPE_REGEX[name], **kw)
-
-    def json_schema_to_regex(self, schema: Any, strict: bool = True, whitespace_pattern: Any = ...) -> str:
-        """The plain regex for a JSON schema that needs no automaton algebra (GrammarError otherwise)."""
-        from .json.schema import schema_to_regex
-
-        ws = self.whitespace_pattern if whitespace_pattern is ... else whitespace_pattern
-        return schema_to_regex(schema, whitespace_pattern=ws, strict=strict,
-                               max_recursion_depth=self.max_recursion_depth)
 
     def compile_json_schema(self, schema: Any, strict: bool = True, whitespace_pattern: Any = ...,
                             cancel: Any = None, timeout_s: Any = ...) -> Guide:

@@ -11,18 +11,20 @@ import numpy as np
 
 from .regex.dfa import DEAD, ByteDFA
 from .tokens.index import TokenIndex, build_index
+from .tokens.jump import _MEMO_MAX, JumpResult, jump_tokens
 from .tokens.vocab import TokenizerInfo
 
 _MAX_FORCED = 4096
 
 
 @dataclass(frozen=True)
-class JumpResult:
-    """Drop the last `rollback` generated tokens, append `new_token_ids`; the guide is then in `new_state`."""
+class SchemaInfo:
+    """What a JSON-schema compile used and ignored (for debugging a schema)."""
 
-    rollback: int
-    new_token_ids: list[int]
-    new_state: Hashable
+    draft: str
+    ignored: tuple[str, ...]  # annotations, keywords unknown to the draft, unknown formats ("format:name")
+    relaxed: tuple[str, ...]  # strict=False: constraints that were not enforced
+    narrowed: tuple[str, ...] = ()  # enforced by generating a smaller valid language (uniqueItems: <= 1 item)
 
 
 def utf8_complete_prefix(data: bytes) -> str:
@@ -85,8 +87,6 @@ class Guide:
 
         Memoized per guide: the result depends only on the state, the forced text and the last 8 generated ids
         (<= 4 re-tokenized plus <= 4 of context), and requests of one schema often repeat all three."""
-        from .tokens.jump import _MEMO_MAX, jump_tokens
-
         if kw or tokenizer is None:
             return jump_tokens(self, state, generated_token_ids, forced, tokenizer, **kw)
         memo = self.__dict__.get("_jump_memo")
@@ -146,8 +146,6 @@ class RegexGuide(Guide):
             meta = json.loads(str(z["schema_info"])) if "schema_info" in z.files else None
             g = cls(dfa, info, str(z["source"]), index)
             if meta is not None:
-                from .compiler import SchemaInfo
-
                 g.schema_info = SchemaInfo(meta[0], *(tuple(m) for m in meta[1:]))
             return g
 

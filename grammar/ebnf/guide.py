@@ -9,7 +9,7 @@ from typing import Hashable
 
 import numpy as np
 
-from ..regex.dfa import DEAD, ByteDFA, regex_to_dfa
+from ..regex import DEAD, ByteDFA, regex_to_dfa
 from .imports import bundled_loader
 from ..errors import GrammarError
 from ..guide import Guide
@@ -124,8 +124,6 @@ class EBNFGuide(Guide):
             self._actions[s] = row
         self._ignore = set(lk.ignore_tokens)
         self._terms = [_Terminal(t, info, max_states, budget) for t in lk.terminals]
-        self._term_index = {t.name: i for i, t in enumerate(self._terms)}
-        self._ignore_idx = tuple(self._term_index[n] for n in self._ignore if n in self._term_index)
         self._fb = info.first_byte_masks
         self._eos_bits = np.zeros(info.mask_words, np.uint32)
         for e in info.eos_token_ids:

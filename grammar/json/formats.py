@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 from ..errors import GrammarError
 
 STRING_CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt])'
 STRING = r'"' + STRING_CHAR + r'*"'
 INTEGER = r"(?:0|-?[1-9][0-9]*)"
-NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 BOOLEAN = r"(?:true|false)"
 NULL = r"null"
 

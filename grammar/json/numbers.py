@@ -14,7 +14,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..regex.dfa import DEAD, ByteDFA, _minimise, _trim, regex_to_dfa
+from ..regex import regex_to_dfa
+from ..regex.dfa import ByteDFA, _minimise, _trim
 from ..errors import GrammarError
 from .formats import integer_range
 
@@ -25,7 +26,6 @@ INT_DIGITS, FRAC_DIGITS = 9, 6  # decimals with a fraction: at most 9 + 6 = 15 d
 INT_RE = r"(?:0|-?[1-9][0-9]*)"
 _UINT = r"(?:0|[1-9][0-9]*)"
 DEC_RE = rf"-?(?:0|[1-9][0-9]{{0,{INT_DIGITS - 1}}})\.[0-9]{{1,{FRAC_DIGITS}}}"
-NUMBER_RE = f"(?:{INT_RE}|{DEC_RE})"
 ANY_NUMBER_RE = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?"  # unconstrained numbers: fraction of any length
 ANY_DEC_RE = r"-?(?:0|[1-9][0-9]*)\.[0-9]+"
 ZERO_FRAC_RE = r"-?(?:0|[1-9][0-9]*)\.0+"  # integral decimals such as 3.0 (integers in draft 6+); cut to 15 digits
@@ -195,9 +195,6 @@ def _plain_decimal(v: float) -> str | None:
 
 class NumbersMixin:
     """Number typing for the schema converter (needs atom, to_dfa, budget, max_states, refuse, draft)."""
-
-    def number_any(self) -> str:
-        return ANY_NUMBER_RE
 
     def _long_decimals(self) -> str:
         """Decimals outside the 9+6-digit universe: over-approximations keep them all (no exact float check)."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import formats as F
-from ..regex.dfa import DEAD, ByteDFA, _minimise, _trim, regex_to_dfa
+from ..regex import regex_to_dfa
+from ..regex.dfa import DEAD, ByteDFA, _minimise, _trim
 from ..errors import GrammarError, is_fatal
 from ..regex.fsa import intersect_all, product
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..budget import CompileBudget
 from ..errors import GrammarError
-from .nfa import NFA, build_nfa
+
+if TYPE_CHECKING:  # annotations only: nfa.py determinises its character classes here
+    from .nfa import NFA
 
 DEAD = 0
 
@@ -37,23 +40,6 @@ class ByteDFA:
     def fullmatch(self, data: bytes) -> bool:
         s = self.walk(self.initial, data)
         return s != DEAD and bool(self.accepting[s])
-
-
-def regex_to_dfa(pattern: str, max_states: int = 10_000, unicode_classes: bool = False,
-                 budget: CompileBudget | None = None, atoms: dict | None = None, what: str = "",
-                 allow_empty: bool = False, search: bool = False, dollar_newline: bool = False) -> ByteDFA:
-    """Compile a Python-syntax regex into a minimal byte DFA, or raise GrammarError.
-
-    atoms: marker code point -> ByteDFA embedded where the marker appears (see regex.nfa.build_nfa);
-    what: names the construct in size/time errors; allow_empty: return the empty automaton instead of raising.
-    """
-    nfa = build_nfa(pattern, max_nfa_states=min(500_000, max(100_000, 50 * max_states)),
-                    unicode_classes=unicode_classes, atoms=atoms, budget=budget, search=search,
-                    dollar_newline=dollar_newline)
-    dfa = nfa_to_dfa(nfa, max_states, budget=budget, what=what or f"regex {pattern[:60]!r}")
-    if not dfa.accepting.any() and not allow_empty:
-        raise GrammarError(f"regex {pattern[:80]!r} matches no string")
-    return dfa
 
 
 def _byte_classes(nfa: NFA) -> tuple[np.ndarray, int]:
@@ -252,49 +238,3 @@ def _minimise(ctrans: np.ndarray, accepting: np.ndarray, initial: int, budget: C
     new_acc = accepting[rep]
     new_trans[DEAD] = DEAD
     return new_trans, new_acc, int(block[initial])
-
-
-def char_length_range(dfa: ByteDFA) -> tuple[int, int | None]:
-    """(shortest, longest or None if unbounded) length in characters of the strings a byte DFA accepts."""
-    n = dfa.num_states
-    weight = np.ones(256, dtype=np.int64)
-    weight[0x80:0xC0] = 0  # UTF-8 continuation bytes do not start a character
-    succ: list[set[tuple[int, int]]] = [set() for _ in range(n)]
-    for src in range(1, n):
-        row = dfa.trans[src]
-        for b in np.flatnonzero(row):
-            succ[src].add((int(row[b]), int(weight[b])))
-    best = {dfa.initial: 0}  # 0-1 BFS for the shortest accepted length
-    dq = [dfa.initial]
-    shortest = None
-    while dq:
-        dq.sort(key=best.__getitem__)
-        u = dq.pop(0)
-        if dfa.accepting[u]:
-            shortest = best[u]
-            break
-        for v, w in succ[u]:
-            if best[u] + w < best.get(v, 1 << 60):
-                best[v] = best[u] + w
-                dq.append(v)
-    indeg = [0] * n
-    for u in range(1, n):
-        for v, _ in succ[u]:
-            indeg[v] += 1
-    order, stack = [], [u for u in range(1, n) if indeg[u] == 0]
-    while stack:
-        u = stack.pop()
-        order.append(u)
-        for v, _ in succ[u]:
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                stack.append(v)
-    if len(order) < n - 1:
-        return shortest or 0, None  # a cycle: unbounded
-    longest_to = {u: -(1 << 60) for u in range(1, n)}
-    longest_to[dfa.initial] = 0
-    for u in order:
-        for v, w in succ[u]:
-            longest_to[v] = max(longest_to[v], longest_to[u] + w)
-    longest = max(longest_to[u] for u in range(1, n) if dfa.accepting[u])
-    return shortest or 0, longest

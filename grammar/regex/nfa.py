@@ -12,7 +12,10 @@ from __future__ import annotations
 import functools
 import re
 
+import numpy as np
+
 from . import utf8
+from .dfa import DEAD, nfa_to_dfa
 from ..errors import GrammarError
 
 try:  # Python >= 3.11
@@ -380,8 +383,6 @@ class OptionalSlots:
 
 def dfa_edges(dfa) -> tuple[int, tuple, int, tuple]:
     """(states, (src, lo, hi, dst) byte-range runs, initial, accepting states) of a ByteDFA (DEAD skipped)."""
-    import numpy as np
-
     trans = dfa.trans
     runs = []
     for src in range(1, dfa.num_states):
@@ -403,8 +404,6 @@ def _class_automaton(intervals: utf8.Intervals) -> tuple[int, tuple, int, int]:
 
     Sharing UTF-8 suffixes here keeps Unicode classes (\\d, \\w, [^"]) small in every regex using them.
     """
-    from .dfa import DEAD, nfa_to_dfa
-
     nfa = NFA(1 << 30)
     s, e = nfa.new(), nfa.new()
     trie: dict[tuple, int] = {}

@@ -7,7 +7,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..regex.dfa import DEAD
-from ..guide import Guide
+from ..guide import Guide, SchemaInfo
 from .module import Module
 from .index import ProgramIndex, StateIndex, build_program_index, index_state
 from .program import Program
@@ -94,8 +94,6 @@ class StackGuide(Guide):
             meta = json.loads(str(z["schema_info"]))
             g = cls(None, info, str(z["source"]), program=prog, index=ProgramIndex(**fields))
         if meta is not None:
-            from ..compiler import SchemaInfo
-
             g.schema_info = SchemaInfo(meta[0], *(tuple(m) for m in meta[1:]))
         return g
 

@@ -260,7 +260,6 @@ def build_program_index(prog: Program, info: TokenizerInfo, budget=None, eager_s
 def _subtree_tokens(trie, depth: int, nodes: np.ndarray, owners: np.ndarray):
     """(owner, token, depth) for every token strictly below each trie node (nodes at `depth`)."""
     out_o, out_t = [], []
-    out_d = []
     lo, hi, own = nodes, nodes + 1, owners
     d = depth
     while len(lo) and d < trie.depth:

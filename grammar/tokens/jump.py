@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import bisect
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from ..guide import Guide, JumpResult
+if TYPE_CHECKING:  # annotations only: guide.py imports this module
+    from ..guide import Guide
 
 
 _MEMO_MAX = 8192  # entries of a guide's jump memos before they are cleared
+
+
+@dataclass(frozen=True)
+class JumpResult:
+    """Drop the last `rollback` generated tokens, append `new_token_ids`; the guide is then in `new_state`."""
+
+    rollback: int
+    new_token_ids: list[int]
+    new_state: Hashable
 
 
 def make_encoder(tokenizer: Any) -> Callable[[str], list[int]]:

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglpy.grammar import GrammarCompiler, GrammarError
-from sglpy.grammar.regex.dfa import regex_to_dfa
+from sglpy.grammar.regex import regex_to_dfa
 from sglpy.grammar.json.formats import integer_range
 from sglpy.grammar.json.numbers import DEC_RE, decimal_range_dfa
 from sglpy.grammar.json.schema import compile_schema, schema_to_regex

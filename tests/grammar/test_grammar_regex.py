@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglpy.grammar import DTYPE_REGEX, GrammarCompiler, GrammarError, TokenizerInfo
-from sglpy.grammar.regex.dfa import regex_to_dfa
+from sglpy.grammar.regex import regex_to_dfa
 from sglpy.grammar.json.schema import schema_to_regex
 from sglpy.grammar.testing import mask_to_ids, random_walk, small_vocab_info
 
@@ -322,7 +322,7 @@ def test_minimisation_survives_hash_collisions(monkeypatch):
         return np.zeros(len(block), np.int64), 1  # every row "equal": must be caught and redone exactly
 
     monkeypatch.setattr(dfa_mod, "_hash_group", collide)
-    d = dfa_mod.regex_to_dfa(r"(ab|abc|b)+\.com")
+    d = regex_to_dfa(r"(ab|abc|b)+\.com")
     for text, ok in ((b"ab.com", True), (b"abcb.com", True), (b"a.com", False), (b"b.co", False)):
         assert d.fullmatch(text) == ok
     assert d.num_states == 9
@@ -333,15 +333,6 @@ def test_minimisation_budget_keeps_the_language(monkeypatch):
     from sglpy.grammar.regex import dfa as dfa_mod
 
     monkeypatch.setattr(dfa_mod, "_MINIMISE_WORK", 1)
-    d = dfa_mod.regex_to_dfa(r"(?:ab|ac){0,70}d")
+    d = regex_to_dfa(r"(?:ab|ac){0,70}d")
     assert d.fullmatch(b"ab" * 70 + b"d") and d.fullmatch(b"acd") and not d.fullmatch(b"ab" * 71 + b"d")
     assert not d.fullmatch(b"abc")
-
-
-def test_char_length_range():
-    from sglpy.grammar.regex.dfa import char_length_range
-
-    assert char_length_range(regex_to_dfa("abc")) == (3, 3)
-    assert char_length_range(regex_to_dfa("(é|ab)x?")) == (1, 3)  # characters, not bytes
-    assert char_length_range(regex_to_dfa("😀{1,3}")) == (1, 3)
-    assert char_length_range(regex_to_dfa("[0-9]+")) == (1, None)
