@@ -78,9 +78,19 @@ class EngineConfig:
     speculative_num_steps: int | None = None
     # STANDALONE: the draft model's weight-only quantization (SGLang's name): auto, none, int8, int4; None = auto
     speculative_draft_model_quantization: str | None = None
+    # LoRA adapters per request (SGLang's flag names; runtime/lora/, docs/lora.md): adapters loaded at startup as
+    # `name=path`, a path, or the JSON object {"lora_name", "lora_path", "pinned"}; enable_lora None = on when given
+    enable_lora: bool | None = None
+    lora_paths: tuple | None = None
+    max_loras_per_batch: int = 8  # distinct adapters one batch may mix (the pool's slots)
+    max_loaded_loras: int | None = None  # adapters loaded at once (None: no limit)
+    lora_eviction_policy: str = "lru"  # which pool slot a newly needed adapter overwrites: lru or fifo
+    max_lora_rank: int | None = None  # the pool's rank; None = the largest startup adapter's (16 without any)
+    lora_target_modules: tuple[str, ...] | None = None  # the pool's modules; None = the startup adapters' (all)
 
     def __post_init__(self):
         self._check_speculative()
+        self._check_lora()
         j = self.jump_forward_min_tokens
         if j is not None and (isinstance(j, bool) or not isinstance(j, int) or j < 1):
             raise ValueError(f"jump_forward_min_tokens must be an int >= 1 or unset (auto), got {j!r}")
@@ -179,6 +189,44 @@ class EngineConfig:
         t = self.dist_timeout
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 86400:
             raise ValueError(f"dist_timeout must be a number of seconds in (0, 86400], got {t!r}")
+
+    def _check_lora(self) -> None:
+        if self.enable_lora not in (None, True, False):
+            raise ValueError(f"enable_lora must be true, false or unset (auto), got {self.enable_lora!r}")
+        if self.lora_paths is not None:
+            from .lora.spec import parse_lora_paths  # torch-free at import: names and paths only
+
+            object.__setattr__(self, "lora_paths", parse_lora_paths(self.lora_paths))
+            if self.enable_lora is False and self.lora_paths:
+                raise ValueError("lora_paths given with enable_lora false")
+        for name in ("max_loras_per_batch", "max_loaded_loras", "max_lora_rank"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if self.lora_eviction_policy not in ("lru", "fifo"):
+            raise ValueError(f"lora_eviction_policy must be lru or fifo, got {self.lora_eviction_policy!r}")
+        if self.lora_target_modules is not None:
+            from .lora.spec import LORA_MODULES
+
+            mods = (self.lora_target_modules,) if isinstance(self.lora_target_modules, str) else \
+                tuple(self.lora_target_modules)
+            if mods in (("all",), ("all-linear",)):
+                mods = LORA_MODULES
+            bad = sorted(set(mods) - set(LORA_MODULES))
+            if bad:
+                raise ValueError(f"lora_target_modules {bad} are not supported (supported: {list(LORA_MODULES)})")
+            object.__setattr__(self, "lora_target_modules", mods)
+        if self.lora_enabled:
+            if self.tp_size > 1:
+                raise ValueError(f"LoRA adapters are not supported with tensor parallelism (tp_size={self.tp_size})")
+            if self.enable_deterministic_inference:
+                raise ValueError("LoRA adapters are not supported with enable_deterministic_inference (the "
+                                 "segmented LoRA matmul's reduction depends on the batch's rows per adapter)")
+
+    @property
+    def lora_enabled(self) -> bool:
+        """LoRA adapters can be served: enable_lora, or lora_paths given."""
+        return bool(self.enable_lora) or (self.enable_lora is None and bool(self.lora_paths))
 
     @property
     def ranks_per_node(self) -> int:

@@ -97,6 +97,7 @@ class Req:
     generator: Any = None  # torch.Generator of a seeded request (created on first sample)
     sampler_state: Any = None  # engine/penalties.RowState: the sampler's per-request arrays (built on first sample)
     spec: Any = None  # engine/spec/ngram.SpecState under speculative decoding (draft length, counters); else None
+    lora: Any = None  # runtime/lora/adapter.LoraAdapter the request runs with; None = the base model
 
     @property
     def all_ids(self) -> list[int]:

@@ -32,6 +32,7 @@ class GenerateReqInput:
     # output only, "live" with every output (the web console's stream); None: nothing recorded
     trace: str | None = None
     max_thinking_tokens: int | None = None  # reasoning models: this request's thinking bound (None: the engine's)
+    lora_path: str | None = None  # the LoRA adapter to run with (its name, SGLang's field); None = the base model
 
     def __post_init__(self):
         if (self.text is None) == (self.input_ids is None):
@@ -47,6 +48,8 @@ class GenerateReqInput:
             raise ValueError(f"trace must be one of {TRACE_MODES}, got {self.trace!r}")
         if self.extra_key is not None and not isinstance(self.extra_key, str):
             raise ValueError(f"extra_key must be a string, got {type(self.extra_key).__name__}")
+        if self.lora_path is not None and (not isinstance(self.lora_path, str) or not self.lora_path):
+            raise ValueError(f"lora_path must be an adapter's name (a non-empty string), got {self.lora_path!r}")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class GenerateReq:
     guide: Any = field(default=None, repr=False, compare=False)
     trace: str | None = None  # GenerateReqInput.trace
     max_thinking_tokens: int | None = None  # GenerateReqInput.max_thinking_tokens
+    lora_path: str | None = None  # GenerateReqInput.lora_path
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,28 @@ class ShutdownReq:
     """Abort everything and stop."""
 
 
-CallRequest = FlushCacheReq | GetServerInfoReq | TokenizeReq | DetokenizeReq | ChatPromptReq
+@dataclass(frozen=True)
+class LoadLoraReq:
+    """Load a LoRA adapter (PEFT folder) and serve it under lora_name (SGLang's /load_lora_adapter)."""
+
+    lora_name: str
+    lora_path: str
+
+
+@dataclass(frozen=True)
+class UnloadLoraReq:
+    """Stop serving a LoRA adapter; refused while a waiting or running request uses it."""
+
+    lora_name: str
+
+
+@dataclass(frozen=True)
+class ListLorasReq:
+    """The LoRA adapters served now (name, path, rank, alpha, target modules)."""
+
+
+CallRequest = (FlushCacheReq | GetServerInfoReq | TokenizeReq | DetokenizeReq | ChatPromptReq | LoadLoraReq
+               | UnloadLoraReq | ListLorasReq)
 
 
 @dataclass(frozen=True)

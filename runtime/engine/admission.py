@@ -129,15 +129,24 @@ class Admission:
                 self._final(msg, CANCELLED)
                 return
             except Exception as e:  # noqa: BLE001 - the request's own constraint failed: it alone ends
-                if msg.on_error is None:
-                    self._final(msg, str(e))
-                    return
-                try:
-                    msg.on_error(e)
-                except Exception:  # noqa: BLE001 - a broken consumer must not stop the loop
-                    logger.exception("reporting the failed compile of %s failed", msg.req.rid)
+                self._fail(msg, e)
                 return
-        self._admit(self._make_req(msg.req, msg.sink, guide))
+        try:
+            req = self._make_req(msg.req, msg.sink, guide)
+        except ValueError as e:  # it names what is gone since it was built (a LoRA adapter unloaded meanwhile)
+            self._fail(msg, e)
+            return
+        self._admit(req)
+
+    def _fail(self, msg: SubmitMsg, e: Exception) -> None:
+        """End a request that cannot be admitted: through on_error when given, else one final abort output."""
+        if msg.on_error is None:
+            self._final(msg, str(e))
+            return
+        try:
+            msg.on_error(e)
+        except Exception:  # noqa: BLE001 - a broken consumer must not stop the loop
+            logger.exception("reporting the failure of %s failed", msg.req.rid)
 
     @staticmethod
     def _final(msg: SubmitMsg, message: str) -> None:

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -45,6 +46,13 @@ from .step_loop import CallMsg, EngineLoop
 from .tokenizer_ops import TokenizerOps
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _LoraOp:
+    """A change to (or a read of) the loaded LoRA adapters, run on the loop thread between steps."""
+
+    run: Callable[["Engine"], Any]
 
 
 class Engine(OfflineAPI):
@@ -188,6 +196,8 @@ class Engine(OfflineAPI):
     def build_request(self, inp: GenerateReqInput) -> GenerateReq:
         """Tokenize and validate one prompt; its constraint compile starts in a worker (req.guide: a Future)."""
         req = build_request(inp, self.text, self.limits, self.constrained.compile)
+        if req.lora_path is not None:  # an unknown adapter is named now; one unloaded before admission ends it there
+            self.lora_adapter(req.lora_path)
         self.admission.track(req)  # abort(rid) cancels the compile
         return req
 
@@ -204,7 +214,10 @@ class Engine(OfflineAPI):
 
     def _new_req(self, req: GenerateReq, sink: OutputSink, guide) -> Req:
         """The engine's Req of a built request whose guide is ready (loop thread, at admission)."""
-        r = Req(rid=req.rid, input_ids=req.input_ids, sampling=req.sampling, extra_key=req.extra_key, sink=sink,
+        adapter = self.lora_adapter(req.lora_path) if req.lora_path is not None else None
+        # the adapter is part of the prefix-cache key: no KV is shared between adapters or with the base
+        key = req.extra_key if adapter is None else f"{req.extra_key or ''}\x00lora:{adapter.uid}"
+        r = Req(rid=req.rid, input_ids=req.input_ids, sampling=req.sampling, extra_key=key, lora=adapter, sink=sink,
                 stream=req.stream, trace=RequestTrace(live=req.trace == "live") if req.trace else None,
                 **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})
         s = req.sampling
@@ -286,9 +299,40 @@ class Engine(OfflineAPI):
         """Anything compiling, waiting, running or in flight (loop thread, or tests once idle)."""
         return self.loop is not None and self.loop.has_work()
 
-    def _answer(self, request: FlushCacheReq | GetServerInfoReq):
+    def _answer(self, request):
         """A call's answer, on the loop thread."""
+        if isinstance(request, _LoraOp):
+            return request.run(self)
         return self._flush() if isinstance(request, FlushCacheReq) else self._info()
+
+    # ------------------------------------------------------------------ LoRA adapters (runtime/lora/)
+    def _lora(self):
+        if self.runner.lora is None:
+            raise ValueError("this engine serves no LoRA adapters (start it with lora_paths or enable_lora)")
+        return self.runner.lora
+
+    def lora_adapter(self, name: str):
+        """The loaded adapter a request names (ValueError naming the loaded ones)."""
+        return self._lora().resolve(name)
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> dict:
+        """Read and check a PEFT adapter here (the step loop keeps running), then serve it under lora_name."""
+        adapter = self._lora().read(lora_name, lora_path)
+        self._call(_LoraOp(lambda eng: eng.runner.lora.add(adapter)))
+        return adapter.describe()
+
+    def unload_lora_adapter(self, lora_name: str) -> dict:
+        """Stop serving an adapter; refused (ValueError) while a waiting or running request uses it."""
+        self._lora()
+
+        def remove(eng: "Engine"):
+            live = list(eng.scheduler.waiting) + list(eng.scheduler.running)
+            return eng.runner.lora.remove(lora_name, live).describe()
+        return self._call(_LoraOp(remove))
+
+    def list_lora_adapters(self) -> list[dict]:
+        """The adapters served now, in load order (empty without LoRA)."""
+        return [] if self.runner.lora is None else self._call(_LoraOp(lambda eng: eng.runner.lora.describe()))
 
     def _flush(self) -> bool:
         if self._has_work():
@@ -301,6 +345,7 @@ class Engine(OfflineAPI):
     def _info(self) -> dict:
         kv = self.kv.stats()
         info = {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}
+        info["lora_paths"] = [f"{r.name}={r.path}" for r in self.config.lora_paths or ()]
         info.update({
             "quantization": self.runner.quantization,  # the mode that runs ('auto' resolved)
             "cpu_kernels": self.runner.cpu_kernels,  # 'native: ...' or 'torch reference: <why>'; None off CPU
@@ -317,6 +362,7 @@ class Engine(OfflineAPI):
             "kv_pool_plan": self.memory_plan.describe() if self.memory_plan is not None else None,
             "cuda_graph_batch_sizes": list(self.runner.graphs.buckets) if self.runner.graphs is not None else [],
             "overlap_schedule": self.overlap is not None,
+            "lora_adapters": [] if self.runner.lora is None else self.runner.lora.describe(),
             "time": time.time(),
         })
         info.update(self.stats)

@@ -71,10 +71,12 @@ class OfflineAPI:
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                  logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=False,
-                 rid=None, stream=False, extra_key=None):
-        """Generate for one prompt (dict result) or a list (list of dicts, input order); stream=True yields chunks."""
+                 rid=None, stream=False, extra_key=None, lora_path=None):
+        """Generate for one prompt (dict result) or a list (list of dicts, input order); stream=True yields chunks.
+        lora_path: a LoRA adapter's name, or one per prompt (None: the base model)."""
         inputs, is_batch = generate_inputs(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                           top_logprobs_num, return_text_in_logprobs, rid, extra_key, stream)
+                                           top_logprobs_num, return_text_in_logprobs, rid, extra_key, stream,
+                                           lora_path)
         reqs = [self.build_request(i) for i in inputs]
         done = wait_guides(reqs)  # compile errors raise here, in the caller (ValueError)
         if stream:
@@ -99,7 +101,7 @@ class OfflineAPI:
     async def async_generate(self, prompt=None, sampling_params=None, stream=False, **kwargs):
         """Asyncio variant of generate(); with stream=True returns an async iterator of chunks."""
         names = ("input_ids", "return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
-                 "rid", "extra_key")
+                 "rid", "extra_key", "lora_path")
         if set(kwargs) - set(names):
             raise ValueError(f"unknown argument(s) {sorted(set(kwargs) - set(names))}")
 

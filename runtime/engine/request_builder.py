@@ -64,7 +64,7 @@ def _per_item(value, n: int, name: str, is_batch: bool) -> list:
 
 def generate_inputs(prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                     logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=False, rid=None,
-                    extra_key=None, stream=False) -> tuple[list[GenerateReqInput], bool]:
+                    extra_key=None, stream=False, lora_path=None) -> tuple[list[GenerateReqInput], bool]:
     """Engine.generate()'s arguments (SGLang's offline API) as one GenerateReqInput per prompt and sample, and whether
     the answer is a list (a batch of prompts, or n > 1 samples: rids `rid-j`, as the native API names them)."""
     if (prompt is None) == (input_ids is None):
@@ -99,7 +99,9 @@ def generate_inputs(prompt=None, sampling_params=None, input_ids=None, return_lo
         rid = str(rids[i]) if rids[i] is not None else uuid.uuid4().hex
         return f"{rid}-{j}" if k > 1 else rid
 
-    inputs = [e.inp for e in expand_inputs(prompts, samplings, logprobs, keys, rid_of, stream=stream)]
+    loras = _per_item(lora_path, n, "lora_path", is_batch)  # an adapter name per prompt (None: the base model)
+    inputs = [dataclasses.replace(e.inp, lora_path=loras[e.prompt]) if loras[e.prompt] is not None else e.inp
+              for e in expand_inputs(prompts, samplings, logprobs, keys, rid_of, stream=stream)]
     if stream and len(inputs) > 1:
         raise ValueError("stream=True takes a single prompt and n=1")
     return inputs, is_batch or len(inputs) > n
@@ -142,4 +144,5 @@ def build_request(inp: GenerateReqInput, ops: TokenizerOps, limits: RequestLimit
         # compiled in a worker process: the request is admitted to the scheduler once its guide is ready
         guide = compile_guide(*sp.constraint)
     return GenerateReq(rid=inp.rid, input_ids=ids, sampling=sp, logprob=inp.logprob, extra_key=inp.extra_key,
-                       stream=inp.stream, guide=guide, trace=inp.trace, max_thinking_tokens=inp.max_thinking_tokens)
+                       stream=inp.stream, guide=guide, trace=inp.trace, max_thinking_tokens=inp.max_thinking_tokens,
+                       lora_path=inp.lora_path)

@@ -190,6 +190,8 @@ class Scheduler:
                       for r in self.running) * NEW_TOKEN_RATIO
         ordered = order_waiting(self.cfg.schedule_policy, self.waiting, self.kv.cache)
         left: set[int] = set()  # ids of the requests that leave the queue (one rebuild, not a remove each)
+        # LoRA: the running requests' adapters, at most max_loras_per_batch (every step runs them all at once)
+        adapters = {r.lora.uid for r in self.running if r.lora is not None} if self.cfg.lora_enabled else set()
         # requests sharing an uncached prefix with one ahead of them wait a round and then hit the cache
         for req in split_in_batch_sharing(ordered, self.kv.cache).first:
             if budget <= 0 or not self.kv.has_free_row():
@@ -201,6 +203,9 @@ class Scheduler:
                 req.status = ReqStatus.FINISHED
                 aborted.append(req)
                 continue
+            if req.lora is not None and req.lora.uid not in adapters:
+                if len(adapters) >= self.cfg.max_loras_per_batch:
+                    continue  # waits until a running adapter's requests finish
             peek = self.kv.peek_prefix_len(req.all_ids[: req.seq_len - 1], req.extra_key)
             need = min(req.seq_len - peek, self.cfg.chunked_prefill_size, budget)
             if self.kv.available() - need < reserve and self.running:
@@ -211,6 +216,8 @@ class Scheduler:
                 self.kv.release(req)
                 break
             left.add(id(req))
+            if req.lora is not None:
+                adapters.add(req.lora.uid)
             self.running.append(req)
             req.status = ReqStatus.RUNNING
             entries.append(self._entry(req, n))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -22,6 +23,7 @@ class ForwardBatch:
     req_to_token: torch.Tensor  # [max_reqs, max_context] int32
     logits_indices: torch.Tensor  # [m] int64: packed token positions whose logits are computed
     max_extend_len: int = 1  # longest extend among the extend requests (host-side: no sync in attention)
+    lora: Any = None  # kernels/lora.LoraSegments: the rows that use LoRA adapters, grouped by adapter; None = none
 
     @property
     def num_tokens(self) -> int:

@@ -213,7 +213,9 @@ class LlamaForCausalLM(nn.Module):
                         plan_decode_attention(fb.req_to_token, fb.req_pool_indices[:nd], fb.seq_lens[:nd],
                                              self.batch_invariant)
                         if nd else None)
-        ns = native_step(native_lib(), fb, kv, plan.decode, self.rope_cache) if self.native_layers else None
+        # the fused layers know no LoRA: a step with adapter rows runs the per-op path (runtime/lora/pool.py)
+        ns = native_step(native_lib(), fb, kv, plan.decode, self.rope_cache) \
+            if self.native_layers and fb.lora is None else None
         fused = run_native_layers(self.native_layers, ns, x) if ns is not None else None  # one call per layer
         if fused is not None:
             x, residual = fused

@@ -72,6 +72,13 @@ class ModelRunner:
         quantize_model(self.model, self.quantization, batch_invariant=det)
         self.model.batch_invariant = det
         self.model.prepare_native_decode()
+        self.lora = None  # runtime/lora/manager.LoraManager when LoRA adapters are served (wraps the projections)
+        if cfg.lora_enabled:
+            from ..lora.manager import LoraManager
+
+            self.lora = LoraManager(self.model, cfg.lora_paths or (), cfg.max_loras_per_batch, cfg.max_loaded_loras,
+                                    cfg.max_lora_rank, cfg.lora_target_modules, cfg.lora_eviction_policy,
+                                    self.device, self.dtype)
         # built (once per machine) or loaded here, not in the first request's forward; None off CPU (Triton runs)
         self.cpu_kernels = native_status() if self.device.type == "cpu" else None
         hf = self.model.config
@@ -144,6 +151,9 @@ class ModelRunner:
         cuda = self.device.type == "cuda"
         if cfg.disable_cuda_graph or (cfg.disable_cuda_graph is None and not cuda):
             return
+        if self.lora is not None:  # a graph would replay the captured step's adapter segments
+            logger.warning("CUDA graphs off with LoRA adapters; decode runs eagerly")
+            return
         if cfg.disable_cuda_graph is False:  # asked for explicitly: a family that cannot is refused
             check_feature(self.hf_config, "cuda_graph", "CUDA graphs (disable_cuda_graph=False)", self.max_context)
         try:
@@ -201,6 +211,7 @@ class ModelRunner:
             seq_lens=as_long([a + b for a, b in zip(hb.prefix_lens, hb.extend_lens)]),
             req_to_token=kv.req_to_token, logits_indices=as_long(rows),
             max_extend_len=max(hb.extend_lens[hb.num_decode:], default=1),
+            lora=None if self.lora is None else self.lora.pool.begin(_row_adapters(entries), dev),
         )
         if self.model.row_split is not None:  # deterministic inference: prompt rows and generated rows
             self.model.row_split.prepare(entries)
@@ -316,6 +327,14 @@ def kv_buffers_for(runner: ModelRunner, cfg: EngineConfig) -> KVBuffers:
 def _num_rows(entries: list[BatchEntry]) -> int:
     """Decode rows of a decode-only step (a drafted entry has k + 1)."""
     return sum(1 + len(e.draft) for e in entries)
+
+
+def _row_adapters(entries: list[BatchEntry]) -> list:
+    """The adapter of each token row of the forward (None: the base), in build_host_batch's row order."""
+    rows = []
+    for e in entries:
+        rows.extend([e.req.lora] * (1 + len(e.draft) if e.draft else e.extend_len))
+    return rows
 
 
 def _token_at(req, pos: int) -> int:

@@ -21,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..core import EngineProtocol, missing_engine_methods
 from ..engine.output import aborted_output
-from ..messages import (AbortReq, Call, CallResult, ChatPromptReq, DetokenizeReq, Failed, FlushCacheReq,
+from ..messages import (AbortReq, Call, CallResult, ChatPromptReq, DetokenizeReq, Failed, FlushCacheReq, ListLorasReq,
+                        LoadLoraReq, UnloadLoraReq,
                         GenerateReqInput, GetServerInfoReq, Ready, ShutdownReq, StartupFailed, StepOutputs,
                         TokenizeReq)
 
@@ -35,6 +36,9 @@ CALLS = {
     DetokenizeReq: lambda e, r: e.detokenize(r.ids, r.skip_special_tokens),
     ChatPromptReq: lambda e, r: e.chat_prompt(r.messages, r.add_generation_prompt, r.continue_final_message,
                                               r.template_kwargs),
+    LoadLoraReq: lambda e, r: e.load_lora_adapter(r.lora_name, r.lora_path),
+    UnloadLoraReq: lambda e, r: e.unload_lora_adapter(r.lora_name),
+    ListLorasReq: lambda e, r: e.list_lora_adapters(),
 }
 
 

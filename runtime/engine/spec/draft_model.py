@@ -90,7 +90,8 @@ class StandaloneDrafter(NgramDrafter):
         dcfg = dataclasses.replace(cfg, model=path, quantization=cfg.speculative_draft_model_quantization or "auto",
                                    speculative_algorithm=None, speculative_draft_model_path=None,
                                    speculative_num_steps=None, speculative_draft_model_quantization=None,
-                                   max_context_len=max_context, max_total_tokens=pool_tokens, disable_cuda_graph=True)
+                                   max_context_len=max_context, max_total_tokens=pool_tokens, disable_cuda_graph=True,
+                                   enable_lora=False, lora_paths=None)  # the draft guesses for the base model
         self.runner = r = ModelRunner(dcfg, path)
         kv_dtype = kv_cache_torch_dtype(cfg.kv_cache_dtype, r.dtype)
         self.kv = KVManager(KVPool(r.num_layers, pool_tokens, r.num_kv_heads, r.head_dim, kv_dtype, r.device),

@@ -1,0 +1,112 @@
+"""Segmented LoRA (S-LoRA / Punica's SGMV): the rows of one forward grouped by adapter, each group's delta
+y += (x A^T) B^T computed as one shrink then one expand, added in place to the base projection's output.
+
+Adapters of different ranks share one pool: A is [slots, slices * R, in] and B is [slots, out, R] (R the pool's
+maximum rank, an adapter of rank r uses the first r of each slice's R rows / columns; the rest is never read).
+A fused projection (q/k/v, gate/up) has several output slices: slice s reads its own R rows of A and writes the
+columns offsets[s]:offsets[s + 1] of y. The adapter's scaling (alpha / r or alpha / sqrt(r)) is folded into B.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._checks import FLOAT_DTYPES, check_dim, check_same_device, check_same_dtype, check_tensor
+from ._dispatch import on_device, triton_module
+
+
+@dataclass(frozen=True)
+class LoraSegments:
+    """One forward's adapter rows grouped by adapter: segment k is rows[indptr[k]:indptr[k + 1]] using pool slot
+    slots[k] of rank ranks[k]. Host tuples drive the torch paths without device syncs; tensors feed the kernels."""
+
+    rows: torch.Tensor  # [n] int64: token rows that carry an adapter, grouped by adapter (base rows are absent)
+    indptr: torch.Tensor  # [s + 1] int64
+    slots: torch.Tensor  # [s] int64
+    ranks: torch.Tensor  # [s] int64
+    host_indptr: tuple[int, ...]
+    host_slots: tuple[int, ...]
+    host_ranks: tuple[int, ...]
+    num_tokens: int  # rows of the forward (x.shape[0])
+
+    @property
+    def all_rows(self) -> bool:
+        """One adapter on every row, in order: no gather or scatter needed."""
+        return len(self.host_slots) == 1 and self.host_indptr[1] == self.num_tokens
+
+
+def group_rows(row_slots: list[int], slot_ranks: dict[int, int], device: torch.device) -> LoraSegments | None:
+    """Segments of a forward whose token row i uses pool slot row_slots[i] (-1: the base model alone); None when no
+    row has an adapter. Rows keep their order inside each segment; segments follow first appearance."""
+    by_slot: dict[int, list[int]] = {}
+    for i, s in enumerate(row_slots):
+        if s >= 0:
+            by_slot.setdefault(s, []).append(i)
+    if not by_slot:
+        return None
+    rows, indptr = [], [0]
+    for idx in by_slot.values():
+        rows.extend(idx)
+        indptr.append(len(rows))
+    slots = tuple(by_slot)
+    ranks = tuple(slot_ranks[s] for s in slots)
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.int64).to(device, non_blocking=True)  # noqa: E731
+    return LoraSegments(as_long(rows), as_long(indptr), as_long(slots), as_long(ranks), tuple(indptr), slots, ranks,
+                        len(row_slots))
+
+
+def lora_delta_reference(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                         offsets: tuple[int, ...], seg: LoraSegments) -> torch.Tensor:
+    """y[rows] += per slice s: (x[rows] A_s^T) B_s^T, adapter by adapter (the test oracle); returns y."""
+    n_slices, pool_rank = len(offsets) - 1, b.shape[2]
+    for k, (slot, r) in enumerate(zip(seg.host_slots, seg.host_ranks)):
+        lo, hi = seg.host_indptr[k], seg.host_indptr[k + 1]
+        whole = seg.all_rows
+        idx = None if whole else seg.rows[lo:hi]
+        xs = x if whole else x[idx]  # [m, in]
+        ak = a[slot].view(n_slices, pool_rank, -1)[:, :r].reshape(n_slices * r, -1)  # [slices * r, in]
+        h = xs @ ak.t()  # shrink: [m, slices * r]
+        delta = torch.cat([h[:, s * r:(s + 1) * r] @ b[slot, offsets[s]:offsets[s + 1], :r].t()
+                           for s in range(n_slices)], dim=1) if n_slices > 1 else h @ b[slot, :, :r].t()  # [m, out]
+        if whole:
+            y += delta
+        else:
+            y.index_add_(0, idx, delta)
+    return y
+
+
+def lora_delta(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, offsets: tuple[int, ...],
+               seg: LoraSegments) -> torch.Tensor:
+    """Checked: add the segments' LoRA deltas to y in place. x: [t, in], y: [t, out], a: [slots, slices * R, in],
+    b: [slots, out, R]; offsets: the slices' column bounds in y (0 .. out). CUDA -> Triton, else the reference."""
+    check_tensor("x", x, 2, FLOAT_DTYPES, last_dim_contiguous=True)
+    check_tensor("y", y, 2, FLOAT_DTYPES, last_dim_contiguous=True)
+    check_tensor("a", a, 3, FLOAT_DTYPES, last_dim_contiguous=True)
+    check_tensor("b", b, 3, FLOAT_DTYPES, last_dim_contiguous=True)
+    check_same_dtype(x=x, y=y, a=a, b=b)
+    check_same_device(x=x, y=y, a=a, b=b, rows=seg.rows)
+    t, n_in = x.shape
+    check_dim("y", y.shape[0], t, "rows (x's rows)")
+    check_dim("a", a.shape[2], n_in, "dim 2 (x's columns)")
+    check_dim("b", b.shape[1], y.shape[1], "dim 1 (y's columns)")
+    check_dim("b", b.shape[0], a.shape[0], "dim 0 (a's slots)")
+    n_slices = len(offsets) - 1
+    if n_slices < 1 or offsets[0] != 0 or offsets[-1] != y.shape[1] or list(offsets) != sorted(offsets):
+        raise ValueError(f"offsets must rise from 0 to y's {y.shape[1]} columns, got {offsets}")
+    check_dim("a", a.shape[1], n_slices * b.shape[2], "dim 1 (slices x b's rank)")
+    check_dim("segments", seg.num_tokens, t, "num_tokens (x's rows)")
+    if max(seg.host_ranks) > b.shape[2] or min(seg.host_slots) < 0 or max(seg.host_slots) >= a.shape[0]:
+        raise ValueError(f"segments name slots {seg.host_slots} of ranks {seg.host_ranks}; the pool has "
+                         f"{a.shape[0]} slots of rank {b.shape[2]}")
+    return lora_delta_unchecked(x, y, a, b, offsets, seg)
+
+
+def lora_delta_unchecked(x, y, a, b, offsets, seg):
+    """lora_delta without the checks (the model's LoRA layers: shapes fixed when the pool was built)."""
+    mod = triton_module("lora_triton", x)
+    if mod is not None:
+        with on_device(x):
+            return mod.lora_delta_triton(x, y, a, b, offsets, seg)
+    return lora_delta_reference(x, y, a, b, offsets, seg)

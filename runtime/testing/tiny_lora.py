@@ -1,0 +1,51 @@
+"""Test helpers: random-weight LoRA adapters in PEFT's format for a model folder (made by PEFT itself), and the HF
+transformers + PEFT reference those tests compare against."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+
+def make_peft_adapter(base: str | os.PathLike, path: str | os.PathLike, rank: int = 8, alpha: float = 16.0,
+                      targets: tuple[str, ...] = ("q_proj", "v_proj"), seed: int = 0, use_rslora: bool = False,
+                      scale: float = 0.1, config_extra: dict | None = None) -> str:
+    """Write a PEFT LoRA adapter of `base` with random A and B (PEFT starts B at zero: an adapter that does nothing
+    would test nothing); config_extra edits adapter_config.json afterwards (refusal tests)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    path = pathlib.Path(path)
+    if (path / "adapter_config.json").exists():
+        return str(path)
+    model = AutoModelForCausalLM.from_pretrained(str(base), torch_dtype=torch.float32)
+    cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.05, bias="none",
+                     use_rslora=use_rslora, task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+    tmp = path.with_name(path.name + ".tmp")
+    peft_model.save_pretrained(str(tmp), safe_serialization=True)
+    if config_extra:
+        f = tmp / "adapter_config.json"
+        f.write_text(json.dumps({**json.loads(f.read_text()), **config_extra}))
+    tmp.rename(path)
+    return str(path)
+
+
+def peft_reference(base: str | os.PathLike, adapter: str | os.PathLike | None):
+    """HF transformers' model of `base` in float32, with the PEFT adapter applied (None: the base alone), in eval."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(base), torch_dtype=torch.float32)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter))
+    return model.eval()
