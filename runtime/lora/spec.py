@@ -19,6 +19,12 @@ class LoraRef:
     path: str
     pinned: bool = False  # SGLang's field; accepted, every adapter stays loaded until unloaded anyway
 
+    def __str__(self) -> str:
+        """The --lora-paths entry that gives this ref back."""
+        if self.pinned or "=" in self.name or self.name.startswith("{"):
+            return json.dumps({"lora_name": self.name, "lora_path": self.path, "pinned": self.pinned})
+        return self.path if self.name == self.path else f"{self.name}={self.path}"
+
 
 def parse_lora_ref(item) -> LoraRef:
     """`name=path`, a bare path (its own name), the JSON object {"lora_name", "lora_path", "pinned"} (as a string

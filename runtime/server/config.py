@@ -79,7 +79,20 @@ ENGINE_FLAG_HELP = {
     "--speculative-num-draft-tokens)",
     "speculative_draft_model_quantization": "STANDALONE: the draft model's weight-only quantization (auto, none, "
     "int8, int4; default auto), e.g. an int4 draft of the target's own weights",
+    "enable_lora": "serve LoRA adapters per request (default: on when --lora-paths is given; on without adapters, "
+    "load them with POST /load_lora_adapter)",
+    "lora_paths": "LoRA adapters to serve (PEFT folders): name=path, a path, or the JSON object "
+    "{\"lora_name\", \"lora_path\", \"pinned\"}; requests name them in lora_path or the OpenAI model field",
+    "max_loras_per_batch": "distinct LoRA adapters one batch mixes (adapter pool slots)",
+    "max_loaded_loras": "LoRA adapters loaded at once (default: no limit)",
+    "lora_eviction_policy": "which adapter pool slot a newly needed adapter overwrites: lru or fifo",
+    "max_lora_rank": "the adapter pool's rank (default: the largest --lora-paths adapter's, 16 without any); "
+    "a larger adapter is refused at load",
+    "lora_target_modules": "the adapter pool's modules (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or "
+    "all; default: those of the --lora-paths adapters, all without any)",
 }
+
+LIST_FLAGS = ("lora_paths", "lora_target_modules")  # several values after one flag (SGLang's nargs)
 
 FLAG_ALIASES = {"tp_size": ("--tp",)}  # SGLang's docs write --tp N
 
@@ -228,6 +241,10 @@ def _add_fields(group, cls, helps: dict, skip=()):
         if cls is EngineConfig and f.name == "schedule_policy":
             from ..config import SCHEDULE_POLICIES
             kw = {"choices": SCHEDULE_POLICIES}
+        if cls is EngineConfig and f.name == "lora_eviction_policy":
+            kw = {"choices": ("lru", "fifo")}
+        if f.name in LIST_FLAGS:
+            kw = {"nargs": "+"}
         group.add_argument(_flag(f.name), *FLAG_ALIASES.get(f.name, ()), dest=f.name, type=kind, default=default,
                            metavar=f.name.upper(),
                            help=f"{text} (default: {default})", **kw)
@@ -262,6 +279,8 @@ def config_to_args(config: ServerConfig) -> list[str]:
                 continue
             if isinstance(value, bool):
                 args.append(_flag(f.name) if value else "--no-" + f.name.replace("_", "-"))
+            elif isinstance(value, tuple):  # LIST_FLAGS (a LoraRef prints as its --lora-paths entry)
+                args += [_flag(f.name), *map(str, value)]
             else:
                 args += [_flag(f.name), str(value)]
     return args
