@@ -1,6 +1,7 @@
 """JSON-schema coverage: compiled / refused by reason / soundness / compile time, per test-suite draft or folder.
 
     .venv/bin/python benchmarks/json_schema_coverage.py                      # JSON-Schema-Test-Suite, 3 drafts
+    .venv/bin/python benchmarks/json_schema_coverage.py --suite /path/suite  # another copy of the suite
     .venv/bin/python benchmarks/json_schema_coverage.py --dir /path/schemas  # a folder of *.json schemas
     .venv/bin/python benchmarks/json_schema_coverage.py --dir ... --tokenizer  # + token index, real tokenizer
 
@@ -25,7 +26,8 @@ from collections import Counter
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-SUITE = "/work/shared/data/json-schema-test-suite"
+# the copy vendored for the tests (drafts 2020-12, 7, 4; MIT, its LICENSE beside it)
+SUITE = os.path.join(os.path.dirname(__file__), "..", "tests", "grammar", "json_schema_test_suite")
 DRAFTS = {"draft2020-12": "2020-12", "draft7": "7", "draft4": "4"}
 
 
@@ -62,14 +64,14 @@ def compile_one(schema, draft: str, ws, timeout_s: float, max_states: int):
         return None, str(e), time.perf_counter() - t0
 
 
-def run_suite(draft_dir: str, draft: str, timeout_s: float, max_states: int, loose: bool = True) -> dict:
+def run_suite(suite: str, draft_dir: str, draft: str, timeout_s: float, max_states: int, loose: bool = True) -> dict:
     """Compile every case of one draft; count refusals, accepted valid / invalid instances."""
     V = validator_for(draft)
     stats = Counter()
     reasons = Counter()
     times = []
     unsound = []
-    for path in sorted(glob.glob(os.path.join(SUITE, draft_dir, "*.json"))):
+    for path in sorted(glob.glob(os.path.join(suite, draft_dir, "*.json"))):
         for case in json.load(open(path)):
             stats["schemas"] += 1
             res, err, dt = compile_one(case["schema"], draft, None, timeout_s, max_states)
@@ -249,6 +251,8 @@ def _real_tokenizer_info():
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", help="folder of *.json schemas instead of the test suite")
+    ap.add_argument("--suite", default=SUITE, help="JSON-Schema-Test-Suite folder holding draft2020-12/, draft7/, "
+                    "draft4/ (default: the copy under tests/grammar)")
     ap.add_argument("--timeout", type=float, default=4.5, help="compile time budget per schema (s; the compiler default)")
     ap.add_argument("--max-states", type=int, default=20_000)
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -268,7 +272,7 @@ def main() -> None:
                     f.write(json.dumps(rec) + "\n")
         return
     for d, draft in DRAFTS.items():
-        r = run_suite(d, draft, args.timeout, args.max_states)
+        r = run_suite(args.suite, d, draft, args.timeout, args.max_states)
         s = r["stats"]
         print(f"{d}: {s['compiled']}/{s['schemas']} compiled ({100 * s['compiled'] / s['schemas']:.0f}%), "
               f"valid accepted {s['valid_accepted']}/{s['valid']}, invalid accepted {s['invalid_accepted']}/"

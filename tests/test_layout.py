@@ -87,6 +87,26 @@ def test_grammar_root_stays_small():
     assert len(root_files) <= 12, root_files
 
 
+# A path on the machine a file was written on (a home, a mount, a scratch workspace) or a notes / sample folder
+# kept beside the repository: a reader elsewhere cannot open it. /tmp and /etc stay allowed (scratch folders in
+# commands, hostile inputs in tests).
+_OUTSIDE = re.compile(r"(?<![\w.~-])/(?:" + "|".join(["work", "home", "Users", "root", "mnt", "srv", "data", "scratch"])
+                      + r")/|(?<![\w.-])(?:shared/data|notes)/[\w.-]")
+
+
+def test_no_file_names_a_path_outside_the_repository():
+    names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    hits = []
+    for name in names:
+        path = ROOT / name
+        if path.suffix in (".gguf", ".png", ".jpg", ".ico", ".bin") or not path.is_file():
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if _OUTSIDE.search(line):
+                hits.append(f"{name}:{n}: {line.strip()[:100]}")
+    assert hits == []
+
+
 def test_import_sglpy_does_not_import_torch():
     code = "import sys, sglpy; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -36,7 +36,6 @@ class _Matcher:
 INFO = small_vocab_info()
 COMPILER = GrammarCompiler(INFO)
 CLOSERS = frozenset(i for i, b in enumerate(INFO.token_bytes) if b in (b'"', b"}", b"]", b'",', b'"}', b"0", b"1"))
-SUITE = "/work/shared/data/json-schema-test-suite/draft2020-12"
 
 
 class Address(pydantic.BaseModel):

@@ -1,7 +1,7 @@
 """`sglpy serve` workers behind sglang-router 0.3.2 (fake engines): every route, cache-aware affinity, a worker
 killed under load, the circuit breaker, and the clients (sglpy's RuntimeEndpoint, `openai`) unchanged.
 
-Facts about the router these tests rely on (observed, /work/notes/sglang_wire.md section 6): it keeps the `rid`
+Facts about the router these tests rely on (observed with sglang-router 0.3.2): it keeps the `rid`
 of /generate and OpenAI bodies, so each worker's request log says which requests it served; under cache_aware
 a request that matches no cached prefix goes to the least-loaded worker, ties to the first, so prefix families
 are started concurrently to spread them.

@@ -24,7 +24,7 @@ HEAVY = sorted(CONSTRAINED)
 CLIENT_CAUSES = {
     "run_async": "SGLang's frontend has no SglFunction.run_async",
 }
-# ... and through sglang-router 0.3.2 (observed: /work/notes/sglang_wire.md section 8.3)
+# ... and through sglang-router 0.3.2 (observed; the router tests below send each program through it)
 ROUTER_CAUSES = {
     **CLIENT_CAUSES,
     "select": "sglang-router answers 422 to select's batch `text: [...]` (its /generate schema takes one string)",
