@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Iterator, Optional
 
 from .backend_base import BaseBackend, ChoiceScore, GenResult, StreamChunk, plan_scoring, scores_from_logprobs
 from .chat_template import ChatTemplate, from_hf_tokenizer, get_chat_template
-from .ir import GenParams, SamplingParams
+from .ir import GenParams
 
 
 def check_output(out: dict) -> dict:
@@ -16,12 +15,6 @@ def check_output(out: dict) -> dict:
     if isinstance(reason, dict) and reason.get("type") == "abort":
         raise RuntimeError(f"the runtime aborted the request: {reason.get('message', 'no message')}")
     return out
-
-
-def engine_request(params: GenParams) -> tuple[SamplingParams, dict]:
-    """(SamplingParams, logprob fields that were set) for one engine request; n > 1 is expanded by the caller."""
-    sp = params.sampling
-    return (dataclasses.replace(sp, n=1) if sp.n != 1 else sp), params.logprob_fields()
 
 
 class Engine(BaseBackend):
@@ -61,18 +54,14 @@ class Engine(BaseBackend):
             if sampling is not None:
                 kwargs["sampling_params"] = sampling
             return self.engine.generate(**kwargs)
-        sp, fields = engine_request(sampling)
-        n = sampling.sampling.n
-        if n == 1:
-            out = check_output(self.engine.generate(prompt=text, sampling_params=sp, **fields))
-            return GenResult(out["text"], out["meta_info"], (out["text"],))
-        outs = [check_output(o) for o in self.engine.generate(prompt=[text] * n, sampling_params=sp, **fields)]
+        out = self.engine.generate(prompt=text, sampling_params=sampling.sampling, **sampling.logprob_fields())
+        outs = [check_output(o) for o in (out if isinstance(out, list) else [out])]  # n > 1: a list of n samples
         return GenResult(outs[0]["text"], outs[0]["meta_info"], tuple(o["text"] for o in outs))
 
     def generate_stream(self, text: str, params: GenParams) -> Iterator[StreamChunk]:
-        sp, fields = engine_request(params)
         pos = 0
-        for chunk in self.engine.generate(prompt=text, sampling_params=sp, stream=True, **fields):
+        for chunk in self.engine.generate(prompt=text, sampling_params=params.sampling, stream=True,
+                                          **params.logprob_fields()):
             check_output(chunk)
             delta, pos = chunk["text"][pos:], len(chunk["text"])
             yield StreamChunk(delta, chunk["meta_info"])

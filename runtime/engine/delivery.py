@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import queue
 from concurrent.futures import Future
+from typing import Callable
 
 from ..messages import ReqOutput, StepOutputs
 
@@ -25,8 +26,12 @@ class BatchWaiter:
             if out.finished and fut is not None and not fut.done():
                 fut.set_result(out.to_json())
 
+    def fail(self, rid: str) -> Callable[[Exception], None]:
+        """submit's on_error for `rid`: its result raises the error (a failed constraint compile)."""
+        return lambda e: self.futures[rid].set_exception(e)
+
     def results(self, rids: list[str]) -> list[dict]:
-        """Block until every request finished; outputs in the order of `rids`."""
+        """Block until every request finished; outputs in the order of `rids` (a failed one raises)."""
         return [self.futures[rid].result() for rid in rids]
 
 
@@ -34,15 +39,22 @@ class StreamQueue:
     """Sink for one streaming request read from a plain thread."""
 
     def __init__(self):
-        self.queue: queue.Queue[ReqOutput] = queue.Queue()
+        self.queue: queue.Queue[ReqOutput | Exception] = queue.Queue()
 
     def __call__(self, step: StepOutputs) -> None:
         for out in step.outputs:
             self.queue.put(out)
 
+    def fail(self, e: Exception) -> None:
+        """submit's on_error: the reader's next get raises `e`."""
+        self.queue.put(e)
+
     def get(self) -> ReqOutput:
-        """The next output (blocks)."""
-        return self.queue.get()
+        """The next output (blocks); raises the request's error."""
+        out = self.queue.get()
+        if isinstance(out, Exception):
+            raise out
+        return out
 
 
 class AsyncSink:
@@ -50,10 +62,21 @@ class AsyncSink:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
-        self.queue: asyncio.Queue[ReqOutput] = asyncio.Queue()
+        self.queue: asyncio.Queue[ReqOutput | Exception] = asyncio.Queue()
 
     def __call__(self, step: StepOutputs) -> None:
         self.loop.call_soon_threadsafe(self._put_all, step.outputs)
+
+    def fail(self, e: Exception) -> None:
+        """submit's on_error: the reader's next get raises `e`."""
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, e)
+
+    async def get(self) -> ReqOutput:
+        """The next output; raises the request's error."""
+        out = await self.queue.get()
+        if isinstance(out, Exception):
+            raise out
+        return out
 
     def _put_all(self, outputs: list[ReqOutput]) -> None:
         for out in outputs:

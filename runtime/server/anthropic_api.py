@@ -17,17 +17,16 @@ text_delta or input_json_delta), content_block_stop, message_delta (stop_reason,
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 
 from aiohttp import web
 
 from ..messages import ChatPromptReq, EngineError
 from ..reasoning import ReasoningStream, reasoning_format, split_reasoning, thinking_open
-from ..sampling_params import MAX_STOPS, LogprobOptions
-from .http_common import ApiError, read_json_object, request_id_header, start_sse
-from .native_api import build_sampling, first_item, request_input
-from .state import ServerState, new_rid
+from ..request import new_rid, parse_request
+from ..sampling_params import MAX_STOPS
+from .http_common import ApiError, first_item, read_json_object, request_errors, request_id_header, start_sse
+from .state import ServerState
 from .wire_schema import BOOL, DICT, INT, NUM, REQUIRED, STR, Schema, Support, WireField, int_range, list_of, one_of
 
 IMPL, NOOP, DEFAULT_ONLY = Support.IMPL, Support.NOOP, Support.DEFAULT_ONLY
@@ -165,13 +164,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
             fields[dst] = f[src]
     if tool is not None:
         fields["json_schema"] = json.dumps(tool["input_schema"])
-    sp = build_sampling(fields, state.info.vocab_size, "request")
     budget, kwargs = _thinking(f, state)
     prompt = await state.engine.call(ChatPromptReq(msgs, True, prefill, kwargs))
     msg_id = "msg_" + new_rid()
-    item = request_input(msg_id, {"text": prompt}, sp, LogprobOptions(), None)
-    if budget is not None:
-        item = dataclasses.replace(item, max_thinking_tokens=budget)
+    with request_errors():
+        (item,) = parse_request({"text": prompt, "rid": msg_id, "sampling_params": fields, "stream": True,
+                                 "max_thinking_tokens": budget}, state.info.vocab_size).items
     parser = state.config.engine.reasoning_parser
     fmt = reasoning_format(parser) if parser is not None else None
     prompt_open = thinking_open(fmt, prompt) if fmt is not None else None

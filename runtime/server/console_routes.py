@@ -14,12 +14,13 @@ import time
 
 from aiohttp import web
 
-from ..messages import ChatPromptReq, EngineError, GenerateReqInput, GetServerInfoReq
-from ..sampling_params import LogprobOptions
-from .http_common import ApiError, error_body, read_json_object, request_id_header, send_sse, start_sse
+from ..messages import ChatPromptReq, EngineError, GetServerInfoReq
+from ..request import parse_request
+from .http_common import (ApiError, error_body, first_item, read_json_object, request_errors, request_id_header,
+                          send_sse, start_sse)
 from .metrics import PoolStats
-from .native_api import first_item, validate_sampling_params
-from .state import ServerState, new_rid
+from .native_api import validate_sampling_params
+from .state import ServerState
 from .trace import build_record
 
 STATIC = pathlib.Path(__file__).parent / "console"
@@ -118,7 +119,7 @@ async def compile_check(request: web.Request) -> web.Response:
     except ApiError as e:
         return web.json_response({"ok": False, "error": e.message})
     state.admit(1)
-    inp = GenerateReqInput(rid=new_rid(), input_ids=[0], sampling=sp, stream=True)
+    (inp,) = parse_request({"input_ids": [0], "sampling_params": sp, "stream": True}).items
     try:
         await state.run_to_end(inp, "/console/api/compile", record_metrics=False, log=False)
     except EngineError as e:
@@ -149,8 +150,9 @@ async def console_generate(request: web.Request) -> web.StreamResponse:
     if body.get("chat"):
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         text = await state.engine.call(ChatPromptReq(messages))
-    inp = GenerateReqInput(rid=new_rid(), text=text, sampling=sp, stream=True, trace="live",
-                           logprob=LogprobOptions(return_logprob=body.get("return_logprob") is True))
+    with request_errors():
+        (inp,) = parse_request({"text": text, "sampling_params": sp, "stream": True, "trace": "live",
+                                "return_logprob": body.get("return_logprob") is True}, state.info.vocab_size).items
     state.admit(1)
     received = time.time()
     final, outcome = None, "ok"

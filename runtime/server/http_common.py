@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -11,6 +12,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from ..messages import EngineError
+from ..request import RequestError
 
 logger = logging.getLogger("sglpy.server")
 request_log = logging.getLogger("sglpy.server.requests")
@@ -26,6 +28,23 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.headers = status, message, param, headers or {}
+
+
+@contextlib.contextmanager
+def request_errors():
+    """The one mapping of a request the parser refused (runtime/request.py) to a 400 naming the field."""
+    try:
+        yield
+    except RequestError as e:
+        raise ApiError(400, e.message, param=e.param) from None
+
+
+async def first_item(gen):
+    """The first item of an async generator (EngineError if it ends at once)."""
+    try:
+        return await anext(gen)
+    except StopAsyncIteration:
+        raise EngineError(500, "the engine finished the request without output") from None
 
 
 def request_id_header(rid: str) -> dict:

@@ -11,17 +11,16 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from ..reasoning import ReasoningFormat, ReasoningStream, reasoning_format, split_reasoning, thinking_open
-from ..engine.request_builder import expand_inputs
 from ..messages import ChatPromptReq, DetokenizeReq, EngineError, GenerateReqInput
-from ..sampling_params import LogprobOptions
+from ..request import new_rid, parse_request, sampling_params
 from ..tools import (Tool, ToolCallStream, ToolChoice, ToolError, ToolFormat, parse_tool_calls, parse_tool_choice,
                      parse_tools, render_conversation, tool_constraint)
 from ..tools.constraint import structure_tool
-from .http_common import ApiError, error_body, read_json_object, request_id_header, send_sse, start_sse
-from .native_api import build_sampling, cache_namespace, check_token_ids, first_item, request_input
+from .http_common import (ApiError, error_body, first_item, read_json_object, request_errors, request_id_header,
+                          send_sse, start_sse)
 from .openai_protocol import (chat_logprobs, chat_messages, check_request, completion_logprobs, finish_reason,
                               sampling_fields, tool_call_deltas)
-from .state import ServerState, new_rid
+from .state import ServerState
 
 
 @dataclass
@@ -97,57 +96,50 @@ def _tool_compile_error(job: _Job, e: EngineError) -> Exception:
 async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, dict]:
     f, options = check_request(body, chat)
     vocab = state.info.vocab_size
-    sp = build_sampling(sampling_fields(f, chat), vocab, "request")
-    if sp.n != 1:
-        sp = dataclasses.replace(sp, n=1)  # n samples are n engine requests
+    with request_errors():
+        sp = sampling_params(sampling_fields(f, chat), vocab, "request")
+    sp = dataclasses.replace(sp, n=f.get("n", 1))
     tool_job = reasoning = None
+    fields = {"return_text_in_logprobs": True, "stream": True}
     if chat:
         messages, extra, sp, tool_job = _tools_of(f, state, chat_messages(f["messages"]), sp)
         if f.get("input_ids") is not None:  # SGLang: pre-tokenized prompt, the template is not applied
-            check_token_ids(f["input_ids"], vocab, "input_ids")
-            prompts = [{"input_ids": f["input_ids"]}]
+            fields["input_ids"] = f["input_ids"]
         else:
             effort = {"reasoning_effort": f["reasoning_effort"]} if f.get("reasoning_effort") is not None else {}
             kwargs = {**effort, **(f.get("chat_template_kwargs") or {}), **extra}  # SGLang forwards reasoning_effort
-            prompt = await state.engine.call(ChatPromptReq(messages, True, bool(f.get("continue_final_message")),
-                                                           kwargs or None))
-            prompts = [{"text": prompt}]
-        reasoning = _reasoning_of(state, f, prompts[0].get("text"))
+            fields["text"] = await state.engine.call(ChatPromptReq(messages, True,
+                                                                   bool(f.get("continue_final_message")),
+                                                                   kwargs or None))
+        reasoning = _reasoning_of(state, f, fields.get("text"))
         want, top = bool(f.get("logprobs")), int(f.get("top_logprobs") or 0)
     else:
-        p = f["prompt"]
-        if isinstance(p, str):
-            prompts = [{"text": p}]
-        elif all(isinstance(x, int) for x in p):
-            prompts = [{"input_ids": p}]
-        elif all(isinstance(x, str) for x in p):
-            prompts = [{"text": x} for x in p]
-        else:
-            prompts = [{"input_ids": x} for x in p]
-        for q in prompts:
-            if "input_ids" in q:
-                check_token_ids(q["input_ids"], vocab, "prompt")
+        p = f["prompt"]  # a string, a token list, or a list of either
+        tokens = isinstance(p, list) and bool(p) and not all(isinstance(x, str) for x in p)
+        fields["input_ids" if tokens else "text"] = p
         want, top = f.get("logprobs") is not None, int(f.get("logprobs") or 0)
     echo_lp = not chat and bool(f.get("echo")) and want  # echo + logprobs: the prompt's logprobs too (as vLLM)
-    logprob = LogprobOptions(return_logprob=want, top_logprobs_num=top, logprob_start_len=0 if echo_lp else -1,
-                             return_text_in_logprobs=True)
     job_id = ("chatcmpl-" if chat else "cmpl-") + (f.get("rid") or new_rid())
-    n = f.get("n", 1)
-    key = cache_namespace(f.get("extra_key"), f.get("cache_salt"))
-    k = len(prompts)
-    exp = expand_inputs(prompts, [sp] * k, [logprob] * k, [key] * k,
-                        lambda i, j, m: job_id if k * m == 1 else f"{job_id}-{i}-{j}", n=[n] * k, make=request_input)
-    items, prompt_of = [e.inp for e in exp], [e.prompt for e in exp]
     budget = (f.get("custom_params") or {}).get("thinking_budget")
     if budget is not None:  # SGLang's per-request thinking budget
         if state.config.engine.reasoning_parser is None:
             raise ApiError(400, "custom_params.thinking_budget needs a reasoning model served with --reasoning-parser",
                            param="custom_params")
-        items = [dataclasses.replace(inp, max_thinking_tokens=budget) for inp in items]
-    job = _Job(job_id, chat, items, prompt_of, want, top, tools=tool_job, reasoning=reasoning)
+        fields["max_thinking_tokens"] = budget
+    fields.update(sampling_params=sp, return_logprob=want, top_logprobs_num=top,
+                  logprob_start_len=0 if echo_lp else -1, extra_key=f.get("extra_key"), cache_salt=f.get("cache_salt"))
+    with request_errors():
+        parsed = parse_request(fields, vocab, lambda i, j, n: f"{job_id}-{i}-{j}")
+    items = parsed.items
+    if len(items) == 1:  # one prompt, one sample: the engine request is named as the response
+        items = [dataclasses.replace(items[0], rid=job_id)]
+    job = _Job(job_id, chat, items, parsed.prompt_of, want, top, tools=tool_job, reasoning=reasoning)
     if not chat and f.get("echo"):
-        job.echo_texts = [p["text"] if "text" in p else await state.engine.call(DetokenizeReq(p["input_ids"]))
-                          for p in prompts]
+        first = {}  # prompt index -> its first item
+        for inp, i in zip(items, parsed.prompt_of):
+            first.setdefault(i, inp)
+        job.echo_texts = [inp.text if inp.text is not None else await state.engine.call(DetokenizeReq(inp.input_ids))
+                          for inp in first.values()]
     return job, {**f, "stream_options": options}
 
 

@@ -77,7 +77,7 @@ def _response_format_constraint(rf: dict) -> tuple[str, str] | None:
 
 
 def sampling_fields(f: dict, chat: bool) -> dict:
-    """SGLang sampling_params (wire names) from a request's validated fields; built by native_api.build_sampling."""
+    """SGLang sampling_params (wire names) from a request's validated fields; built by request.sampling_params."""
     sp = {dst: f[src] for src, dst in _DIRECT.items() if f.get(src) is not None}
     if chat:
         # SGLang: max_completion_tokens or max_tokens; 0 or none = the room left in the context

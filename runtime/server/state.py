@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from typing import AsyncIterator
 
 from ..tools.registry import ToolSetup
@@ -19,11 +18,6 @@ from .config import ServerConfig
 from .trace import Tracing
 
 request_log = logging.getLogger("sglpy.server.requests")
-
-
-def new_rid() -> str:
-    """A fresh request id (uuid4 hex, as SGLang)."""
-    return uuid.uuid4().hex
 
 
 class ServerState:

@@ -9,15 +9,14 @@ checks them against SGLang's own definitions (tests/server/data/sglang_schemas.j
 
 from __future__ import annotations
 
+from ..request import MAX_TOP_LOGPROBS_NUM, TOP_K_ALL
 from ..sampling_params import MAX_STOP_REGEX_BYTES, MAX_STOPS
 from .wire_schema import (ANY, BOOL, BOOL_OR_LIST, DICT, IDS, INT, INT_LIST, INT_OR_LIST, LIST, NUM, REQUIRED,
                           STR, STR_DICT, STR_LIST, STR_OR_LIST, Check, Schema, Support, WireField, dict_of,
                           int_range, list_of, one_of)
 
 IMPL, NOOP, DEFAULT_ONLY = Support.IMPL, Support.NOOP, Support.DEFAULT_ONLY
-MAX_TOP_LOGPROBS_NUM = 256  # /generate top_logprobs_num cap (also bounded by the vocabulary)
 MAX_OPENAI_TOP_LOGPROBS = 20
-TOP_K_ALL = 1 << 30  # SGLang's "whole vocabulary" top_k (its default); -1 means the same
 
 
 def F(name, check, default, support, doc, **kw) -> WireField:

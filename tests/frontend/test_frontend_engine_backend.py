@@ -42,7 +42,8 @@ class StubRuntime:
             return [self._one(x if isinstance(x, list) else self.tokenizer.encode(x), sampling_params, **kw)
                     for x in items]
         ids = items if isinstance(items, list) else self.tokenizer.encode(items)
-        return self._one(ids, sampling_params, **kw)
+        n = SamplingParams.from_dict(sampling_params).n
+        return self._one(ids, sampling_params, **kw) if n == 1 else [self._one(ids, sampling_params, **kw)] * n
 
     def shutdown(self):
         self.calls.append("shutdown")
@@ -62,8 +63,8 @@ def test_gen_calls_engine_generate_with_sglang_sampling_params():
     first, second = rt.calls
     assert first["prompt"] == "Hi" and first["return_logprob"] is True
     assert first["sampling_params"].max_new_tokens == 3 and first["sampling_params"].n == 1
-    assert second["sampling_params"].n == 1  # n samples are n prompts
-    assert second["prompt"] == ["Hiok", "Hiok"]  # n samples as a list prompt
+    assert second["sampling_params"].n == 2  # n passes through: the runtime draws the samples
+    assert second["prompt"] == "Hiok"
 
 
 def test_select_prefills_prefix_then_scores_choice_windows():

@@ -74,6 +74,22 @@ def test_generate_n_expands_to_a_list(srv):
     assert isinstance(outs, list) and len(outs) == 3
 
 
+def test_seeded_n_samples_differ_and_reproduce(srv, client):
+    """n samples of one seeded request are independent draws (OpenAI, vLLM), and the whole set reproduces."""
+    body = {"text": "Tell me a story", "sampling_params": {"max_new_tokens": 12, "n": 3, "seed": 11,
+                                                             "temperature": 1.0, "ignore_eos": True}}
+    runs = [[o["text"] for o in srv.post("/generate", body).json()] for _ in range(2)]
+    assert len(set(runs[0])) == 3 and runs[0] == runs[1]
+
+    def chat():
+        out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Tell me a story"}],
+                                             max_tokens=12, n=3, seed=11, temperature=1.0,
+                                             extra_body={"ignore_eos": True})
+        return [c.message.content for c in out.choices]
+    first = chat()
+    assert len(set(first)) == 3 and chat() == first
+
+
 def test_generate_stream_is_cumulative_and_matches_non_stream(srv):
     full = gen(srv, "Once upon a time", 12)
     r = srv.post("/generate", {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 12, **GREEDY},
