@@ -2,8 +2,9 @@
 
 - auto: free text; the format's trigger opens a call that must be one of the tools with valid arguments;
   without parallel_tool_calls the output ends after the first call.
-- required / a named function: constrained from the first token to calls (of that function), one, or
-  several joined by the format's joiner when parallel_tool_calls.
+- required: constrained from the first token to calls, one, or several joined by the format's joiner when
+  parallel_tool_calls; the output may end after any of them.
+- a named function: exactly one call of that function, then the output ends (as vLLM and SGLang).
 - none: no constraint (the tools are not shown to the model either; see render.py).
 """
 
@@ -19,9 +20,11 @@ def tool_constraint(fmt: ToolFormat, tools: list[Tool], choice: ToolChoice, para
     """The structural_tag JSON text for this request, or None (tool_choice none)."""
     if choice.mode == "none" or not tools:
         return None
-    chosen = [t for t in tools if t.name == choice.name] if choice.mode == "named" else tools
+    named = choice.mode == "named"
+    chosen = [t for t in tools if t.name == choice.name] if named else tools
     spec = {"type": "structural_tag", "structures": fmt.structures(chosen), "triggers": [fmt.trigger],
-            "free_text": choice.mode == "auto", "max_tags": None if parallel else 1, "separator": fmt.joiner}
+            "free_text": choice.mode == "auto", "max_tags": 1 if named or not parallel else None,
+            "separator": fmt.joiner}
     return json.dumps(spec)
 
 

@@ -46,8 +46,14 @@ def test_constraint_accepts_exactly_the_calls_the_parser_reads(compiler, name):
     assert accepts(req, call + fmt.joiner + fmt.render_call("echo", '{"s": "hi"}'))
     assert not accepts(req, fmt.render_call("add", '{"a": 1}'))  # b is required
     assert not accepts(req, fmt.render_call("nope", "{}"))
-    named = compiler.compile("structural_tag", tool_constraint(fmt, TOOLS, ToolChoice("named", "echo"), False))
-    assert accepts(named, fmt.render_call("echo", '{"s": "hi"}')) and not accepts(named, call)
+    for parallel in (False, True):  # a named choice is one call, whatever parallel_tool_calls says
+        named = compiler.compile("structural_tag", tool_constraint(fmt, TOOLS, ToolChoice("named", "echo"), parallel))
+        echo = fmt.render_call("echo", '{"s": "hi"}')
+        assert accepts(named, echo) and not accepts(named, call)
+        assert not named.can_continue(named.advance_bytes(named.initial_state, echo.encode()))  # the output ends
+        assert not accepts(named, echo + fmt.joiner + echo)
+    one = compiler.compile("structural_tag", tool_constraint(fmt, TOOLS, ToolChoice("required"), False))
+    assert accepts(one, call) and not accepts(one, call + fmt.joiner + call)
     auto = compiler.compile("structural_tag", tool_constraint(fmt, TOOLS, ToolChoice("auto"), True))
     assert accepts(auto, "Let me add. " + call) and accepts(auto, "no call at all")
     assert not accepts(auto, "Let me add. " + fmt.trigger + " oops")

@@ -69,15 +69,25 @@ def test_required_calls_always_validate_at_temperature_1(client):
     assert calls >= 30
 
 
-def test_named_choice_calls_that_function(client):
+@pytest.mark.parametrize("parallel", [None, False])
+def test_named_choice_makes_exactly_one_call(client, parallel):
+    """As vLLM and SGLang (instructor's TOOLS mode, LangChain's bind_tools(tool_choice=name) rely on it)."""
+    extra = {} if parallel is None else {"parallel_tool_calls": parallel}  # None: the client's default (true)
     r = client.chat.completions.create(model="m", messages=MSGS, tools=TOOLS, n=8, temperature=1.0, max_tokens=300,
-                                       tool_choice={"type": "function", "function": {"name": "book_table"}},
-                                       parallel_tool_calls=False)
+                                       tool_choice={"type": "function", "function": {"name": "book_table"}}, **extra)
     for ch in r.choices:
-        assert ch.finish_reason == "tool_calls"
-        assert {c.function.name for c in ch.message.tool_calls} == {"book_table"}
-        for c in ch.message.tool_calls:
-            check_call(c)
+        assert ch.finish_reason == "tool_calls", ch
+        assert [c.function.name for c in ch.message.tool_calls] == ["book_table"]
+        check_call(ch.message.tool_calls[0])
+    stream = client.chat.completions.create(model="m", messages=MSGS, tools=TOOLS, temperature=1.0, max_tokens=300,
+                                            tool_choice={"type": "function", "function": {"name": "add"}},
+                                            stream=True, **extra)
+    names, reasons = [], []
+    for chunk in stream:
+        for ch in chunk.choices:
+            names += [d.function.name for d in ch.delta.tool_calls or [] if d.function and d.function.name]
+            reasons += [ch.finish_reason] if ch.finish_reason else []
+    assert names == ["add"] and reasons == ["tool_calls"]
 
 
 def test_parallel_tool_calls(client):
