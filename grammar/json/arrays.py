@@ -24,9 +24,9 @@ class ArraysMixin:
     def _item(self, subs: list[Sub], level: int, mode: str) -> str | None:
         if not subs:
             return self.free_value(level) if mode == "under" else self.loose()
-        ctx = subs[0].ctx
-        m = self.norm(subs)
-        return self.under_norm(m, ctx) if mode == "under" else self.over_norm(m, ctx)
+        if mode == "under":
+            return self.under_subs(subs)
+        return self.over_norm(self.norm(subs), subs[0].ctx)
 
     def array_under(self, n: Norm, ctx) -> str | None:
         return self._array(n, ctx, "under")
@@ -46,7 +46,9 @@ class ArraysMixin:
             elif not rest:
                 rest = uneval
         pre = [self._item(p, ctx.level + 1, mode) for p in pos]
-        item = self.compact(self._item(rest, ctx.level + 1, mode), "items", 200)  # it is written twice
+        # the item is written twice, and maxItems copies it: as one module it is called, not copied
+        many = hi is not None and hi > 2 and not self.plain_text
+        item = self.compact(self._item(rest, ctx.level + 1, mode), "items", 0 if many else 200)
         out = self._sequence(pre, item, lo, hi)
         for c, cmin, cmax in n.contains:
             if out is None:

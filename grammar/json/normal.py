@@ -62,6 +62,7 @@ class Norm:
     false: bool = False  # some part is the false schema
     cut: bool = False  # a $ref recursed past max_recursion_depth here (under: nothing, over: anything)
     uneval: list = field(default_factory=list)  # (keyword, Sub) unevaluatedProperties / unevaluatedItems
+    seen_apps: set = field(default_factory=set, compare=False, repr=False)  # (kind, id(schema)) of apps
 
 
 def count(name: str, v: Any) -> int:
@@ -230,18 +231,18 @@ def _keyword(conv, n: Norm, s: dict, key: str, v: Any, ctx: Ctx, top: bool) -> N
                     raise GrammarError(f"{key}: {name!r} must list property names")
                 n.dep_required.append((name, dep))
             else:
-                n.apps.append(("dependentSchemas", (name, Sub(dep, ctx))))
+                _apply(n, "dependentSchemas", (name, Sub(dep, ctx)), dep)
     elif key == "allOf":
         for sub in _subs(v, ctx, "allOf"):
             add_part(conv, n, sub.schema, sub.ctx, False)
     elif key in ("anyOf", "oneOf"):
-        n.apps.append((key, _subs(v, ctx, key)))
+        _apply(n, key, _subs(v, ctx, key), v)
     elif key == "not":
-        n.apps.append(("not", Sub(v, ctx)))
+        _apply(n, "not", Sub(v, ctx), v)
     elif key == "if":
         then, els = s.get("then", True), s.get("else", True)
         if then is not True or els is not True:
-            n.apps.append(("if", (Sub(v, ctx), Sub(then, ctx), Sub(els, ctx))))
+            _apply(n, "if", (Sub(v, ctx), Sub(then, ctx), Sub(els, ctx)), s)
     elif key in ("then", "else"):
         return
     elif key in ("unevaluatedProperties", "unevaluatedItems"):
@@ -254,6 +255,15 @@ def _keyword(conv, n: Norm, s: dict, key: str, v: Any, ctx: Ctx, top: bool) -> N
         n.uneval.append((key, Sub(v, child)))
     else:
         raise GrammarError(f"unsupported JSON-schema keyword {key!r}")
+
+
+def _apply(n: Norm, kind: str, payload, source) -> None:
+    """Add an applicator once: a definition reached along several $ref / allOf paths is one conjunct (A and A
+    is A; the copies differ at most in their recursion cut-offs, and either is sound), not 2^k combinations."""
+    key = (kind, id(source))
+    if key not in n.seen_apps:
+        n.seen_apps.add(key)
+        n.apps.append((kind, payload))
 
 
 def alt(parts: list[str]) -> str | None:

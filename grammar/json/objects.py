@@ -81,7 +81,7 @@ class ObjectsMixin:
             ok = not n.names or self._name_ok(name, n.names)
             value = None
             if ok:
-                value = self.under_norm(self.norm(subs), subs[0].ctx) if subs else self.free_value(ctx.level + 1)
+                value = self.under_subs(subs) if subs else self.free_value(ctx.level + 1)
             if value is None:
                 if name in n.required:
                     return None
@@ -158,7 +158,7 @@ class ObjectsMixin:
                 evaluated = evaluated or bool(hit) or explicit
             if not evaluated:
                 subs += uneval
-            value = self.under_norm(self.norm(subs), subs[0].ctx) if subs else self.free_value(ctx.level + 1)
+            value = self.under_subs(subs) if subs else self.free_value(ctx.level + 1)
             if value is None:
                 continue
             key_body = body
@@ -244,6 +244,8 @@ class ObjectsMixin:
             extra.append(self.combine(self.lacks_key(name), need, "or", "dependentRequired"))
         filters += [(3, f) for f in extra]
         filters.sort(key=lambda pf: pf[0])
+        if filters and filters[0][0] == 0:  # required discriminators (const/enum) tell objects apart cheaply
+            filters = [pf for pf in filters if pf[0] == 0]
         out = self._loose_obj()
         for _, f in filters[:MAX_OVER_FILTERS + 2]:
             out = self.narrow(out, f, "an object's keywords")

@@ -22,8 +22,17 @@ class OverMixin:
     """`over(sub)` for the schema converter (needs under, norm, the per-type *_over methods)."""
 
     def over(self, sub: Sub) -> str | None:
+        """A superset of the texts valid under `sub`, cached per subschema: its depth cut-offs only loosen it,
+        so the first one computed is sound at every position ($ref'd definitions are negated once)."""
         if sub.schema is True:
             return self.loose()
+        key = ("over", id(sub.schema), sub.ctx.base, sub.ctx.scope)
+        got = self.sub_cache.get(key)
+        if got is None:
+            got = self.sub_cache[key] = (sub.schema, self._over(sub))  # the schema pins its id
+        return got[1]
+
+    def _over(self, sub: Sub) -> str | None:
         if self._over_origin is not None:
             return self.over_norm(self.norm([sub]), sub.ctx)
         self._over_origin = sub.ctx.level

@@ -129,6 +129,8 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
         self.module_cache: dict[str, Module] = {}
         self.flat_cache: dict = {}
         self.combine_cache: dict = {}
+        self.sub_cache: dict = {}  # under / over per subschemas (see under_subs, over)
+        self._cuts = 0  # depth / recursion cut-offs met so far (results shaped by one are not cached)
         self.plain_text = False  # schema_to_regex: no fragments, everything as regex text
         self.ignored: set[str] = set()
         self.relaxed: list[str] = []
@@ -209,11 +211,36 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
     def under(self, sub: Sub) -> str | None:
         if sub.schema is True:
             return self.any_value(sub.ctx.level)
-        return self.under_norm(self.norm([sub]), sub.ctx)
+        return self.under_subs([sub])
+
+    def under_subs(self, subs: list[Sub]) -> str | None:
+        """under() of the conjunction of `subs` at one position, cached per (subschemas, base URIs) unless a
+        depth or recursion cut-off shaped it (an instance valid here is valid wherever the same subschemas
+        apply)."""
+        key = ("under",) + tuple((id(s.schema), s.ctx.base, s.ctx.scope) for s in subs)
+        got = self.sub_cache.get(key)
+        if got is not None:
+            return got[1]
+        cuts = self._cuts
+        out = self.under_norm(self.norm(subs), subs[0].ctx)
+        if self._cuts == cuts:
+            self.sub_cache[key] = ([s.schema for s in subs], out)  # the schemas pin their ids
+        return out
 
     # ---- under-approximation ---------------------------------------------------------------------------
     def under_norm(self, n: Norm, ctx: Ctx) -> str | None:
-        if n.false or n.cut or ctx.level > self.max_level:
+        """under() of a normal form at a new instance position (its own count of distributed branches)."""
+        saved, self._branches = self._branches, 0
+        try:
+            return self._under_norm(n, ctx)
+        finally:
+            self._branches = saved
+
+    def _under_norm(self, n: Norm, ctx: Ctx) -> str | None:
+        if n.cut or ctx.level > self.max_level:
+            self._cuts += 1
+            return None
+        if n.false:
             return None
         if n == Norm():
             return self.any_value(ctx.level)
@@ -233,11 +260,11 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
         if self._branches > MAX_BRANCHES:
             raise GrammarError(f"json_schema combines too many {kind} branches (more than {MAX_BRANCHES})")
         if kind == "anyOf":
-            return alt([self.under_norm(self.extend(rest, [b]), ctx) for b in payload])
+            return alt([self._under_norm(self.extend(rest, [b]), ctx) for b in payload])
         if kind == "oneOf":
             outs, overs, heads = [], {}, [self.norm([b]) for b in payload]
             for i, b in enumerate(payload):
-                mine = self.under_norm(self.extend(rest, [b]), ctx)
+                mine = self._under_norm(self.extend(rest, [b]), ctx)
                 for j, o in enumerate(payload):  # one difference per other branch: no union automaton
                     if mine is None or j == i or self.exclusive(heads[i], heads[j]):
                         continue
@@ -250,14 +277,14 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
             return alt(outs)
         if kind == "if":
             cond, then, els = payload
-            yes = self.under_norm(self.extend(rest, [cond, then]), ctx)
-            no, o = self.under_norm(self.extend(rest, [els]), ctx), self.over(cond)
+            yes = self._under_norm(self.extend(rest, [cond, then]), ctx)
+            no, o = self._under_norm(self.extend(rest, [els]), ctx), self.over(cond)
             no = no if self.disjoint(no, o) else self.combine(no, o, "diff", "if/else")
             return alt([yes, no])
         name, dep = payload  # dependentSchemas
         c = Ctx(ctx.base, ctx.scope, ctx.refs, ctx.level)
-        present = self.under_norm(self.extend(rest, [dep, Sub({"required": [name]}, c)]), ctx)
-        absent = self.under_norm(self.extend(rest, [Sub({"properties": {name: False}}, c)]), ctx)
+        present = self._under_norm(self.extend(rest, [dep, Sub({"required": [name]}, c)]), ctx)
+        absent = self._under_norm(self.extend(rest, [Sub({"properties": {name: False}}, c)]), ctx)
         return alt([present, absent])
 
     def exclusive(self, a: Norm, b: Norm) -> bool:
@@ -292,13 +319,6 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
         return not any(self.json_eq(x, y) for x in xs for y in ys)
 
     def typed_under(self, n: Norm, ctx: Ctx) -> str | None:
-        saved, self._branches = self._branches, 0  # the values inside are other positions: their own count
-        try:
-            return self._typed_under(n, ctx)
-        finally:
-            self._branches = saved
-
-    def _typed_under(self, n: Norm, ctx: Ctx) -> str | None:
         types = TYPES if n.types is None else [t for t in TYPES if t in n.types]
         if n.enum is not None:
             return self.enum_under(n, ctx, types)
@@ -371,16 +391,18 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
 
     def any_value(self, level: int) -> str:
         """An unconstrained value ({} / true) starting at `level`: at most ANY_DEPTH more levels of nesting."""
-        return self._any(min(ANY_DEPTH, max(0, self.max_level + ANY_DEPTH - level)))
+        return self._any(min(ANY_DEPTH, max(0, self.max_level + ANY_DEPTH - level)), ANY_DEPTH)
 
     def free_value(self, level: int) -> str:
         """A member of a container the schema leaves open (no items / no additionalProperties schema)."""
-        return self._any(min(ANY_DEPTH - 1, max(0, self.max_level + ANY_DEPTH - level)))
+        return self._any(min(ANY_DEPTH - 1, max(0, self.max_level + ANY_DEPTH - level)), ANY_DEPTH - 1)
 
     def _layout(self) -> tuple:
         return (self.open_obj, self.close_obj, self.open_arr, self.close_arr, self.comma, self.colon)
 
-    def _any(self, depth: int) -> str:
+    def _any(self, depth: int, full: int) -> str:
+        if depth < full:
+            self._cuts += 1  # the depth limit shaped it
         # numbers apart: the rest is prefix-free, so a large any-value is one called module, not a copy per use
         return f"(?:{self.atom(any_module(self._layout(), depth))}|{ANY_NUMBER_RE})"
 

@@ -10,11 +10,13 @@ the under-approximation reads `\\d \\w \\s` as ASCII and `$` as end of text, the
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import formats as F
 from ..regex import regex_to_dfa
-from ..regex.dfa import DEAD, ByteDFA, _minimise, _trim
+from ..regex.dfa import DEAD, ByteDFA, _minimise, _trim, repeat_dfa
 from ..errors import GrammarError, is_fatal
 from ..regex.fsa import intersect_all, product
 
@@ -104,9 +106,7 @@ class StringsMixin:
         if not parts:
             return None
         if n.min_len or n.max_len is not None:
-            hi = "" if n.max_len is None else n.max_len
-            parts.append(regex_to_dfa(f"(?s:.){{{n.min_len},{hi}}}", self.max_states, budget=self.budget,
-                                      what="minLength/maxLength", allow_empty=True))
+            parts.append(_counted(ANY_CHAR, n.min_len, n.max_len, self.max_states, "minLength/maxLength"))
         return intersect_all(parts, self.max_states, self.budget, "a string's pattern/format/length")
 
     def format_dfa(self, name: str) -> ByteDFA:
@@ -130,13 +130,19 @@ class StringsMixin:
     def _string_re(self, n, mode: str) -> str | None:
         content = self.content_dfa(n, mode)
         if content is None:
-            hi = "" if n.max_len is None else n.max_len
-            count = "*" if (n.min_len, hi) == (0, "") else f"{{{n.min_len},{hi}}}"
-            return '"' + F.STRING_CHAR + count + '"'
-        body = encode_json_body(content)
+            if (n.min_len, n.max_len) == (0, None):
+                return F.STRING
+            if self.plain_text:
+                return '"' + F.STRING_CHAR + f"{{{n.min_len},{'' if n.max_len is None else n.max_len}}}" + '"'
+            body = _counted(JSON_CHAR, n.min_len, n.max_len, self.max_states, "minLength/maxLength")
+        else:
+            body = encode_json_body(content)
         if not body.accepting.any():
             return None
-        return '"' + self.atom(body) + '"'
+        if self.plain_text:
+            return '"' + self.atom(body) + '"'
+        # the quoted string is prefix-free: one module, called (not copied) wherever the type is used
+        return self.atom(quoted(body))
 
     def key_body_dfa(self, name: str) -> ByteDFA:
         """Every escaped spelling of one property name (as a JSON string body)."""
@@ -149,6 +155,36 @@ class StringsMixin:
                                allow_empty=True)
             got = self.dfa_cache[key] = encode_json_body(lit)
         return got
+
+
+JSON_CHAR = F.STRING_CHAR  # one character of a JSON string body, escapes included
+ANY_CHAR = "(?s:.)"  # one decoded character
+
+
+@functools.lru_cache(maxsize=512)
+def _counted(unit: str, lo: int, hi: int | None, max_states: int, what: str) -> ByteDFA:
+    """`unit{lo,hi}` built as a chain (lengths such as maxLength 512 would take seconds of subset construction)."""
+    return repeat_dfa(_unit_dfa(unit), lo, hi, max_states, what)
+
+
+@functools.lru_cache(maxsize=8)
+def _unit_dfa(unit: str) -> ByteDFA:
+    return regex_to_dfa(unit)
+
+
+def quoted(body: ByteDFA) -> ByteDFA:
+    """`"` + body + `"` for a JSON string body automaton (bodies never read a raw `"`)."""
+    n = body.num_states
+    t = np.zeros((n + 2, 256), np.int32)
+    t[:n] = body.trans
+    start, end = n, n + 1
+    t[start, ord('"')] = body.initial
+    live_final = body.accepting.copy()
+    live_final[DEAD] = False
+    t[np.flatnonzero(live_final), ord('"')] = end
+    acc = np.zeros(n + 2, bool)
+    acc[end] = True
+    return ByteDFA(t, acc, start)
 
 
 def leading_lookahead(pattern: str) -> tuple[bool, str, str] | None:

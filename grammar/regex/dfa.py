@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..budget import CompileBudget
-from ..errors import GrammarError
+from ..errors import GrammarError, too_large
 
 if TYPE_CHECKING:  # annotations only: nfa.py determinises its character classes here
     from .nfa import NFA
@@ -238,3 +238,38 @@ def _minimise(ctrans: np.ndarray, accepting: np.ndarray, initial: int, budget: C
     new_acc = accepting[rep]
     new_trans[DEAD] = DEAD
     return new_trans, new_acc, int(block[initial])
+
+
+def repeat_dfa(one: ByteDFA, lo: int, hi: int | None, max_states: int, what: str = "a repeat") -> ByteDFA:
+    """DFA of L(one){lo,hi} built directly as a chain of copies (hi None = unbounded), no subset construction.
+
+    `one` must read exactly one unit: one accepting state without exits, and an initial state that no
+    transition enters (a character class, a JSON string character), so copies chain deterministically.
+    Layer j is the unit read after j units; its final state becomes ready state j + 1 (unbounded: the last
+    layer, lo, returns to ready state lo).
+    """
+    fin = np.flatnonzero(one.accepting)
+    t, i = one.trans, one.initial
+    if len(fin) != 1 or (t[fin[0]] != DEAD).any() or (t == i).any() or fin[0] == i:
+        raise ValueError("repeat_dfa needs a single-unit automaton")
+    f = int(fin[0])
+    inner = [s for s in range(1, one.num_states) if s not in (f, i)]
+    k = len(inner)
+    layers = lo + 1 if hi is None else hi  # unit copies
+    n_ready = lo + 1 if hi is None else hi + 1
+    n = 1 + n_ready + layers * k
+    if n > max_states:
+        raise too_large(what, max_states)
+    local = np.full(one.num_states, -1, np.int64)
+    local[inner] = np.arange(k)
+    out = np.zeros((n, 256), np.int32)
+    rows = t[[i] + inner].astype(np.int64)  # the initial row then the inner rows
+    for j in range(layers):
+        nxt = 1 + (min(j + 1, lo) if hi is None else j + 1)
+        base = 1 + n_ready + j * k
+        m = np.where(rows == f, nxt, np.where(rows == DEAD, DEAD, base + local[rows]))
+        out[1 + j] = m[0]
+        out[base: base + k] = m[1:]
+    acc = np.zeros(n, bool)
+    acc[1 + lo: 1 + n_ready] = True
+    return ByteDFA(out, acc, 1)
