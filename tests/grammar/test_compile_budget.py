@@ -29,8 +29,11 @@ def test_time_budget_names_the_construct():
 
 
 def test_state_cap_names_the_construct():
-    with pytest.raises(GrammarError, match="automaton too large: .* needs more than 500 DFA states"):
-        compile_schema(BIG_SCHEMA, budget=CompileBudget(time_s=None, max_states=500))
+    # the cap is per automaton: BIG_SCHEMA's strings and objects are called modules, each under 500 states
+    compile_schema(BIG_SCHEMA, budget=CompileBudget(time_s=None, max_states=500))
+    exponential = {"type": "string", "pattern": "^(a|b)*a(a|b){12}$"}  # 2^13 DFA states
+    with pytest.raises(GrammarError, match="automaton too large: pattern .* needs more than 500 DFA states"):
+        compile_schema(exponential, budget=CompileBudget(time_s=None, max_states=500))
 
 
 def test_cancel_flag_stops_a_compile():
