@@ -6,6 +6,7 @@ from ..errors import GrammarError
 
 STRING_CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt])'
 STRING = r'"' + STRING_CHAR + r'*"'
+ANY_NUMBER_RE = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?"  # unconstrained numbers: fraction of any length
 INTEGER = r"(?:0|-?[1-9][0-9]*)"
 BOOLEAN = r"(?:true|false)"
 NULL = r"null"

@@ -17,7 +17,8 @@ import numpy as np
 from ..regex import regex_to_dfa
 from ..regex.dfa import ByteDFA, _minimise, _trim
 from ..errors import GrammarError
-from .formats import integer_range
+from . import automata
+from .formats import ANY_NUMBER_RE, integer_range
 
 MAX_DIGITS = 15
 MAX_MULTIPLES = 20_000  # non-integer multipleOf between two bounds: enumerated exactly up to this many
@@ -26,7 +27,6 @@ INT_DIGITS, FRAC_DIGITS = 9, 6  # decimals with a fraction: at most 9 + 6 = 15 d
 INT_RE = r"(?:0|-?[1-9][0-9]*)"
 _UINT = r"(?:0|[1-9][0-9]*)"
 DEC_RE = rf"-?(?:0|[1-9][0-9]{{0,{INT_DIGITS - 1}}})\.[0-9]{{1,{FRAC_DIGITS}}}"
-ANY_NUMBER_RE = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?"  # unconstrained numbers: fraction of any length
 ANY_DEC_RE = r"-?(?:0|[1-9][0-9]*)\.[0-9]+"
 ZERO_FRAC_RE = r"-?(?:0|[1-9][0-9]*)\.0+"  # integral decimals such as 3.0 (integers in draft 6+); cut to 15 digits
 
@@ -164,8 +164,6 @@ def residue_dfa(d: int, with_zero_fraction: bool) -> ByteDFA:
     return ByteDFA(np.ascontiguousarray(ct[:, cls]), acc, init)
 
 
-
-
 def _tightest(bounds: list, lower: bool):
     """(bound, exclusive) that implies the others (ties: the exclusive one), or (None, False)."""
     best = None
@@ -193,146 +191,148 @@ def _plain_decimal(v: float) -> str | None:
     return text if digits <= MAX_DIGITS else None
 
 
-class NumbersMixin:
-    """Number typing for the schema converter (needs atom, to_dfa, budget, max_states, refuse, draft)."""
+def _long_decimals(conv) -> str:
+    """Decimals outside the 9+6-digit universe: over-approximations keep them all (no exact float check)."""
+    got = conv.dfa_cache.get("longdec")
+    if got is None:
+        from ..regex.fsa import product
 
-    def _long_decimals(self) -> str:
-        """Decimals outside the 9+6-digit universe: over-approximations keep them all (no exact float check)."""
-        got = self.dfa_cache.get("longdec")
-        if got is None:
-            from ..regex.fsa import product
+        d = product(regex_to_dfa(ANY_DEC_RE, conv.max_states, budget=conv.budget),
+                    regex_to_dfa(DEC_RE, conv.max_states, budget=conv.budget), "diff", conv.max_states,
+                    conv.budget, "numbers")
+        got = conv.dfa_cache["longdec"] = automata.atom(conv, d)
+    return got
 
-            d = product(regex_to_dfa(ANY_DEC_RE, self.max_states, budget=self.budget),
-                        regex_to_dfa(DEC_RE, self.max_states, budget=self.budget), "diff", self.max_states,
-                        self.budget, "numbers")
-            got = self.dfa_cache["longdec"] = self.atom(d)
-        return got
 
-    def float_text(self, v: float) -> str | None:
-        """Regex for the texts we emit for a float const/enum value (None: no exact text in our universe)."""
-        import re
+def float_text(conv, v: float) -> str | None:
+    """Regex for the texts we emit for a float const/enum value (None: no exact text in our universe)."""
+    import re
 
-        if not math.isfinite(v):
-            return None
-        if v.is_integer():
-            i = str(int(v))
-            return f"(?:{i}|{i}\\.0)" if len(i) < MAX_DIGITS else i
-        text = _plain_decimal(v)
-        return None if text is None else re.escape(text)
+    if not math.isfinite(v):
+        return None
+    if v.is_integer():
+        i = str(int(v))
+        return f"(?:{i}|{i}\\.0)" if len(i) < MAX_DIGITS else i
+    text = _plain_decimal(v)
+    return None if text is None else re.escape(text)
 
-    def number_equal(self, v) -> str | None:
-        """Over-approximation of the texts whose value equals v."""
-        import re
 
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if isinstance(v, int) or v.is_integer():
-            i = str(int(v))
-            return f"{re.escape(i)}(?:\\.0+)?" if i != "0" else "-?0(?:\\.0+)?"
-        text = _plain_decimal(v)
-        return None if text is None else re.escape(text) + "0*"
+def number_equal(conv, v) -> str | None:
+    """Over-approximation of the texts whose value equals v."""
+    import re
 
-    def number_re(self, n, integer_only: bool, mode: str) -> str | None:
-        key = ("number", repr((n.num_lo, n.num_hi, n.multiple_of)), integer_only, mode)
-        if key not in self.dfa_cache:  # one atom per distinct number constraint (repr tells 1 from 1.0)
-            self.dfa_cache[key] = self._number_re(n, integer_only, mode)
-        return self.dfa_cache[key]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, int) or v.is_integer():
+        i = str(int(v))
+        return f"{re.escape(i)}(?:\\.0+)?" if i != "0" else "-?0(?:\\.0+)?"
+    text = _plain_decimal(v)
+    return None if text is None else re.escape(text) + "0*"
 
-    def _number_re(self, n, integer_only: bool, mode: str) -> str | None:
-        from ..regex.fsa import intersect_all, product
 
-        lo, lo_x = _tightest(n.num_lo, True)
-        hi, hi_x = _tightest(n.num_hi, False)
-        ints = [m for m in n.multiple_of if isinstance(m, int)]
-        integral = [int(m) for m in n.multiple_of if isinstance(m, float) and m.is_integer()]
-        fractional = [m for m in n.multiple_of if isinstance(m, float) and not m.is_integer()]
-        what = "a number's range/multipleOf"
-        if not n.num_lo and not n.num_hi and not n.multiple_of:
-            if not integer_only:
-                return ANY_NUMBER_RE
-            if mode == "under" or self.draft == "4":
-                return INT_RE
-            return f"(?:{INT_RE}|{ZERO_FRAC_RE}|{self._long_decimals()})"
-        if fractional and mode == "under":
-            return self._enumerated(n, lo, lo_x, hi, hi_x, fractional, integer_only)
-        fractional = []  # over: dropping the float-division divisors keeps a superset
-        parts = []
-        # integer texts
-        a, b = integer_bounds(lo, lo_x, hi, hi_x)
-        if a is None or b is None or a <= b:
-            rng = integer_range(a, b)
-            if ints or integral:
-                dfas = [regex_to_dfa(rng, self.max_states, budget=self.budget, what=what)]
-                dfas += [residue_dfa(m, False) for m in ints + integral if m <= 10_000]
-                if any(m > 10_000 for m in ints + integral):
-                    if mode == "under":
-                        self.refuse("multipleOf", "divisors above 10000 are not supported")
-                if integral:  # float division: exact below 2**53, so stay within 15 digits
-                    cap = regex_to_dfa(r"-?[0-9]{1,15}", self.max_states, budget=self.budget)
-                    if mode == "under":
-                        dfas.append(cap)
-                d = intersect_all(dfas, self.max_states, self.budget, what)
-                if integral and mode == "over":
-                    big = regex_to_dfa(r"-?[1-9][0-9]{15,}", self.max_states, budget=self.budget)
-                    d = product(d, big, "or", self.max_states, self.budget, what)
-                parts.append(self.atom(d) if d.accepting.any() else None)
-            else:
-                parts.append(rng)
-        # decimal texts (a fraction part): numbers, and draft 6+ integers written as N.0 (over only)
-        want_dec = not integer_only or (mode == "over" and self.draft != "4")
-        if want_dec:
-            if (ints or integral) and mode == "under":
-                pass  # under: multiples are written as integers
-            else:
-                d = decimal_range_dfa(lo, lo_x, hi, hi_x, self.max_states, self.budget)
-                if integer_only or ints or integral:
-                    zf = regex_to_dfa(ZERO_FRAC_RE, self.max_states, budget=self.budget)
-                    d = product(d, zf, "and", self.max_states, self.budget, what)
-                    for m in ints + integral:
-                        if m <= 10_000:
-                            d = product(d, residue_dfa(m, True), "and", self.max_states, self.budget, what)
-                parts.append(self.atom(d) if d.accepting.any() else None)
-        if want_dec and mode == "over":
-            parts.append(self._long_decimals())
-        parts = [p for p in parts if p is not None]
-        if not parts:
-            return None
-        return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+def number_re(conv, n, integer_only: bool, mode: str) -> str | None:
+    key = ("number", repr((n.num_lo, n.num_hi, n.multiple_of)), integer_only, mode)
+    if key not in conv.dfa_cache:  # one atom per distinct number constraint (repr tells 1 from 1.0)
+        conv.dfa_cache[key] = _number_re(conv, n, integer_only, mode)
+    return conv.dfa_cache[key]
 
-    def _enumerated(self, n, lo, lo_x, hi, hi_x, divisors, integers_only: bool) -> str | None:
-        """Non-integer multipleOf: the finitely many candidates in the bounds that jsonschema's check accepts."""
-        import json
-        import re
-        from decimal import Decimal
 
-        step = Decimal(repr(divisors[0]))
-        k0 = None if lo is None else math.ceil(Decimal(repr(float(lo))) / step)
-        k1 = None if hi is None else math.floor(Decimal(repr(float(hi))) / step)
-        if k0 is None or k1 is None or k1 - k0 > MAX_MULTIPLES:
-            w = MULTIPLES_WINDOW
-            # float division is not a regular language: generate the window of multiples nearest 0 inside the
-            # bounds (a sound subset of the valid numbers)
-            c = min(max(0, -(1 << 200) if k0 is None else k0), (1 << 200) if k1 is None else k1)
-            k0 = c - w // 2 if k0 is None else max(k0, c - w // 2)
-            k1 = k0 + w if k1 is None else min(k1, k0 + w)
-            self.narrowed.add(f"multipleOf {divisors[0]}: the {w} multiples nearest 0 within the bounds")
-        texts = []
-        for k in range(k0, k1 + 1):
-            self.budget.check("multipleOf") if k % 1000 == 0 else None
-            t = format((step * k).normalize(), "f")
-            if integers_only and "." in t:
-                continue
-            x = json.loads(t)
-            if not ((lo is None or (x > lo if lo_x else x >= lo)) and (hi is None or (x < hi if hi_x else x <= hi))):
-                continue
-            if sum(c.isdigit() for c in t) > MAX_DIGITS and "." in t:
-                continue
-            if all(_jsonschema_multiple(x, m) for m in divisors + list(n.multiple_of)):
-                texts.append(re.escape(t))
-        if not texts:
-            return None
-        return self.atom(regex_to_dfa("(?:" + "|".join(texts) + ")", self.max_states, budget=self.budget,
-                                      what="multipleOf"))
+def _number_re(conv, n, integer_only: bool, mode: str) -> str | None:
+    from ..regex.fsa import intersect_all, product
+
+    lo, lo_x = _tightest(n.num_lo, True)
+    hi, hi_x = _tightest(n.num_hi, False)
+    ints = [m for m in n.multiple_of if isinstance(m, int)]
+    integral = [int(m) for m in n.multiple_of if isinstance(m, float) and m.is_integer()]
+    fractional = [m for m in n.multiple_of if isinstance(m, float) and not m.is_integer()]
+    what = "a number's range/multipleOf"
+    if not n.num_lo and not n.num_hi and not n.multiple_of:
+        if not integer_only:
+            return ANY_NUMBER_RE
+        if mode == "under" or conv.draft == "4":
+            return INT_RE
+        return f"(?:{INT_RE}|{ZERO_FRAC_RE}|{_long_decimals(conv)})"
+    if fractional and mode == "under":
+        return _enumerated(conv, n, lo, lo_x, hi, hi_x, fractional, integer_only)
+    fractional = []  # over: dropping the float-division divisors keeps a superset
+    parts = []
+    # integer texts
+    a, b = integer_bounds(lo, lo_x, hi, hi_x)
+    if a is None or b is None or a <= b:
+        rng = integer_range(a, b)
+        if ints or integral:
+            dfas = [regex_to_dfa(rng, conv.max_states, budget=conv.budget, what=what)]
+            dfas += [residue_dfa(m, False) for m in ints + integral if m <= 10_000]
+            if any(m > 10_000 for m in ints + integral):
+                if mode == "under":
+                    conv.refuse("multipleOf", "divisors above 10000 are not supported")
+            if integral:  # float division: exact below 2**53, so stay within 15 digits
+                cap = regex_to_dfa(r"-?[0-9]{1,15}", conv.max_states, budget=conv.budget)
+                if mode == "under":
+                    dfas.append(cap)
+            d = intersect_all(dfas, conv.max_states, conv.budget, what)
+            if integral and mode == "over":
+                big = regex_to_dfa(r"-?[1-9][0-9]{15,}", conv.max_states, budget=conv.budget)
+                d = product(d, big, "or", conv.max_states, conv.budget, what)
+            parts.append(automata.atom(conv, d) if d.accepting.any() else None)
+        else:
+            parts.append(rng)
+    # decimal texts (a fraction part): numbers, and draft 6+ integers written as N.0 (over only)
+    want_dec = not integer_only or (mode == "over" and conv.draft != "4")
+    if want_dec:
+        if (ints or integral) and mode == "under":
+            pass  # under: multiples are written as integers
+        else:
+            d = decimal_range_dfa(lo, lo_x, hi, hi_x, conv.max_states, conv.budget)
+            if integer_only or ints or integral:
+                zf = regex_to_dfa(ZERO_FRAC_RE, conv.max_states, budget=conv.budget)
+                d = product(d, zf, "and", conv.max_states, conv.budget, what)
+                for m in ints + integral:
+                    if m <= 10_000:
+                        d = product(d, residue_dfa(m, True), "and", conv.max_states, conv.budget, what)
+            parts.append(automata.atom(conv, d) if d.accepting.any() else None)
+    if want_dec and mode == "over":
+        parts.append(_long_decimals(conv))
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+
+
+def _enumerated(conv, n, lo, lo_x, hi, hi_x, divisors, integers_only: bool) -> str | None:
+    """Non-integer multipleOf: the finitely many candidates in the bounds that jsonschema's check accepts."""
+    import json
+    import re
+    from decimal import Decimal
+
+    step = Decimal(repr(divisors[0]))
+    k0 = None if lo is None else math.ceil(Decimal(repr(float(lo))) / step)
+    k1 = None if hi is None else math.floor(Decimal(repr(float(hi))) / step)
+    if k0 is None or k1 is None or k1 - k0 > MAX_MULTIPLES:
+        w = MULTIPLES_WINDOW
+        # float division is not a regular language: generate the window of multiples nearest 0 inside the
+        # bounds (a sound subset of the valid numbers)
+        c = min(max(0, -(1 << 200) if k0 is None else k0), (1 << 200) if k1 is None else k1)
+        k0 = c - w // 2 if k0 is None else max(k0, c - w // 2)
+        k1 = k0 + w if k1 is None else min(k1, k0 + w)
+        conv.narrowed.add(f"multipleOf {divisors[0]}: the {w} multiples nearest 0 within the bounds")
+    texts = []
+    for k in range(k0, k1 + 1):
+        conv.budget.check("multipleOf") if k % 1000 == 0 else None
+        t = format((step * k).normalize(), "f")
+        if integers_only and "." in t:
+            continue
+        x = json.loads(t)
+        if not ((lo is None or (x > lo if lo_x else x >= lo)) and (hi is None or (x < hi if hi_x else x <= hi))):
+            continue
+        if sum(c.isdigit() for c in t) > MAX_DIGITS and "." in t:
+            continue
+        if all(_jsonschema_multiple(x, m) for m in divisors + list(n.multiple_of)):
+            texts.append(re.escape(t))
+    if not texts:
+        return None
+    return automata.atom(conv, regex_to_dfa("(?:" + "|".join(texts) + ")", conv.max_states, budget=conv.budget,
+                                  what="multipleOf"))
 
 
 def _jsonschema_multiple(x, m) -> bool:

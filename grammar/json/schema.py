@@ -18,14 +18,12 @@ from . import formats as F
 from ..budget import CompileBudget
 from ..errors import GrammarError
 from ..regex.fsa import is_empty
-from .arrays import ArraysMixin
-from .automata import AutomataMixin
+from . import arrays, automata, numbers, objects, over, strings
+from .formats import ANY_NUMBER_RE
 from .normal import TYPES, Ctx, Norm, Sub, add_part, alt, is_json_type
-from .numbers import ANY_NUMBER_RE, MAX_DIGITS, NumbersMixin
-from .objects import ObjectsMixin
-from .over import ANY_DEPTH, OverMixin
+from .numbers import MAX_DIGITS
+from .over import ANY_DEPTH
 from .refs import ROOT_URI, SchemaRegistry
-from .strings import StringsMixin
 from .universe import any_module
 from .vocab import DEFAULT_DRAFT, detect_draft
 from ..regex.nfa import ATOM_BASE, ATOM_END, OptionalSlots
@@ -85,7 +83,7 @@ def compile_schema(schema: Any, whitespace_pattern: str | None = None, strict: b
     if regex is None:
         raise GrammarError(f"json_schema admits no document (false subschemas, contradictory keywords, or $ref "
                            f"recursion deeper than {max_recursion_depth})")
-    mod = conv.module(regex, "the JSON schema")
+    mod = automata.module(conv, regex, "the JSON schema")
     if is_empty(mod):
         raise GrammarError("json_schema admits no document (its constraints contradict each other)")
     return CompiledSchema(mod, draft, tuple(sorted(conv.ignored)), tuple(conv.relaxed), tuple(sorted(conv.narrowed)))
@@ -106,9 +104,12 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None, strict: 
     return regex
 
 
+class SchemaConverter:
+    """Walks one root schema; subschema languages are regexes whose atoms are precompiled modules.
 
-class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, ArraysMixin, ObjectsMixin):
-    """Walks one root schema; subschema languages are regexes whose atoms are precompiled DFAs."""
+    It holds one compile's state (atoms, caches, budget, layout) and the recursion (under / over); each JSON
+    type's language comes from a plain function of its module (strings, numbers, arrays, objects), picked
+    by the VALUES table."""
 
     def __init__(self, root: Any, draft: str, ws: str | None, strict: bool, max_recursion_depth: int,
                  budget: CompileBudget):
@@ -251,8 +252,8 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
         out = self.typed_under(n, ctx)
         for kind, payload in n.apps:  # only `not` is left
             o = self.over(payload)
-            out = out if self.disjoint(out, o) else self.combine(out, o, "diff", "not")
-        return self.compact(out, "a subschema")
+            out = out if automata.disjoint(self, out, o) else automata.combine(self, out, o, "diff", "not")
+        return automata.compact(self, out, "a subschema")
 
     def distribute(self, kind: str, payload, rest: Norm, ctx: Ctx) -> str | None:
         """anyOf / oneOf / if / dependentSchemas: one alternative per branch, each merged with the rest."""
@@ -270,8 +271,8 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
                         continue
                     if j not in overs:
                         overs[j] = self.over(o)
-                    if not self.disjoint(mine, overs[j]):
-                        mine = self.combine(mine, overs[j], "diff", "oneOf")
+                    if not automata.disjoint(self, mine, overs[j]):
+                        mine = automata.combine(self, mine, overs[j], "diff", "oneOf")
                 if mine is not None:
                     outs.append(mine)
             return alt(outs)
@@ -279,7 +280,7 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
             cond, then, els = payload
             yes = self._under_norm(self.extend(rest, [cond, then]), ctx)
             no, o = self._under_norm(self.extend(rest, [els]), ctx), self.over(cond)
-            no = no if self.disjoint(no, o) else self.combine(no, o, "diff", "if/else")
+            no = no if automata.disjoint(self, no, o) else automata.combine(self, no, o, "diff", "if/else")
             return alt([yes, no])
         name, dep = payload  # dependentSchemas
         c = Ctx(ctx.base, ctx.scope, ctx.refs, ctx.level)
@@ -326,23 +327,16 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
 
     def typed_alt(self, n: Norm, ctx: Ctx, types, mode: str) -> str | None:
         """The alternation of `types`' value languages for n, each built in `mode` ("under" or "over")."""
-        parts = []
-        for t in types:
-            if t == "null":
-                parts.append(F.NULL)
-            elif t == "boolean":
-                parts.append(F.BOOLEAN)
-            elif t == "string":
-                parts.append(self.string_re(n, mode))
-            elif t in ("integer", "number"):
-                if t == "integer" and "number" in types:
-                    continue
-                parts.append(self.number_re(n, t == "integer", mode))
-            elif t == "array":
-                parts.append(getattr(self, f"array_{mode}")(n, ctx))
-            else:
-                parts.append(getattr(self, f"object_{mode}")(n, ctx))
-        return alt(parts)
+        if "number" in types:
+            types = [t for t in types if t != "integer"]  # the number language holds the integers
+        return alt([VALUES[t](self, n, ctx, mode) for t in types])
+
+    def over(self, sub: Sub) -> str | None:
+        """A superset of the texts valid under `sub` (over.py)."""
+        return over.over(self, sub)
+
+    def over_norm(self, n: Norm, ctx: Ctx) -> str | None:
+        return over.over_norm(self, n, ctx)
 
     def enum_under(self, n: Norm, ctx: Ctx, types) -> str | None:
         """The enum/const values that also satisfy the other keywords here (checked on their texts)."""
@@ -353,7 +347,7 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
             if r is None:
                 return None
             check = r
-            matcher = Program(self.module(r, "enum"))
+            matcher = Program(automata.module(self, r, "enum"))
         out = []
         for v in n.enum:
             if not any(is_json_type(v, t, self.draft) for t in types):
@@ -367,7 +361,7 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
                     text = alt([re.escape(t) for t in lits if matcher.fullmatch(t.encode())])
                     if text is None:
                         continue
-                elif self.combine(text, check, "and", "enum") is None:
+                elif automata.combine(self, text, check, "and", "enum") is None:
                     continue
             out.append(text)
         return alt(out)
@@ -386,7 +380,7 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
                 return None
             return self.open_arr + self.comma.join(items) + self.close_arr
         if isinstance(v, float):
-            return self.float_text(v)
+            return numbers.float_text(self, v)
         return re.escape(json.dumps(v, ensure_ascii=False))
 
     def any_value(self, level: int) -> str:
@@ -404,7 +398,26 @@ class SchemaConverter(AutomataMixin, OverMixin, StringsMixin, NumbersMixin, Arra
         if depth < full:
             self._cuts += 1  # the depth limit shaped it
         # numbers apart: the rest is prefix-free, so a large any-value is one called module, not a copy per use
-        return f"(?:{self.atom(any_module(self._layout(), depth))}|{ANY_NUMBER_RE})"
+        return f"(?:{automata.atom(self, any_module(self._layout(), depth))}|{ANY_NUMBER_RE})"
+
+def _arrays(conv, n: Norm, ctx: Ctx, mode: str) -> str | None:
+    return arrays.array_under(conv, n, ctx) if mode == "under" else arrays.array_over(conv, n, ctx)
+
+
+def _objects(conv, n: Norm, ctx: Ctx, mode: str) -> str | None:
+    return objects.object_under(conv, n, ctx) if mode == "under" else objects.object_over(conv, n, ctx)
+
+
+VALUES = {  # JSON type -> its value language (conv, normal form, context, "under" | "over")
+    "null": lambda conv, n, ctx, mode: F.NULL,
+    "boolean": lambda conv, n, ctx, mode: F.BOOLEAN,
+    "string": lambda conv, n, ctx, mode: strings.string_re(conv, n, mode),
+    "integer": lambda conv, n, ctx, mode: numbers.number_re(conv, n, True, mode),
+    "number": lambda conv, n, ctx, mode: numbers.number_re(conv, n, False, mode),
+    "array": _arrays,
+    "object": _objects,
+}
+
 
 def _scalar_texts(v: Any) -> list[str] | None:
     """The texts const_text's regex matches for a scalar value (None for arrays and objects)."""

@@ -14,6 +14,7 @@ import functools
 
 import numpy as np
 
+from . import automata
 from . import formats as F
 from ..regex import regex_to_dfa
 from ..regex.dfa import DEAD, ByteDFA, _minimise, _trim, repeat_dfa
@@ -46,115 +47,120 @@ def encode_json_body(dfa: ByteDFA) -> ByteDFA:
     return ByteDFA(np.ascontiguousarray(ct[:, cls]), acc, init)
 
 
-class StringsMixin:
-    """String typing for the schema converter (needs `atom`, `budget`, `max_states`, `refuse`, `ignore`)."""
+def _search_dfa(conv, pattern: str, mode: str) -> ByteDFA:
+    return regex_to_dfa(pattern, conv.max_states, unicode_classes=mode == "over", budget=conv.budget,
+                        what=f"pattern {pattern[:40]!r}", allow_empty=True, search=True,
+                        dollar_newline=mode == "over")
 
-    def _search_dfa(self, pattern: str, mode: str) -> ByteDFA:
-        return regex_to_dfa(pattern, self.max_states, unicode_classes=mode == "over", budget=self.budget,
-                            what=f"pattern {pattern[:40]!r}", allow_empty=True, search=True,
-                            dollar_newline=mode == "over")
 
-    def pattern_dfa(self, pattern: str, mode: str) -> ByteDFA | None:
-        """Decoded strings `re.search(pattern, s)` matches (under: subset, over: superset); None = no constraint."""
-        key = ("pattern", pattern, mode)
-        if key not in self.dfa_cache:
-            self.dfa_cache[key] = self._pattern_dfa(pattern, mode)
-        return self.dfa_cache[key]
+def pattern_dfa(conv, pattern: str, mode: str) -> ByteDFA | None:
+    """Decoded strings `re.search(pattern, s)` matches (under: subset, over: superset); None = no constraint."""
+    key = ("pattern", pattern, mode)
+    if key not in conv.dfa_cache:
+        conv.dfa_cache[key] = _pattern_dfa(conv, pattern, mode)
+    return conv.dfa_cache[key]
 
-    def _pattern_dfa(self, pattern: str, mode: str) -> ByteDFA | None:
-        try:
-            split = leading_lookahead(pattern)
-            if split is None:
-                return self._search_dfa(pattern, mode)
-            # `^(?=X)Y` / `^(?!X)Y`: a lookahead at the start of the text is a regular condition on its
-            # prefix: L(^Y) and (or minus) the texts with a prefix in L(X), i.e. re.search(^X)
-            negative, look, rest = split
-            body = self._search_dfa("^" + rest, mode)
-            # a difference subtracts the other approximation: under - over(X) is a subset, over - under(X) a superset
-            flip = {"under": "over", "over": "under"}[mode] if negative else mode
-            prefix = self._search_dfa("^(?:" + look + ")", flip)
-            return product(body, prefix, "diff" if negative else "and", self.max_states, self.budget,
-                           f"pattern {pattern[:40]!r}")
-        except GrammarError as e:
-            if is_fatal(e):
-                raise
-            if mode == "over":
-                return None  # dropping a constraint keeps a superset
-            self.refuse("pattern", f"{pattern!r}: {e}")
-            return None
 
-    def pattern_key_atom(self, pattern: str, mode: str) -> str | None:
-        """Atom of the escaped JSON bodies of the names a pattern matches (one per pattern); None = no constraint."""
-        key = ("patternkey", pattern, mode)
-        if key not in self.dfa_cache:
-            m = self.pattern_dfa(pattern, mode)
-            self.dfa_cache[key] = None if m is None else self.atom(encode_json_body(m))
-        return self.dfa_cache[key]
+def _pattern_dfa(conv, pattern: str, mode: str) -> ByteDFA | None:
+    try:
+        split = leading_lookahead(pattern)
+        if split is None:
+            return _search_dfa(conv, pattern, mode)
+        # `^(?=X)Y` / `^(?!X)Y`: a lookahead at the start of the text is a regular condition on its
+        # prefix: L(^Y) and (or minus) the texts with a prefix in L(X), i.e. re.search(^X)
+        negative, look, rest = split
+        body = _search_dfa(conv, "^" + rest, mode)
+        # a difference subtracts the other approximation: under - over(X) is a subset, over - under(X) a superset
+        flip = {"under": "over", "over": "under"}[mode] if negative else mode
+        prefix = _search_dfa(conv, "^(?:" + look + ")", flip)
+        return product(body, prefix, "diff" if negative else "and", conv.max_states, conv.budget,
+                       f"pattern {pattern[:40]!r}")
+    except GrammarError as e:
+        if is_fatal(e):
+            raise
+        if mode == "over":
+            return None  # dropping a constraint keeps a superset
+        conv.refuse("pattern", f"{pattern!r}: {e}")
+        return None
 
-    def content_dfa(self, n, mode: str) -> ByteDFA | None:
-        """Decoded-text automaton for minLength/maxLength/pattern/format, or None when only lengths apply."""
-        parts = []
-        for p in n.patterns:
-            d = self.pattern_dfa(p, mode)
-            if d is not None:
-                parts.append(d)
-        for f in n.formats:
-            if f not in F.FORMATS:
-                self.ignore([f"format:{f}"])
-            elif mode == "under":
-                parts.append(self.format_dfa(f))
-        if not parts:
-            return None
-        if n.min_len or n.max_len is not None:
-            parts.append(_counted(ANY_CHAR, n.min_len, n.max_len, self.max_states, "minLength/maxLength"))
-        return intersect_all(parts, self.max_states, self.budget, "a string's pattern/format/length")
 
-    def format_dfa(self, name: str) -> ByteDFA:
-        key = ("format", name)
-        got = self.dfa_cache.get(key)
-        if got is None:
-            got = self.dfa_cache[key] = regex_to_dfa(F.FORMATS[name], self.max_states, budget=self.budget,
-                                                     what=f"format {name!r}")
-        return got
+def pattern_key_atom(conv, pattern: str, mode: str) -> str | None:
+    """Atom of the escaped JSON bodies of the names a pattern matches (one per pattern); None = no constraint."""
+    key = ("patternkey", pattern, mode)
+    if key not in conv.dfa_cache:
+        m = pattern_dfa(conv, pattern, mode)
+        conv.dfa_cache[key] = None if m is None else automata.atom(conv, encode_json_body(m))
+    return conv.dfa_cache[key]
 
-    def string_re(self, n, mode: str) -> str | None:
-        """Regex (quotes included) for the JSON strings allowed by the string keywords of `n`."""
-        if n.max_len is not None and n.max_len < n.min_len:
-            return None
-        # one atom per distinct string constraint: a $ref'd string type used N times is one module, not N
-        key = ("string", tuple(n.patterns), tuple(n.formats), n.min_len, n.max_len, mode)
-        if key not in self.dfa_cache:
-            self.dfa_cache[key] = self._string_re(n, mode)
-        return self.dfa_cache[key]
 
-    def _string_re(self, n, mode: str) -> str | None:
-        content = self.content_dfa(n, mode)
-        if content is None:
-            if (n.min_len, n.max_len) == (0, None):
-                return F.STRING
-            if self.plain_text:
-                return '"' + F.STRING_CHAR + f"{{{n.min_len},{'' if n.max_len is None else n.max_len}}}" + '"'
-            body = _counted(JSON_CHAR, n.min_len, n.max_len, self.max_states, "minLength/maxLength")
-        else:
-            body = encode_json_body(content)
-        if not body.accepting.any():
-            return None
-        if self.plain_text:
-            return '"' + self.atom(body) + '"'
-        # the quoted string is prefix-free: one module, called (not copied) wherever the type is used
-        return self.atom(quoted(body))
+def content_dfa(conv, n, mode: str) -> ByteDFA | None:
+    """Decoded-text automaton for minLength/maxLength/pattern/format, or None when only lengths apply."""
+    parts = []
+    for p in n.patterns:
+        d = pattern_dfa(conv, p, mode)
+        if d is not None:
+            parts.append(d)
+    for f in n.formats:
+        if f not in F.FORMATS:
+            conv.ignore([f"format:{f}"])
+        elif mode == "under":
+            parts.append(format_dfa(conv, f))
+    if not parts:
+        return None
+    if n.min_len or n.max_len is not None:
+        parts.append(_counted(ANY_CHAR, n.min_len, n.max_len, conv.max_states, "minLength/maxLength"))
+    return intersect_all(parts, conv.max_states, conv.budget, "a string's pattern/format/length")
 
-    def key_body_dfa(self, name: str) -> ByteDFA:
-        """Every escaped spelling of one property name (as a JSON string body)."""
-        key = ("keybody", name)
-        got = self.dfa_cache.get(key)
-        if got is None:
-            import re
 
-            lit = regex_to_dfa(re.escape(name) if name else "", self.max_states, budget=self.budget,
-                               allow_empty=True)
-            got = self.dfa_cache[key] = encode_json_body(lit)
-        return got
+def format_dfa(conv, name: str) -> ByteDFA:
+    key = ("format", name)
+    got = conv.dfa_cache.get(key)
+    if got is None:
+        got = conv.dfa_cache[key] = regex_to_dfa(F.FORMATS[name], conv.max_states, budget=conv.budget,
+                                                 what=f"format {name!r}")
+    return got
+
+
+def string_re(conv, n, mode: str) -> str | None:
+    """Regex (quotes included) for the JSON strings allowed by the string keywords of `n`."""
+    if n.max_len is not None and n.max_len < n.min_len:
+        return None
+    # one atom per distinct string constraint: a $ref'd string type used N times is one module, not N
+    key = ("string", tuple(n.patterns), tuple(n.formats), n.min_len, n.max_len, mode)
+    if key not in conv.dfa_cache:
+        conv.dfa_cache[key] = _string_re(conv, n, mode)
+    return conv.dfa_cache[key]
+
+
+def _string_re(conv, n, mode: str) -> str | None:
+    content = content_dfa(conv, n, mode)
+    if content is None:
+        if (n.min_len, n.max_len) == (0, None):
+            return F.STRING
+        if conv.plain_text:
+            return '"' + F.STRING_CHAR + f"{{{n.min_len},{'' if n.max_len is None else n.max_len}}}" + '"'
+        body = _counted(JSON_CHAR, n.min_len, n.max_len, conv.max_states, "minLength/maxLength")
+    else:
+        body = encode_json_body(content)
+    if not body.accepting.any():
+        return None
+    if conv.plain_text:
+        return '"' + automata.atom(conv, body) + '"'
+    # the quoted string is prefix-free: one module, called (not copied) wherever the type is used
+    return automata.atom(conv, quoted(body))
+
+
+def key_body_dfa(conv, name: str) -> ByteDFA:
+    """Every escaped spelling of one property name (as a JSON string body)."""
+    key = ("keybody", name)
+    got = conv.dfa_cache.get(key)
+    if got is None:
+        import re
+
+        lit = regex_to_dfa(re.escape(name) if name else "", conv.max_states, budget=conv.budget,
+                           allow_empty=True)
+        got = conv.dfa_cache[key] = encode_json_body(lit)
+    return got
 
 
 JSON_CHAR = F.STRING_CHAR  # one character of a JSON string body, escapes included

@@ -7,8 +7,8 @@ import functools
 import numpy as np
 
 from . import formats as F
+from .formats import ANY_NUMBER_RE
 from ..regex import DEAD, ByteDFA, regex_to_dfa
-from .numbers import ANY_NUMBER_RE
 from ..regex.nfa import ATOM_BASE
 from ..rtn.module import Entry, Module
 
