@@ -9,6 +9,11 @@ from typing import Any
 from .errors import BudgetExceeded, CompileCancelled
 
 _CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+# One compile's budget, the same on every path (GrammarCompiler, the engine's compile workers and its thread
+# mode, so one constraint gets one answer): seconds of the compiling thread's CPU time, so a loaded box does
+# not refuse a compile that merely got little CPU. The engine bounds wall time separately (grammar_service.py).
+COMPILE_TIME_S = 5.0
+COMPILE_CLOCK = "cpu"
 
 
 @dataclass
@@ -21,10 +26,10 @@ class CompileBudget:
     cancel: any object with `is_set()` (threading.Event, multiprocessing.Event) to stop the compile early.
     """
 
-    time_s: float | None = 5.0
+    time_s: float | None = COMPILE_TIME_S
     max_states: int = 20_000
     cancel: Any = None
-    clock: str = "wall"
+    clock: str = COMPILE_CLOCK
     started: float = -1.0  # set from `clock` at creation
 
     def __post_init__(self):

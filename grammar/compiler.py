@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .budget import CompileBudget
+from .budget import COMPILE_CLOCK, COMPILE_TIME_S, CompileBudget
 from .regex import ByteDFA, regex_to_dfa
 from .errors import GrammarError
 from .guide import Guide, RegexGuide, SchemaInfo
@@ -53,15 +53,15 @@ class GrammarCompiler:
         max_recursion_depth: int = 3,
         cache_dir: str | None = None,
         unicode_classes: bool = False,
-        compile_timeout_s: float | None = 4.5,
-        budget_clock: str = "wall",
+        compile_timeout_s: float | None = COMPILE_TIME_S,
+        budget_clock: str = COMPILE_CLOCK,
     ):
         """cache_dir: optional folder for compiled regex/JSON guides keyed by constraint + tokenizer hash.
 
         unicode_classes: \\d \\w \\s in regexes are ASCII unless this is True (then Python's Unicode classes).
-        compile_timeout_s: wall-clock budget of one compile (token index included; deadline checks overshoot by
-        up to ~0.3 s, so 4.5 keeps compiles under 5 s); None = unlimited.
-        budget_clock: "wall" or "cpu" (the compiling thread's CPU time: for callers that cap wall time themselves).
+        compile_timeout_s: budget of one compile, token index included (default: the engine's, see budget.py);
+        None = unlimited.
+        budget_clock: "cpu" (the compiling thread's CPU time, the default on every path) or "wall".
         """
         if not isinstance(tokenizer_info, TokenizerInfo):
             raise ValueError("GrammarCompiler needs a TokenizerInfo (use TokenizerInfo.from_hf(tokenizer))")

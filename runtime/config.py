@@ -43,7 +43,7 @@ class EngineConfig:
     quantization: str = "auto"  # weight-only quantization at load: auto (= none for now), none, int8, int4
     kv_cache_dtype: str = "auto"  # KV pool storage; 16-bit storage is converted to float32 while reading
     grammar_workers: int = 2  # compile worker processes; 0 = compile on a thread of the engine (holds its GIL)
-    grammar_compile_timeout: float = 5.0  # CPU seconds one constraint compile may use (wall cap: 10x + 10 s)
+    grammar_compile_timeout: float = 5.0  # compile budget: CPU seconds (= sglpy.grammar.budget.COMPILE_TIME_S)
     grammar_max_states: int = 20_000  # largest automaton one constraint (or EBNF terminal) may compile to
     tp_size: int = 1  # tensor-parallel ranks (SGLang's --tp-size); rank 0 is the engine process
     nnodes: int = 1  # machines the tp_size ranks are spread over (tp_size / nnodes ranks each)

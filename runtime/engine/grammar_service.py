@@ -2,11 +2,13 @@
 
 `compile(kind, value)` returns a Future of the Guide at once: a cache hit is already done; otherwise the
 job runs in a worker process (runtime/engine/grammar_worker.py), so a compile never holds the engine's GIL and
-never stalls the step loop. Identical constraints in flight share one job. Each job may use
-`timeout_s` seconds of the worker's CPU time (read from /proc, so a loaded box does not fail legitimate
-compiles; elsewhere wall time) and at most `WALL_FACTOR * timeout_s + 10` seconds of wall time; past
-either, its waiters get a GrammarError naming the budget and the worker is cancelled, then killed and
-replaced if it does not stop within `GRACE_S`. A job whose waiters are all cancelled (client gone) is
+never stalls the step loop. Identical constraints in flight share one job. Each job runs under the grammar
+package's own budget, `timeout_s` seconds of the compiling thread's CPU time (the same budget, clock and
+error as a direct GrammarCompiler compile, so one constraint gets one answer on every path). As protection
+against a compile that does not stop by itself, a job that uses more than `backstop_s` of the worker's CPU
+time (read from /proc; elsewhere wall time) or `WALL_FACTOR * timeout_s + 10` seconds of wall time (a starved
+worker on a busy box) fails with a GrammarError naming the budget, and its worker is cancelled, then killed
+and replaced if it does not stop within `GRACE_S`. A job whose waiters are all cancelled (client gone) is
 stopped the same way. A worker that crashes fails only the job it was running. Results are kept in an
 LRU cache bounded by entries and bytes. workers=0 compiles on a thread of this process instead (no
 isolation: the compile holds the GIL; kept for comparison and for hosts that cannot start processes).
@@ -28,6 +30,8 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from sglpy.grammar import GrammarCompiler, GrammarError, Guide, TokenizerInfo
+from sglpy.grammar.budget import COMPILE_TIME_S
+from sglpy.grammar.errors import BudgetExceeded
 from .grammar_worker import (CancelJob, CompileDone, CompileJob, WorkerInit, WorkerReady, compile_with_budget,
                               unpack_guide)
 
@@ -45,6 +49,9 @@ NICE = 5
 DEMOTED_NICE = 19
 DEMOTE_S = 1.0
 WALL_FACTOR = 10.0  # a starved worker (busy box) still gets budget * 10 + 10 s of wall time
+# CPU past the budget before the service stops a worker itself: the compiler's checks overshoot by up to ~0.3 s
+# and packing a large guide takes a fraction of a second, neither of which may turn an answer into a refusal
+BACKSTOP_FACTOR, BACKSTOP_MIN_S = 0.5, 1.0
 _CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -103,9 +110,10 @@ class _Worker:
 class GrammarService:
     """Compiles constraints for one tokenizer in `workers` processes; results cached (LRU) in this process."""
 
-    def __init__(self, info: TokenizerInfo, workers: int = 2, timeout_s: float = 5.0, max_states: int = 20_000,
-                 cache_size: int = 128, nice: int = NICE):
+    def __init__(self, info: TokenizerInfo, workers: int = 2, timeout_s: float = COMPILE_TIME_S,
+                 max_states: int = 20_000, cache_size: int = 128, nice: int = NICE):
         self.info, self.timeout_s, self.cache_size = info, timeout_s, cache_size
+        self.backstop_s = timeout_s + max(BACKSTOP_MIN_S, BACKSTOP_FACTOR * timeout_s)
         self.wall_s = WALL_FACTOR * timeout_s + 10.0
         self.num_workers = workers
         self._cache: collections.OrderedDict[tuple, tuple[Guide, int]] = collections.OrderedDict()
@@ -124,7 +132,7 @@ class GrammarService:
             self._threads = ThreadPoolExecutor(2, thread_name_prefix="grammar-compile")
             return
         fields = {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
-        self._init = WorkerInit(fields, max_states, self.wall_s, nice)
+        self._init = WorkerInit(fields, max_states, timeout_s, nice)
         self._workers: list[_Worker] = []
         self._start_failures = 0
         self._wake_r, self._wake_w = os.pipe()
@@ -165,6 +173,9 @@ class GrammarService:
                                                self.timeout_s))
         except RecursionError:
             fut.set_exception(GrammarError(f"{key[0]} constraint is nested too deeply to compile"))
+        except BudgetExceeded as e:
+            self.stats["timeouts"] += 1
+            fut.set_exception(e)
         except Exception as e:  # noqa: BLE001 - delivered to the caller
             fut.set_exception(e if isinstance(e, GrammarError) else GrammarError(f"{type(e).__name__}: {e}"))
         self.stats["compile_s"] += time.perf_counter() - t0
@@ -277,7 +288,8 @@ class GrammarService:
             if job.over:
                 return
             if msg.error is not None:
-                self._finish(job, error=msg.error)
+                self.stats["timeouts"] += msg.over_budget
+                self._finish(job, error=msg.error, error_type=BudgetExceeded if msg.over_budget else GrammarError)
                 return
             try:
                 guide = unpack_guide(msg.payload, self.info)
@@ -306,11 +318,12 @@ class GrammarService:
                     os.setpriority(os.PRIO_PROCESS, w.proc.pid, DEMOTED_NICE)
                 except (OSError, AttributeError):
                     pass
-            if used > self.timeout_s or now - job.started > self.wall_s:
+            if used > self.backstop_s or now - job.started > self.wall_s:
                 self.stats["timeouts"] += 1
                 self._finish(job, error=f"{job.kind} constraint ran past its compile budget ({self.timeout_s:g} s "
-                                        f"of CPU, {self.wall_s:g} s of wall time): simplify it, or raise "
-                                        "--grammar-compile-timeout")
+                                        f"of CPU; stopped at {used:.1f} s of CPU, {now - job.started:.1f} s of "
+                                        "wall time): simplify it, or raise --grammar-compile-timeout",
+                             error_type=BudgetExceeded)
                 self._stop(w, job)
 
     def _stop(self, w: _Worker, job: _Job) -> None:
@@ -320,7 +333,8 @@ class GrammarService:
         except (OSError, ValueError):
             pass
 
-    def _finish(self, job: _Job, guide: Guide | None = None, nbytes: int = 0, error: str | None = None) -> None:
+    def _finish(self, job: _Job, guide: Guide | None = None, nbytes: int = 0, error: str | None = None,
+                error_type: type[GrammarError] = GrammarError) -> None:
         """Answer every waiter of a job once; a guide also enters the cache."""
         with self._lock:
             if job.over:
@@ -339,7 +353,7 @@ class GrammarService:
                 if guide is not None:
                     fut.set_result(guide)
                 else:
-                    fut.set_exception(GrammarError(error))
+                    fut.set_exception(error_type(error))
 
     def _remember(self, key: tuple, guide: Guide, nbytes: int) -> None:
         if not self.cache_size:

@@ -36,7 +36,7 @@ class WorkerInit:
 
     info_fields: dict
     max_states: int
-    timeout_s: float | None  # passed to the compiler's own budget where it has one (the worker's CPU clock)
+    timeout_s: float | None  # the compiler's own budget (its default clock: the compiling thread's CPU time)
     nice: int
 
 
@@ -72,6 +72,7 @@ class CompileDone:
     error: str | None
     seconds: float
     refused_opens: int  # file opens the audit hook refused so far in this worker
+    over_budget: bool = False  # the error is the compile budget's (counted as a timeout)
 
 
 # ---------------------------------------------------------------- guide transfer
@@ -179,11 +180,12 @@ def worker_main(read_fd: int, write_fd: int) -> None:
         os._exit(0)  # the engine went away before this worker started
     from sglpy.grammar import GrammarCompiler, GrammarError, TokenizerInfo
     from sglpy.grammar.ebnf.imports import bundled_grammars
+    from sglpy.grammar.errors import BudgetExceeded
 
     info = TokenizerInfo(**init.info_fields)
-    # the engine caches results; the budget counts this worker's CPU time (a loaded box must not refuse a compile
-    # that got little CPU) while the engine bounds its wall time
-    compiler = GrammarCompiler(info, max_states=init.max_states, cache_size=0, budget_clock="cpu")
+    # the engine caches results; the budget is GrammarCompiler's own, on its own clock (the same answer as a
+    # direct compile), while the engine bounds the worker's wall time
+    compiler = GrammarCompiler(info, max_states=init.max_states, cache_size=0)
     compiler.warmup()
     bundled_grammars()  # lark's own grammars, read once before the sandbox closes
     import lark  # noqa: F401 - imported now, not under the sandbox
@@ -213,16 +215,17 @@ def worker_main(read_fd: int, write_fd: int) -> None:
             os._exit(0)
         t0 = time.perf_counter()
         payload = error = None
+        over = False
         try:
             payload = pack_guide(compile_with_budget(compiler, job, cancels[job.job_id], init.timeout_s), info)
         except GrammarError as e:
-            error = str(e)
+            error, over = str(e), isinstance(e, BudgetExceeded)
         except RecursionError:
             error = f"{job.kind} constraint is nested too deeply to compile"
         except Exception as e:  # noqa: BLE001 - any failure is this constraint's, reported to its sender
             error = f"{job.kind} constraint failed to compile: {type(e).__name__}: {e}"
         cancels.pop(job.job_id, None)
-        conn_out.send(CompileDone(job.job_id, payload, error, time.perf_counter() - t0, sandbox.refused))
+        conn_out.send(CompileDone(job.job_id, payload, error, time.perf_counter() - t0, sandbox.refused, over))
 
 
 if __name__ == "__main__":

@@ -78,6 +78,18 @@ def test_cancelled_compile_is_not_cached():
     assert g.schema_info.draft == "2020-12"
 
 
+def test_a_long_subset_construction_stops_near_its_budget():
+    """Budget checks follow the work (NFA states read), not the DFA step count: a step over a large subset
+    costs milliseconds, so counting steps let this regex overshoot a 0.3 s budget by a second."""
+    import time as _time
+
+    comp = GrammarCompiler(INFO, max_states=1_000_000, compile_timeout_s=0.3, cache_size=0)
+    t0 = _time.thread_time()
+    with pytest.raises(BudgetExceeded):
+        comp.compile("regex", "(a{0,100}){0,100}(b{0,100}){0,100}")
+    assert _time.thread_time() - t0 < 0.3 + 0.25
+
+
 def test_budget_validation():
     with pytest.raises(ValueError):
         CompileBudget(time_s=0)
@@ -101,7 +113,8 @@ def test_cpu_clock_budget_ignores_time_spent_waiting():
     b = CompileBudget(time_s=0.2, clock="cpu")
     _time.sleep(0.3)
     b.check("nothing")  # would raise on the wall clock
-    w = CompileBudget(time_s=0.2)
+    assert CompileBudget().clock == "cpu"  # the default on every path
+    w = CompileBudget(time_s=0.2, clock="wall")
     _time.sleep(0.3)
     with pytest.raises(BudgetExceeded):
         w.check("nothing")

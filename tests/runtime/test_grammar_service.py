@@ -1,6 +1,7 @@
 """GrammarService: compiles in worker processes, CPU budget, cancellation, crashes, cache; guide transfer; sandbox."""
 
 import concurrent.futures
+import re
 import subprocess
 import sys
 import time
@@ -9,7 +10,10 @@ import numpy as np
 import pytest
 
 from sglpy.grammar import GrammarCompiler, GrammarError
+from sglpy.grammar.budget import COMPILE_CLOCK, COMPILE_TIME_S
+from sglpy.grammar.errors import BudgetExceeded
 from sglpy.grammar.testing import small_vocab_info
+from sglpy.runtime.config import EngineConfig
 from sglpy.runtime.engine.grammar_service import GrammarService
 from sglpy.runtime.engine.grammar_worker import pack_guide, unpack_guide
 
@@ -73,18 +77,37 @@ def test_bad_constraints_are_grammar_errors(service):
         service.compile("json_schema", deep).result(timeout=60)
 
 
-def test_a_compile_past_its_budget_fails_alone_and_the_worker_is_replaced(service):
-    starts, timeouts = service.stats["worker_starts"], service.stats["timeouts"]
+def test_a_compile_past_its_budget_fails_alone_and_the_service_keeps_serving(service):
+    timeouts = service.stats["timeouts"]
     slow = service.compile("regex", SLOW)
     quick = service.compile("regex", r"q[0-9]{2}")  # the other worker serves it meanwhile
     assert quick.result(timeout=120) is not None
-    with pytest.raises(GrammarError, match="budget"):
+    with pytest.raises(BudgetExceeded, match="budget"):
         slow.result(timeout=120)  # 1 s of its CPU (or the 20 s wall cap when the box starves the worker)
     assert service.stats["timeouts"] == timeouts + 1
-    deadline = time.monotonic() + 30
-    while service.stats["worker_starts"] == starts and time.monotonic() < deadline:
-        time.sleep(0.05)  # it used its whole budget, so it ran demoted (or was killed): a fresh worker replaces it
     assert service.compile("regex", r"after[0-9]").result(timeout=60) is not None
+
+
+def test_one_budget_one_answer_on_every_path(service):
+    """A constraint gets the same answer from GrammarCompiler, the worker processes and the thread mode: one
+    budget (value and clock), enforced by the compiler itself, with the compiler's own error."""
+    assert GrammarCompiler(INFO).compile_timeout_s == GrammarService.__init__.__defaults__[1] == COMPILE_TIME_S
+    assert EngineConfig.__dataclass_fields__["grammar_compile_timeout"].default == COMPILE_TIME_S
+    assert GrammarCompiler(INFO).budget_clock == COMPILE_CLOCK == "cpu"
+    direct = GrammarCompiler(INFO, compile_timeout_s=service.timeout_s, cache_size=0)
+    threads = GrammarService(INFO, workers=0, timeout_s=service.timeout_s)
+    try:
+        answers = []
+        for compile_ in (lambda v: direct.compile("regex", v), lambda v: service.compile("regex", v).result(120),
+                         lambda v: threads.compile("regex", v).result(120)):
+            with pytest.raises(BudgetExceeded) as e:
+                compile_(SLOW + "e")
+            assert compile_(r"ok[0-9]{2}") is not None
+            answers.append(re.sub(r"while building .*", "", str(e.value)))
+        assert answers == [f"compile time budget ({service.timeout_s:g} s) exceeded "] * 3
+        assert threads.stats["timeouts"] == 1
+    finally:
+        threads.close()
 
 
 def test_cancelling_the_only_waiter_stops_the_compile(service):
