@@ -290,8 +290,8 @@ class SchemaConverter:
 
     def exclusive(self, a: Norm, b: Norm) -> bool:
         """Proof from the keywords that no instance is valid under both (False = unknown): disjoint types or
-        enums, or objects that require one property with disjoint enums (a discriminator such as GeoJSON's
-        `type`)."""
+        enums, objects where one requires a property the other forbids, or that both require with disjoint
+        enums (a discriminator such as GeoJSON's `type`)."""
         ta, tb = self._value_types(a), self._value_types(b)
         common = ta & tb
         if not common:
@@ -300,6 +300,8 @@ class SchemaConverter:
             return True
         if common != {"object"}:
             return False
+        if any(self._forbids(b, k) for k in a.required) or any(self._forbids(a, k) for k in b.required):
+            return True
         for name in a.required.keys() & b.required.keys():
             pa, pb = a.props.get(name), b.props.get(name)
             if pa and pb:
@@ -307,6 +309,13 @@ class SchemaConverter:
                 if ea is not None and eb is not None and self._enums_disjoint(ea, eb):
                     return True
         return False
+
+    def _forbids(self, n: Norm, name: str) -> bool:
+        """No object valid under n has the property `name` (false schema, or additionalProperties false)."""
+        if any(s.schema is False for s in n.props.get(name, ())):
+            return True
+        return any(addl is not None and addl.schema is False and name not in own
+                   and not any(objects.key_matches(self, p, name) for p in pats) for own, pats, addl, _ in n.groups)
 
     def _value_types(self, n: Norm) -> set:
         types = set(TYPES) if n.types is None else set(n.types)
