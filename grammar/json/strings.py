@@ -107,9 +107,23 @@ def content_dfa(conv, n, mode: str) -> ByteDFA | None:
             parts.append(format_dfa(conv, f))
     if not parts:
         return None
-    if n.min_len or n.max_len is not None:
-        parts.append(_counted(ANY_CHAR, n.min_len, n.max_len, conv.max_states, "minLength/maxLength"))
-    return intersect_all(parts, conv.max_states, conv.budget, "a string's pattern/format/length")
+    what = "a string's pattern/format/length"
+    if not (n.min_len or n.max_len is not None):
+        return intersect_all(parts, conv.max_states, conv.budget, what)
+    lo, hi = _lengths(conv, n, ANY_CHAR, mode)
+    while True:
+        try:
+            return intersect_all(parts + [_counted(ANY_CHAR, lo, hi, conv.max_states, "minLength/maxLength")],
+                                 conv.max_states, conv.budget, what)
+        except GrammarError as e:
+            if is_fatal(e) or "too large" not in str(e) or hi is None or hi <= lo:
+                raise
+            # the pattern times the length count is too many states: shorter strings (a sound subset)
+            hi = None if mode == "over" else max(lo, hi // 4)
+            if mode == "over":
+                lo = 0
+            else:
+                conv.narrowed.add(f"maxLength {n.max_len}: strings of at most {hi} characters (automaton size)")
 
 
 def format_dfa(conv, name: str) -> ByteDFA:
@@ -139,7 +153,8 @@ def _string_re(conv, n, mode: str) -> str | None:
             return F.STRING
         if conv.plain_text:
             return '"' + F.STRING_CHAR + f"{{{n.min_len},{'' if n.max_len is None else n.max_len}}}" + '"'
-        body = _counted(JSON_CHAR, n.min_len, n.max_len, conv.max_states, "minLength/maxLength")
+        lo, hi = _lengths(conv, n, JSON_CHAR, mode)
+        body = _counted(JSON_CHAR, lo, hi, conv.max_states, "minLength/maxLength")
     else:
         body = encode_json_body(content)
     if not body.accepting.any():
@@ -176,6 +191,20 @@ def _counted(unit: str, lo: int, hi: int | None, max_states: int, what: str) -> 
 @functools.lru_cache(maxsize=8)
 def _unit_dfa(unit: str) -> ByteDFA:
     return regex_to_dfa(unit)
+
+
+def _lengths(conv, n, unit: str, mode: str) -> tuple[int, int | None]:
+    """minLength/maxLength to build: a count whose chain would pass half of max_states is cut (under: at most
+    that many characters, a sound subset, listed as narrowed; over: the bound is dropped, a superset)."""
+    k = _unit_dfa(unit).num_states - 3  # states inside one character (besides its start and end)
+    cap = max(1, (conv.max_states // 2 - 2) // (k + 1) - 1)
+    lo, hi = n.min_len, n.max_len
+    if mode == "over":
+        return (0 if lo > cap else lo), (None if hi is not None and hi > cap else hi)
+    if hi is not None and hi > cap >= lo:
+        conv.narrowed.add(f"maxLength {hi}: strings of at most {cap} characters (automaton size)")
+        hi = cap
+    return lo, hi
 
 
 def quoted(body: ByteDFA) -> ByteDFA:

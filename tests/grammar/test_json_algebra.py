@@ -122,6 +122,18 @@ def test_fractional_multiple_of_without_both_bounds_generates_multiples_near_zer
         assert res.dfa.fullmatch(b"8")
 
 
+def test_long_max_length_is_narrowed_to_what_fits_the_state_cap():
+    """maxLength 8192 needs ~70,000 states counted character by character: shorter strings are generated."""
+    res = compile_schema({"type": "object", "properties": {"path": {"type": "string", "maxLength": 8192}},
+                          "required": ["path"]})
+    assert res.narrowed and "maxLength 8192" in res.narrowed[0]
+    assert res.dfa.fullmatch(('{"path": "' + "a" * 500 + '"}').encode())
+    assert not res.dfa.fullmatch(('{"path": "' + "a" * 8193 + '"}').encode())
+    short = compile_schema({"type": "string", "minLength": 2, "maxLength": 40})
+    assert not short.narrowed and short.dfa.fullmatch(('"' + "é" * 40 + '"').encode())
+    assert not short.dfa.fullmatch(('"' + "é" * 41 + '"').encode()) and not short.dfa.fullmatch(b'"a"')
+
+
 def test_unique_items_over_unbounded_items_generate_at_most_one_item():
     """Distinctness of free-form items is not regular: arrays of 0-1 items are unique, so that is generated."""
     schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
