@@ -87,8 +87,10 @@ class GrammarCompiler:
         self._inflight: dict[tuple, threading.Event] = {}
 
     def warmup(self) -> None:
-        """Build the per-tokenizer tables now (token trie, sorted tokens: ~1-2 s at 49k) instead of on first use."""
-        _ = self.info.trie, self.info.sorted_tokens, self.info.longest_token
+        """Build the per-tokenizer tables now (token tries, sorted tokens: ~1-2 s at 49k) instead of on first use."""
+        info = self.info
+        _ = info.trie, info.flat_trie, info.string_slice_flat, info.packed_bytes, info.sorted_tokens, info.longest_token
+        _ = info.first_byte_masks
 
     def budget(self, cancel: Any = None, timeout_s: Any = ...) -> CompileBudget:
         """A fresh budget with this compiler's limits (timeout_s overrides compile_timeout_s)."""

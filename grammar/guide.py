@@ -10,8 +10,9 @@ from typing import Any, Hashable
 import numpy as np
 
 from .regex.dfa import DEAD, ByteDFA
-from .tokens.index import TokenIndex, build_index
+from .tokens.index import build_index
 from .tokens.jump import _MEMO_MAX, JumpResult, jump_tokens
+from .tokens.masks import MaskTable, WalkTables, eos_bits, vocabulary_check
 from .tokens.vocab import TokenizerInfo
 
 _MAX_FORCED = 4096
@@ -100,36 +101,48 @@ class Guide:
 
 
 class RegexGuide(Guide):
-    """A regular constraint: integer states of a minimal byte DFA, masks precomputed per state."""
+    """A regular constraint: integer states of a minimal byte DFA; a state's mask is computed on its first visit
+    (`MaskTable`, shared by every request of the grammar); the last state id is the terminated pseudo-state."""
 
-    def __init__(self, dfa: ByteDFA, info: TokenizerInfo, source: str = "", index: TokenIndex | None = None,
-                 budget=None, schema_info=None):
+    def __init__(self, dfa: ByteDFA, info: TokenizerInfo, source: str = "", budget=None, schema_info=None,
+                 table: MaskTable | None = None):
         self.dfa, self.info, self.source = dfa, info, source
         self.schema_info = schema_info  # JSON schemas: draft and the keywords the compile ignored
-        self.index: TokenIndex = build_index(dfa, info, budget=budget) if index is None else index
+        if table is None:
+            table = MaskTable(WalkTables.of_dfa(dfa), info)
+            if len(vocabulary_check(table.tables, info)):  # a byte no token starts: the exact (eager) check
+                build_index(dfa, info, budget=budget)
+        self.table = table
         self.initial_state: int = dfa.initial
         self.num_states = dfa.num_states
-        self._term = self.index.terminated
+        self._init_tables()
+
+    def _init_tables(self) -> None:
+        dfa = self.dfa
+        self._term = dfa.num_states
         # flat int32 table, index (state << 8) | byte: 4 bytes per entry (a guide may have 20k states)
         self._trans = array("i", np.ascontiguousarray(dfa.trans, dtype=np.int32).tobytes())
         self._accepting = dfa.accepting.tolist() + [True]
-        self._has_token = self.index.has_token.tolist()
-        self._masks = self.index.masks
-        self._mask_of = self.index.mask_of.tolist()
-        self._token_bytes = info.token_bytes
-        self._eos = frozenset(info.eos_token_ids)
-        live = dfa.trans != DEAD
-        counts = live.sum(axis=1)
-        single = np.where((counts == 1) & ~dfa.accepting, live.argmax(axis=1), -1)
-        single[DEAD] = -1
-        self._single = single.tolist() + [-1]
+        self._token_bytes = self.info.token_bytes
+        self._eos = frozenset(self.info.eos_token_ids)
+        self._eos_mask = eos_bits(self.info).view(np.int32)
+        self._eos_mask.setflags(write=False)
         self._forced: dict[int, bytes] = {}
 
+    def __getstate__(self):
+        """Pickle the automaton and the rows computed so far; derived tables are rebuilt on load."""
+        return {"dfa": self.dfa, "info": self.info, "source": self.source, "schema_info": self.schema_info,
+                "table": self.table}
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self.initial_state = self.dfa.initial
+        self.num_states = self.dfa.num_states
+        self._init_tables()
+
     def save(self, path: str) -> None:
-        """Write the automaton and token index to an .npz file (see `load`)."""
-        ix = self.index
+        """Write the automaton to an .npz file (see `load`); masks are computed again on first visit."""
         np.savez(path, trans=self.dfa.trans, accepting=self.dfa.accepting, initial=self.dfa.initial,
-                 masks=ix.masks, mask_of=ix.mask_of, has_token=ix.has_token, reachable=ix.reachable,
                  source=np.array(self.source), info_key=np.array(self.info.key),
                  schema_info=np.array(json.dumps(None if self.schema_info is None else list(self.schema_info.__dict__.values()))))
 
@@ -140,17 +153,14 @@ class RegexGuide(Guide):
             if str(z["info_key"]) != info.key:
                 raise ValueError(f"{path}: compiled for another tokenizer")
             dfa = ByteDFA(z["trans"], z["accepting"], int(z["initial"]))
-            masks = z["masks"]
-            masks.setflags(write=False)
-            index = TokenIndex(masks, z["mask_of"], z["has_token"], z["reachable"])
             meta = json.loads(str(z["schema_info"])) if "schema_info" in z.files else None
-            g = cls(dfa, info, str(z["source"]), index)
+            g = cls(dfa, info, str(z["source"]))
             if meta is not None:
                 g.schema_info = SchemaInfo(meta[0], *(tuple(m) for m in meta[1:]))
             return g
 
     def __repr__(self) -> str:
-        return f"RegexGuide(states={self.num_states}, masks={len(self._masks)}, source={self.source[:40]!r})"
+        return f"RegexGuide(states={self.num_states}, visited={len(self.table)}, source={self.source[:40]!r})"
 
     def _check(self, state) -> int:
         if not isinstance(state, (int, np.integer)) or not 0 < state <= self._term:
@@ -158,10 +168,8 @@ class RegexGuide(Guide):
         return int(state)
 
     def allowed(self, state) -> np.ndarray:
-        return self._masks[self._mask_of[self._check(state)]]
-
-    def fill_bitmask(self, state, out_row: np.ndarray) -> None:
-        out_row[...] = self._masks[self._mask_of[self._check(state)]]
+        s = self._check(state)
+        return self._eos_mask if s == self._term else self.table.row(s).mask
 
     def advance(self, state, token_id: int) -> int:
         s = self._check(state)
@@ -198,7 +206,8 @@ class RegexGuide(Guide):
         return self._accepting[self._check(state)]
 
     def can_continue(self, state) -> bool:
-        return self._has_token[self._check(state)]
+        s = self._check(state)
+        return s != self._term and self.table.row(s).has_token
 
     def is_terminated(self, state) -> bool:
         return self._check(state) == self._term
@@ -210,10 +219,17 @@ class RegexGuide(Guide):
             out = bytearray()
             cur = s
             while len(out) < _MAX_FORCED:
-                b = self._single[cur]
+                b = self._single_byte(cur)
                 if b < 0:
                     break
                 out.append(b)
                 cur = self._trans[(cur << 8) | b]
             got = self._forced[s] = bytes(out)
         return got
+
+    def _single_byte(self, s: int) -> int:
+        """The one byte state s accepts, or -1 (several, none, s is accepting, or s is the terminated state)."""
+        if s == self._term or self._accepting[s]:
+            return -1
+        live = np.flatnonzero(self.dfa.trans[s] != DEAD)
+        return int(live[0]) if len(live) == 1 else -1

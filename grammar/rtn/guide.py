@@ -2,61 +2,51 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 
 from ..regex.dfa import DEAD
 from ..guide import Guide, SchemaInfo
 from .module import Module
-from .index import ProgramIndex, StateIndex, build_program_index, index_state
+from ..tokens.masks import MaskTable, StateRow, WalkTables, native_walker
 from .program import Program
 from ..tokens.vocab import TokenizerInfo
 
 _MAX_FORCED = 4096
-_MASK_CACHE = 512  # masks of stacks whose crossing tokens were checked (the common case needs no cache)
-_LAZY_ROWS = 4096  # rows of lazily indexed states kept per guide (~6 KiB each at 49k tokens)
+_MASK_CACHE = 4096  # masks of stacks whose crossing tokens were checked (the common case needs no cache)
 TERMINATED = (-1,)
 
 
 class StackGuide(Guide):
-    """Masks come from the top state's precomputed row; tokens that leave the top frame are checked against
-    the stack below it once per stack (cached), so a step costs a dict lookup in the common case."""
+    """Masks come from the top state's row (computed on the state's first visit, then kept: `MaskTable`); tokens that
+    leave the top frame are checked against the stack below it once per stack (cached), so a step costs a dict
+    lookup in the common case. One guide serves every request of its grammar (the compiler's cache shares it)."""
 
     def __init__(self, root: Module, info: TokenizerInfo, source: str = "", budget=None, schema_info=None,
-                 program: Program | None = None, index: ProgramIndex | None = None):
+                 program: Program | None = None, table: MaskTable | None = None):
         self.info, self.source, self.schema_info = info, source, schema_info
         self.program = program or Program(root)
-        self.index = index or build_program_index(self.program, info, budget)
+        if budget is not None:
+            budget.check("the module network")
+        self.table = table or MaskTable(WalkTables.of_program(self.program), info)
         self.initial_state: tuple = self.program.initial
         self.num_states = self.program.num_states
         self._init_tables()
 
     def _init_tables(self) -> None:
-        ix, prog = self.index, self.program
-        self._masks, self._mask_of = ix.masks, ix.mask_of.tolist()
-        self._cross_start = ix.cross_start.tolist()
-        self._cross_tok, self._cross_off = ix.cross_tok.tolist(), ix.cross_off.tolist()
-        self._final = (prog.accepting & (prog.module_of == 0)).tolist()
-        self._has_token = ix.has_token.tolist()
+        prog = self.program
+        self._walk_tables = self.table.tables
+        self._final = self.table.tables.final.tolist()
         self._token_bytes = self.info.token_bytes
         self._eos = frozenset(self.info.eos_token_ids)
-        live = prog.trans != DEAD  # [states, classes]
-        single = np.full(prog.num_states, -1, np.int64)
-        counts = live[:, prog.class_of].sum(axis=1)  # live bytes per state
-        one = np.flatnonzero((counts == 1) & ~np.array(self._final))
-        if len(one):
-            single[one] = live[one][:, prog.class_of].argmax(axis=1)
-        single[DEAD] = -1
-        self._single = single.tolist()
-        self._cache: OrderedDict = OrderedDict()
+        self._cache: dict = {}
         self._forced: dict = {}
-        self._lazy: dict[int, StateIndex] = {}  # rows of states the compile left to their first visit
+        self._single: dict[int, int] = {}
+        self._classes = prog.class_of
 
     def __getstate__(self):
-        """Pickle the network and its index; derived tables and caches are rebuilt on load."""
+        """Pickle the network and the rows computed so far; caches are rebuilt on load."""
         return {"info": self.info, "source": self.source, "schema_info": self.schema_info,
-                "program": self.program, "index": self.index}
+                "program": self.program, "table": self.table}
 
     def __setstate__(self, d):
         self.__dict__.update(d)
@@ -65,12 +55,11 @@ class StackGuide(Guide):
         self._init_tables()
 
     def save(self, path: str) -> None:
-        """Write the network's tables and the token index to an .npz file (see `load`)."""
+        """Write the network's tables to an .npz file (see `load`); masks are computed again on first visit."""
         import json
 
-        p, ix = self.program, self.index
+        p = self.program
         tables = {f"p_{k}": np.asarray(getattr(p, k)) for k in p._TABLES}
-        tables.update({f"i_{k}": getattr(ix, k) for k in ProgramIndex.__dataclass_fields__})
         meta = None if self.schema_info is None else list(self.schema_info.__dict__.values())
         np.savez(path, kind=np.array("stack"), source=np.array(self.source), info_key=np.array(self.info.key),
                  schema_info=np.array(json.dumps(meta)), **tables)
@@ -89,18 +78,15 @@ class StackGuide(Guide):
                 state[k] = int(state[k])
             state["initial"] = tuple(int(x) for x in state["initial"])
             prog.__setstate__(state)
-            fields = {k: z[f"i_{k}"] for k in ProgramIndex.__dataclass_fields__}
-            fields["masks"].setflags(write=False)
             meta = json.loads(str(z["schema_info"]))
-            g = cls(None, info, str(z["source"]), program=prog, index=ProgramIndex(**fields))
+            g = cls(None, info, str(z["source"]), program=prog)
         if meta is not None:
             g.schema_info = SchemaInfo(meta[0], *(tuple(m) for m in meta[1:]))
         return g
 
     def __repr__(self) -> str:
-        lazy = int((self.index.mask_of < 0).sum()) - len(self._lazy)
         return (f"StackGuide(states={self.num_states}, modules={self.program.num_modules}, "
-                f"masks={len(self._masks)}, lazy={lazy}, source={self.source[:40]!r})")
+                f"visited={len(self.table)}, source={self.source[:40]!r})")
 
     def _check(self, state) -> tuple:
         if not isinstance(state, tuple) or not state or (state != TERMINATED and not all(
@@ -112,42 +98,33 @@ class StackGuide(Guide):
         state = self._check(state)
         if state == TERMINATED:
             return self._eos_mask()
-        top = state[-1]
-        k = self._mask_of[top]
-        if k >= 0:
-            lo, hi = self._cross_start[top], self._cross_start[top + 1]
-            base = self._masks[k]
-            toks, offs = self._cross_tok, self._cross_off
-        else:
-            row = self._lazy_row(top)
-            lo, hi, base, toks, offs = 0, len(row.cross_tok), row.mask, row.cross_tok, row.cross_off
-        if lo == hi or len(state) == 1:
-            return base
+        row = self.table.row(state[-1])
+        if not len(row.cross_tok) or len(state) == 1:
+            return row.mask
         got = self._cache.get(state)
-        if got is not None:
-            self._cache.move_to_end(state)
-            return got
-        extra = [t for t, off in zip(toks[lo:hi], offs[lo:hi]) if self._crosses(state, t, off)]
-        if extra:
-            got = base.copy()
-            ids = np.array(extra, np.int64)
-            np.bitwise_or.at(got.view(np.uint32), ids >> 5, np.uint32(1) << (ids & 31).astype(np.uint32))
-            got.setflags(write=False)
-        else:
-            got = base
-        self._cache[state] = got
-        if len(self._cache) > _MASK_CACHE:
-            self._cache.popitem(last=False)
+        if got is None:
+            got = self._cache[state] = self._with_crossing(state, row)
+            if len(self._cache) > _MASK_CACHE:
+                self._cache = {}  # bounded; a dict swap, never a resize under another thread's lookup
         return got
 
-    def _lazy_row(self, g: int) -> StateIndex:
-        """The row of a state the compile did not index (one trie walk on first visit, then cached)."""
-        row = self._lazy.get(g)
-        if row is None:
-            if len(self._lazy) >= _LAZY_ROWS:
-                self._lazy.pop(next(iter(self._lazy)))  # the oldest first (bounded memory in long-lived guides)
-            row = self._lazy[g] = index_state(self.program, self.info, self.index, g)
-        return row
+    def _with_crossing(self, state: tuple, row: StateRow) -> np.ndarray:
+        """The top row's mask plus the crossing tokens that the frames below the top accept."""
+        walker = native_walker(self.info) if self.table.native is not False else None
+        if walker is not None:
+            below = np.array(state[:-1], np.int32)
+            fit = walker.cross_check(self.info.packed_bytes, row.cross_tok, row.cross_off, below,
+                              self._walk_tables)
+            ids = row.cross_tok[fit].astype(np.int64)
+        else:
+            ids = np.array([t for t, off in zip(row.cross_tok.tolist(), row.cross_off.tolist())
+                            if self._crosses(state, t, off)], np.int64)
+        if not len(ids):
+            return row.mask
+        got = row.mask.copy()
+        np.bitwise_or.at(got.view(np.uint32), ids >> 5, np.uint32(1) << (ids & 31).astype(np.uint32))
+        got.setflags(write=False)
+        return got
 
     def _crosses(self, state: tuple, token: int, off: int) -> bool:
         """Token `token` leaves the top frame after `off` bytes: do the rest fit the frames below?"""
@@ -203,8 +180,7 @@ class StackGuide(Guide):
         state = self._check(state)
         if state == TERMINATED:
             return False
-        top = state[-1]
-        if self._has_token[top] or (self._mask_of[top] < 0 and self._lazy_row(top).has_token):
+        if self.table.row(state[-1]).has_token:
             return True
         m = self.allowed(state).view(np.uint32).copy()
         for e in self._eos:
@@ -223,7 +199,7 @@ class StackGuide(Guide):
             out = bytearray()
             stack = list(state)
             while len(out) < _MAX_FORCED:
-                b = self._single[stack[-1]]
+                b = self._single_byte(stack[-1])
                 if b < 0 or (len(stack) == 1 and self._final[stack[0]]):
                     break
                 out.append(b)
@@ -232,6 +208,14 @@ class StackGuide(Guide):
             if len(self._forced) < 4096:
                 self._forced[state] = got
         return got
+
+    def _single_byte(self, g: int) -> int:
+        """The one byte state g accepts, or -1 (several, none, or g is final)."""
+        b = self._single.get(g)
+        if b is None:
+            live = np.flatnonzero(self.program.trans[g][self._classes] != DEAD)
+            b = self._single[g] = int(live[0]) if len(live) == 1 and not self._final[g] else -1
+        return b
 
     def fill_bitmask(self, state, out_row: np.ndarray) -> None:
         out_row[...] = self.allowed(state)

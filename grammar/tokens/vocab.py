@@ -43,6 +43,8 @@ class TokenizerInfo:
     special_token_ids: frozenset = frozenset()
     kind: str = "raw"
     key: str = field(default="", compare=False)
+    # computes token masks natively (the runtime passes kernels/trie_walk.py's NativeTrieWalker); None: numpy walks
+    walker: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if not self.token_bytes:
@@ -119,6 +121,27 @@ class TokenizerInfo:
         return np.packbits(inside, bitorder="little").view("<u4"), TokenTrie.build(rest)
 
     @functools.cached_property
+    def flat_trie(self) -> "FlatTrie":
+        """The usable tokens' prefix tree in preorder (the native trie walk's layout)."""
+        return FlatTrie.build(self.token_bytes)
+
+    @functools.cached_property
+    def string_slice_flat(self) -> "FlatTrie":
+        """`string_slice`'s trie of the tokens that are not whole string characters, in preorder."""
+        inside = self.string_slice[0].view(np.uint32)
+        ids = np.arange(self.vocab_size)
+        bits = (inside[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1
+        return FlatTrie.build([None if bit else b for b, bit in zip(self.token_bytes, bits.tolist())])
+
+    @functools.cached_property
+    def packed_bytes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(uint8 concatenation of every token's bytes, int64 [vocab + 1] start offsets; unusable tokens empty)."""
+        parts = [b or b"" for b in self.token_bytes]
+        start = np.zeros(len(parts) + 1, np.int64)
+        np.cumsum([len(b) for b in parts], out=start[1:])
+        return np.frombuffer(b"".join(parts), np.uint8).copy(), start
+
+    @functools.cached_property
     def sorted_tokens(self) -> tuple[list[bytes], np.ndarray]:
         """Usable token byte strings sorted, with their ids (prefix queries for the jump helper)."""
         pairs = sorted((b, i) for i, b in enumerate(self.token_bytes) if b)
@@ -130,8 +153,10 @@ class TokenizerInfo:
         tokenizer: Any,
         vocab_size: int | None = None,
         eos_token_ids: Iterable[int] | None = None,
+        walker: Any = None,
     ) -> "TokenizerInfo":
-        """Normalise a fast transformers tokenizer or a `tokenizers.Tokenizer`; `vocab_size` pads to the logits."""
+        """Normalise a fast transformers tokenizer or a `tokenizers.Tokenizer`; `vocab_size` pads to the logits;
+        `walker` computes masks natively (see the field)."""
         backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
         if not hasattr(backend, "to_str"):
             raise GrammarError(
@@ -171,10 +196,10 @@ class TokenizerInfo:
                 raise GrammarError("cannot find the EOS token id: pass eos_token_ids=")
             eos_token_ids = [eos]
         eos_ids = tuple(sorted({int(e) for e in eos_token_ids}))
-        info = cls(tuple(out), eos_ids, frozenset(added) | frozenset(eos_ids), kind)
-        # one instance per distinct vocabulary: engines created in the same process share the token trie
+        info = cls(tuple(out), eos_ids, frozenset(added) | frozenset(eos_ids), kind, walker=walker)
+        # one instance per distinct vocabulary (and walker): engines created in the same process share the token trie
         with _INSTANCES_LOCK:
-            info = _INSTANCES.setdefault(info.key, info)
+            info = _INSTANCES.setdefault(f"{info.key}:{id(walker) if walker is not None else ''}", info)
             while len(_INSTANCES) > 8:
                 _INSTANCES.pop(next(iter(_INSTANCES)))
         return info
@@ -264,3 +289,47 @@ class TokenTrie:
                 ccount.append(np.zeros(len(nodes), np.int64))
                 cstart.append(np.zeros(len(nodes), np.int64))
         return cls(byte, cstart, ccount, tstart, tcount, tids, levels)
+
+
+@dataclass(frozen=True, eq=False)
+class FlatTrie:
+    """Prefix tree in preorder (= sorted order of the token strings). Node 0 is the empty prefix; node i has
+    depth[i], its last byte byte[i] and end[i] (one past its subtree); the tokens ending at node i are
+    tok_ids[tok_lo[i]:tok_lo[i + 1]], so those strictly below it are tok_ids[tok_lo[i + 1]:tok_lo[end[i]]]."""
+
+    byte: np.ndarray  # [nodes] uint8
+    depth: np.ndarray  # [nodes] int32
+    end: np.ndarray  # [nodes] int32
+    tok_lo: np.ndarray  # [nodes + 1] int32
+    tok_ids: np.ndarray  # [tokens] int32
+    max_depth: int
+
+    @classmethod
+    def build(cls, token_bytes) -> "FlatTrie":
+        pairs = sorted((b, i) for i, b in enumerate(token_bytes) if b)
+        byte, depth, tok_lo, tok_ids = [0], [0], [0], []
+        path: list[bytes] = [b""]  # the prefixes on the path from the root to the last node
+        ends, open_nodes = [0], [0]  # end of each node (set when it closes); the nodes of the open path
+        prev = None
+        for b, i in pairs:
+            if b != prev:
+                common = 0  # the longest prefix of b already on the path
+                while common + 1 < len(path) and common < len(b) and path[common + 1] == b[: common + 1]:
+                    common += 1
+                while len(open_nodes) > common + 1:  # close the nodes off the new path
+                    ends[open_nodes.pop()] = len(byte)
+                    path.pop()
+                for d in range(common + 1, len(b) + 1):
+                    byte.append(b[d - 1])
+                    depth.append(d)
+                    tok_lo.append(len(tok_ids))
+                    ends.append(0)
+                    open_nodes.append(len(byte) - 1)
+                    path.append(b[:d])
+                prev = b
+            tok_ids.append(i)
+        while open_nodes:
+            ends[open_nodes.pop()] = len(byte)
+        tok_lo.append(len(tok_ids))
+        return cls(np.array(byte, np.uint8), np.array(depth, np.int32), np.array(ends, np.int32),
+                   np.array(tok_lo, np.int32), np.array(tok_ids, np.int32), max(depth))

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from sglpy.grammar import Guide, TokenizerInfo
+from sglpy.kernels.trie_walk import native_trie_walker
 from .detokenizer import IncrementalDetokenizer
 from .grammar_service import GrammarService
 from .isolation import Isolation
@@ -58,7 +59,9 @@ class ConstrainedDecoding:
                  isolation: Isolation | None = None, workers: int = 2, timeout_s: float = 5.0,
                  max_states: int = 20_000):
         self.tokenizer = tokenizer
-        self.info = info = TokenizerInfo.from_hf(tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos_ids))
+        # masks are computed on each state's first visit, here, by the native trie walk (numpy where it cannot load)
+        self.info = info = TokenizerInfo.from_hf(tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos_ids),
+                                                 walker=native_trie_walker())
         # compiles run in worker processes (engine/grammar_service.py): never on the step loop's GIL
         self.service = GrammarService(info, workers=workers, timeout_s=timeout_s, max_states=max_states)
         # the engine side's tables (jump-forward's sorted tokens, ~1-2 s at 49k tokens) are built in the
@@ -74,7 +77,12 @@ class ConstrainedDecoding:
                       "jump_s": 0.0}
 
     def _warmup(self) -> None:
-        _ = self.info.trie, self.info.sorted_tokens, self.info.longest_token, self.info.first_byte_masks
+        info = self.info
+        if info.walker.ready():  # loads (or builds, once per machine) the native library before the first mask
+            _ = info.flat_trie, info.string_slice_flat, info.packed_bytes
+        else:  # the numpy walk's tables
+            _ = info.trie, info.string_slice
+        _ = info.sorted_tokens, info.longest_token, info.first_byte_masks
 
     def compile(self, kind: str, value: Any) -> Future:
         """Start (or join, or fetch from the LRU cache) the compile; the Future's error is a GrammarError."""

@@ -131,7 +131,8 @@ class GrammarService:
             self._compiler = GrammarCompiler(info, max_states=max_states, cache_size=cache_size)
             self._threads = ThreadPoolExecutor(2, thread_name_prefix="grammar-compile")
             return
-        fields = {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
+        # the vocabulary only: the native mask walker stays here (workers compile; masks are computed in this process)
+        fields = {f.name: getattr(info, f.name) for f in dataclasses.fields(info) if f.name != "walker"}
         self._init = WorkerInit(fields, max_states, timeout_s, nice)
         self._workers: list[_Worker] = []
         self._start_failures = 0

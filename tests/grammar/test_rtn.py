@@ -1,5 +1,6 @@
 """Module networks (grammar/rtn*.py): calls instead of copies, products, the stack guide, exactness vs flat DFAs."""
 
+import dataclasses
 import json
 import pickle
 import random
@@ -20,8 +21,8 @@ from sglpy.grammar.rtn.module import flat_minimal, flatten
 from sglpy.grammar.rtn.algebra import module_product
 from sglpy.grammar.rtn.build import regex_to_module
 from sglpy.grammar.rtn.guide import StackGuide
-from sglpy.grammar.rtn.index import EAGER_CHUNK, build_program_index
 from sglpy.grammar.rtn.program import Program
+from sglpy.grammar.tokens.masks import MaskTable, WalkTables
 from sglpy.grammar.testing import mask_to_ids, small_vocab_info
 
 INFO = small_vocab_info()
@@ -140,17 +141,23 @@ SCHEMAS = [
 ]
 
 
-@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+@pytest.mark.parametrize("walk", ["native", "reference"])
 @pytest.mark.parametrize("schema", SCHEMAS)
-def test_stack_guide_masks_equal_the_flat_guide(calls_everywhere, schema, lazy):
-    """Same masks, finality, forced bytes as the flattened DFA's guide along random walks (lazy: the compile
-    indexes only the first chunk of states; the others are indexed on first visit)."""
+def test_stack_guide_masks_equal_the_flat_guide(calls_everywhere, schema, walk):
+    """Same masks, finality, forced bytes as the flattened DFA's guide along random walks; rows are computed on
+    first visit (native trie walk or the numpy reference), also after the guide was pickled half-way."""
+    info = INFO
+    if walk == "native":
+        from sglpy.kernels.trie_walk import native_trie_walker
+
+        if not native_trie_walker().ready():
+            pytest.skip("no native kernels on this machine")
+        info = dataclasses.replace(INFO, walker=native_trie_walker())
     mod = compile_schema(schema).module
     prog = Program(mod)
-    index = build_program_index(prog, INFO, eager_s=0.0 if lazy else 60.0)
-    assert (index.mask_of < 0).any() == (lazy and prog.num_states > EAGER_CHUNK + 1)
-    sg, rg = StackGuide(mod, INFO, program=prog, index=index), RegexGuide(flat_minimal(mod, 10**6), INFO)
-    sg = pickle.loads(pickle.dumps(sg)) if lazy else sg  # lazy rows are computed after the transfer
+    table = MaskTable(WalkTables.of_program(prog), info, native=walk == "native")
+    sg, rg = StackGuide(mod, info, program=prog, table=table), RegexGuide(flat_minimal(mod, 10**6), INFO)
+    assert len(sg.table) == 0  # nothing indexed at compile time
     rng = random.Random(1)
     for _ in range(15):
         s1, s2 = sg.initial_state, rg.initial_state
@@ -165,7 +172,8 @@ def test_stack_guide_masks_equal_the_flat_guide(calls_everywhere, schema, lazy):
             s1, s2 = sg.advance(s1, t), rg.advance(s2, t)
             if sg.is_terminated(s1):
                 break
-    assert not lazy or sg._lazy, "no lazily indexed state was visited"
+        sg = pickle.loads(pickle.dumps(sg))  # the rows computed so far travel; the next walk adds to them
+    assert len(sg.table) > 1
 
 
 ITEM = {"type": "object", "properties": {f"f{i}": {"type": "string", "maxLength": 8} for i in range(6)}}
@@ -201,16 +209,16 @@ def test_shared_definitions_stay_one_module():
 
 def test_stack_guide_travels_like_compile_workers_send_it():
     """pack_guide/unpack_guide (runtime/engine/grammar_worker.py): the TokenizerInfo stays behind as a reference, the
-    network and its partial index travel, and the receiving side indexes the lazy states itself."""
+    network travels, and the receiving side computes the rows of the states its generations reach."""
     from sglpy.runtime.engine.grammar_worker import pack_guide, unpack_guide
 
     mod = compile_schema(SHARED).module
-    prog = Program(mod)
-    g = StackGuide(mod, INFO, program=prog, index=build_program_index(prog, INFO, eager_s=0.0))
+    g = StackGuide(mod, INFO)
+    _ = INFO.flat_trie, INFO.string_slice_flat  # tables of the TokenizerInfo travel as references, once built
     payload = pack_guide(g, INFO)
-    assert b"TokenizerInfo" not in payload and b"TokenTrie" not in payload  # the vocabulary is not copied
+    assert b"TokenizerInfo" not in payload and b"TokenTrie" not in payload and b"FlatTrie" not in payload
     h = unpack_guide(payload, INFO)
-    assert h.info is INFO and not h._lazy
+    assert h.info is INFO and len(h.table) == 0
     rng = random.Random(3)
     s1 = s2 = g.initial_state
     for _ in range(200):
@@ -221,4 +229,4 @@ def test_stack_guide_travels_like_compile_workers_send_it():
         s1, s2 = g.advance(s1, t), h.advance(s2, t)
         if g.is_terminated(s1):
             break
-    assert h._lazy
+    assert len(h.table) > 1
