@@ -19,6 +19,7 @@ import numpy as np
 
 from sglpy.grammar import GrammarCompiler, TokenizerInfo
 from sglpy.grammar.testing import mask_to_ids
+from sglpy.kernels.trie_walk import native_trie_walker
 
 EMAIL = r"[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,}"
 IPV4 = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
@@ -116,7 +117,7 @@ def ours(tok, info, name, kind, value, steps, walks):
            "p50_us": pct(costs, 50), "p99_us": pct(costs, 99), "steps": len(costs)}
     if hasattr(g, "num_states"):
         row["states"] = g.num_states
-        row["unique_masks"] = len(g.index.masks)
+        row["visited_states"] = len(g.table) if hasattr(g, "table") else None
     return g, row
 
 
@@ -220,12 +221,117 @@ def xgrammar_row(tok, info, name, kind, value, steps, walks):
             "p50_us": pct(costs, 50), "p99_us": pct(costs, 99), "steps": len(costs)}
 
 
+def load_sample(folder: str, per_split: int | None):
+    """(split, file, schema) for the JSONSchemaBench sample's files (`json_schema` field, or the schema itself)."""
+    import glob
+    import os
+
+    out = []
+    for split in sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d))):
+        files = sorted(glob.glob(os.path.join(folder, split, "*.json")))[:per_split]
+        for path in files:
+            with open(path) as f:
+                doc = json.load(f)
+            schema = doc.get("json_schema", doc) if isinstance(doc, dict) else doc
+            if isinstance(schema, str):
+                schema = json.loads(schema)
+            out.append((split, os.path.basename(path), schema))
+    return out
+
+
+def sample_run(info, folder, per_split, walks, max_steps, timeout_s, seed=0):
+    """Per schema: compile time until the first mask is ready (compile + initial mask, nothing cached), then
+    random walks timing the engine's share of a decode step (allowed + advance + is_final/can_continue)."""
+    import jsonschema
+
+    from sglpy.grammar import GrammarError
+    from sglpy.grammar.json_vocab import detect_draft
+
+    validators = {"4": jsonschema.Draft4Validator, "6": jsonschema.Draft6Validator, "7": jsonschema.Draft7Validator,
+                  "2019-09": jsonschema.Draft201909Validator, "2020-12": jsonschema.Draft202012Validator}
+    rng = random.Random(seed)
+    recs = []
+    for split, name, schema in load_sample(folder, per_split):
+        comp = GrammarCompiler(info, cache_size=0, compile_timeout_s=timeout_s)
+        rec = {"split": split, "file": name, "ok": False, "steps": [], "first": [], "walks": 0, "invalid": 0}
+        recs.append(rec)
+        t0 = time.perf_counter()
+        try:
+            g = comp.compile_json_schema(schema)
+            g.allowed(g.initial_state)
+        except (GrammarError, RecursionError) as e:
+            rec["compile_s"], rec["error"] = time.perf_counter() - t0, str(e)[:120]
+            continue
+        rec["compile_s"], rec["ok"] = time.perf_counter() - t0, True
+        try:
+            validator = validators[detect_draft(schema)](schema)
+        except Exception:  # noqa: BLE001 - the validator cannot read the schema: walks are timed, not validated
+            validator = None
+        eos = set(info.eos_token_ids)
+        seen = {g.initial_state}
+        for _ in range(walks):
+            s, data = g.initial_state, bytearray()
+            for _ in range(max_steps):
+                first = s not in seen
+                seen.add(s)
+                t1 = time.perf_counter_ns()
+                m = g.allowed(s)
+                t2 = time.perf_counter_ns()
+                ids = mask_to_ids(m, info.vocab_size)
+                fin = [t for t in ids.tolist() if t in eos]
+                tok = fin[0] if fin and rng.random() < 0.8 else int(ids[rng.randrange(len(ids))])
+                t3 = time.perf_counter_ns()
+                s = g.advance(s, tok)
+                g.is_final(s) and g.can_continue(s)
+                t4 = time.perf_counter_ns()
+                (rec["first"] if first else rec["steps"]).append((t2 - t1 + t4 - t3) / 1000)
+                if tok in eos:
+                    rec["walks"] += 1
+                    if validator is not None:
+                        try:
+                            rec["invalid"] += not validator.is_valid(json.loads(data.decode("utf-8")))
+                        except Exception:  # noqa: BLE001 - undecodable output counts as invalid
+                            rec["invalid"] += 1
+                    break
+                data += info.token_bytes[tok]
+    return recs
+
+
+def sample_report(recs) -> dict:
+    """Coverage, compile-time and per-token percentiles of a sample run (printed and returned)."""
+    ok = [r for r in recs if r["ok"]]
+    comp = [r["compile_s"] * 1e3 for r in ok]
+    steps = [c for r in ok for c in r["steps"] + r["first"]]
+    first = [c for r in ok for c in r["first"]]
+    out = {"schemas": len(recs), "compiled": len(ok), "walks": sum(r["walks"] for r in ok),
+           "invalid": sum(r["invalid"] for r in ok), "compile_ms": {q: pct(comp, q) for q in (50, 90, 99, 100)},
+           "compile_all_s": sum(comp) / 1e3, "token_us": {q: pct(steps, q) for q in (50, 90, 99, 100)},
+           "first_visit_us": {q: pct(first, q) for q in (50, 99)}, "steps": len(steps), "first_visits": len(first)}
+    print(f"{out['compiled']}/{out['schemas']} compiled; compile until first mask (ms): "
+          + ", ".join(f"p{q} {v:.1f}" for q, v in out["compile_ms"].items()) + f"; all {out['compile_all_s']:.1f} s")
+    print(f"per token ({out['steps']} steps, {out['first_visits']} first visits; us): "
+          + ", ".join(f"p{q} {v:.1f}" for q, v in out["token_us"].items())
+          + f"; first visits p50 {out['first_visit_us'][50]:.0f}, p99 {out['first_visit_us'][99]:.0f}")
+    print(f"walks {out['walks']}, invalid {out['invalid']}")
+    for split in sorted({r["split"] for r in recs}):
+        mine = [r for r in recs if r["split"] == split]
+        cs = [r["compile_s"] * 1e3 for r in mine if r["ok"]]
+        print(f"  {split:<16} {sum(r['ok'] for r in mine)}/{len(mine)}  compile p50 {pct(cs, 50):.1f} ms, "
+              f"max {max(cs, default=float('nan')):.0f} ms")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--walks", type=int, default=3)
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--out", default=None, help="write the rows as JSON")
+    ap.add_argument("--sample", default=None, help="a JSONSchemaBench sample folder (one subfolder per split): "
+                    "compile until the first mask and per-token cost over walks, instead of the fixed constraints")
+    ap.add_argument("--per-split", type=int, default=None, help="--sample: schemas per split (default all)")
+    ap.add_argument("--timeout", type=float, default=4.5, help="--sample: compile budget per schema (s)")
+    ap.add_argument("--no-native", action="store_true", help="masks by the numpy walk (the native walk's reference)")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -233,13 +339,23 @@ def main():
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path(None))
     t0 = time.perf_counter()
-    info = TokenizerInfo.from_hf(tok)
+    info = TokenizerInfo.from_hf(tok, walker=None if args.no_native else native_trie_walker())
     t_info = time.perf_counter() - t0
     t0 = time.perf_counter()
-    _ = info.trie, info.sorted_tokens
+    native = info.walker is not None and info.walker.ready()
+    _ = (info.flat_trie, info.string_slice_flat, info.packed_bytes) if native else (info.trie, info.string_slice)
+    _ = info.sorted_tokens
     t_trie = time.perf_counter() - t0
     print(f"tokenizer: {info.kind}, vocab {info.vocab_size}; TokenizerInfo.from_hf {t_info:.2f} s, "
-          f"token trie (once per tokenizer) {t_trie:.2f} s")
+          f"token trie (once per tokenizer) {t_trie:.2f} s; masks by the {'native' if native else 'numpy'} walk")
+    if args.sample:
+        recs = sample_run(info, args.sample, args.per_split, args.walks, args.steps, args.timeout)
+        res = sample_report(recs)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"summary": res, "schemas": [dict(r, steps=len(r["steps"]), first=len(r["first"]))
+                                                       for r in recs]}, f, indent=1)
+        return
     rows, shares = [], []
     for name, kind, value in CONSTRAINTS:
         g, row = ours(tok, info, name, kind, value, args.steps, args.walks)
