@@ -245,7 +245,7 @@ def sample_run(info, folder, per_split, walks, max_steps, timeout_s, seed=0):
     import jsonschema
 
     from sglpy.grammar import GrammarError
-    from sglpy.grammar.json_vocab import detect_draft
+    from sglpy.grammar.json.vocab import detect_draft
 
     validators = {"4": jsonschema.Draft4Validator, "6": jsonschema.Draft6Validator, "7": jsonschema.Draft7Validator,
                   "2019-09": jsonschema.Draft201909Validator, "2020-12": jsonschema.Draft202012Validator}
