@@ -4,6 +4,13 @@
     .venv/bin/python benchmarks/json_schema_coverage.py --suite /path/suite  # another copy of the suite
     .venv/bin/python benchmarks/json_schema_coverage.py --dir /path/schemas  # a folder of *.json schemas
     .venv/bin/python benchmarks/json_schema_coverage.py --dir ... --tokenizer  # + token index, real tokenizer
+    .venv/bin/python benchmarks/json_schema_coverage.py --bench /path/jsonschemabench [--per-split 50]
+        [--engines sglpy,llguidance,xgrammar] [--walks 2] [--jsonl out.jsonl]
+
+Bench mode (a JSONSchemaBench sample: one folder per split) runs sglpy, llguidance and xgrammar in the same
+process on the default model's tokenizer (benchmarks/grammar_peers.py): coverage per split, time until the
+first mask is ready (p50/p90/p99/max), per-token mask time over random documents each engine generates from
+its own masks (p50/p99), and the validity of those documents under `jsonschema` (the schema's draft).
 
 Suite mode drives each compiled schema's automaton with every test instance serialised in the project's
 layout (", " and ": "), and with a whitespace-tolerant compile (`[ ]?`) on the compact `json.dumps`
@@ -238,6 +245,87 @@ def report_dir(records: list, folder: str) -> None:
             print("  UNSOUND", r["file"], u[:160])
 
 
+def run_bench(folder: str, per_split: int, engines: list[str], walks: int, max_steps: int) -> list[dict]:
+    """Compile every sampled schema with every engine, then generate `walks` documents from each compiled one."""
+    from transformers import AutoTokenizer
+
+    from sglpy.grammar import TokenizerInfo
+    from sglpy.grammar.json.vocab import detect_draft
+    from sglpy.runtime.model.loader import resolve_model_path
+    from benchmarks.grammar_peers import ENGINES, load_bench, walk
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(None))
+    info = TokenizerInfo.from_hf(tok)
+    built = {name: ENGINES[name](tok, info) for name in engines}
+    records = []
+    for i, (split, name, schema) in enumerate(load_bench(folder, per_split)):
+        try:
+            validator = validator_for(detect_draft(schema))(schema)
+        except Exception:  # noqa: BLE001 - a schema jsonschema cannot load: its documents are not validated
+            validator = None
+        for ename, engine in built.items():
+            c0 = time.process_time()
+            got = engine.compile(schema)
+            cpu = time.process_time() - c0
+            rec = {"split": split, "file": name, "engine": ename, "ok": got.error is None, "compile_s": got.seconds,
+                   "compile_cpu_s": cpu, "error": (got.error or "")[:200],
+                   "reason": None if got.error is None else reason(got.error) if ename == "sglpy" else got.error[:60],
+                   "docs": 0, "invalid": 0, "unfinished": 0, "mask_s": [], "advance_s": []}
+            rng = random.Random(i)
+            for _ in range(walks if got.new is not None else 0):
+                data, masks, advances = walk(engine, got, info, rng, max_steps)
+                rec["mask_s"] += masks
+                rec["advance_s"] += advances
+                if data is None:
+                    rec["unfinished"] += 1
+                    continue
+                rec["docs"] += 1
+                try:
+                    valid = validator is None or validator.is_valid(json.loads(data.decode("utf-8")))
+                except ValueError:
+                    valid = False
+                if not valid:
+                    rec["invalid"] += 1
+                    rec.setdefault("invalid_docs", []).append(data[:300].decode("utf-8", "replace"))
+            records.append(rec)
+        if (i + 1) % 50 == 0:
+            print(f"  {i + 1} schemas", flush=True)
+    return records
+
+
+def report_bench(records: list[dict]) -> None:
+    """Markdown tables: coverage per split, compile and mask percentiles, documents and validity, per engine."""
+    engines = list(dict.fromkeys(r["engine"] for r in records))
+    splits = sorted({r["split"] for r in records})
+
+    def pct(xs, q):
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+    print("\n| split | schemas | " + " | ".join(engines) + " |\n|---|---|" + "---|" * len(engines))
+    for split in splits + ["all"]:
+        mine = [r for r in records if split in ("all", r["split"])]
+        n = len({r["file"] for r in mine})
+        cells = [sum(r["ok"] for r in mine if r["engine"] == e) for e in engines]
+        print(f"| {split} | {n} | " + " | ".join(f"{c} ({100 * c / max(n, 1):.0f}%)" for c in cells) + " |")
+    print("\n| engine | compile CPU p50 | p90 | p99 | max | all | wall p50 | wall p99 | mask p50 | mask p99 | steps "
+          "| documents | invalid |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for e in engines:
+        mine = [r for r in records if r["engine"] == e]
+        cpu, wall = [r["compile_cpu_s"] for r in mine], [r["compile_s"] for r in mine]
+        masks = [x for r in mine for x in r["mask_s"]]
+        docs, bad = sum(r["docs"] for r in mine), sum(r["invalid"] for r in mine)
+        ms = lambda x: f"{x * 1e3:.1f} ms" if x < 0.01 else f"{x * 1e3:,.0f} ms"  # noqa: E731
+        print(f"| {e} | {ms(pct(cpu, .5))} | {ms(pct(cpu, .9))} | {ms(pct(cpu, .99))} | {ms(max(cpu))} | "
+              f"{sum(cpu):.1f} s | {ms(pct(wall, .5))} | {ms(pct(wall, .99))} | {pct(masks, .5) * 1e6:.0f} us | "
+              f"{pct(masks, .99) * 1e6:.0f} us | {len(masks)} | {docs} | {bad} |")
+    for e in engines:
+        why = Counter(r["reason"] for r in records if r["engine"] == e and not r["ok"])
+        print(f"\n{e} refusals: " + (", ".join(f"{k} {v}" for k, v in why.most_common()) or "none"))
+        for r in [r for r in records if r["engine"] == e and r["invalid"]][:3]:
+            print(f"  invalid document ({r['split']}/{r['file']}): {r['invalid_docs'][0][:120]}")
+
+
 def _real_tokenizer_info():
     from transformers import AutoTokenizer
 
@@ -253,15 +341,28 @@ def main() -> None:
     ap.add_argument("--dir", help="folder of *.json schemas instead of the test suite")
     ap.add_argument("--suite", default=SUITE, help="JSON-Schema-Test-Suite folder holding draft2020-12/, draft7/, "
                     "draft4/ (default: the copy under tests/grammar)")
-    ap.add_argument("--timeout", type=float, default=4.5, help="compile time budget per schema (s; the compiler default)")
+    ap.add_argument("--timeout", type=float, default=5.0, help="compile time budget per schema (s; the compiler default)")
     ap.add_argument("--max-states", type=int, default=20_000)
-    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                    help="--dir: budget clock; cpu = the compiling thread's CPU time, as the engine's workers count it")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="cpu",
+                    help="--dir: budget clock; cpu = the compiling thread's CPU time (the default on every path)")
     ap.add_argument("--tokenizer", action="store_true", help="--dir: build the token index (real tokenizer)")
     ap.add_argument("--walks", type=int, default=5, help="--dir: random walks validated per compiled schema")
-    ap.add_argument("--jsonl", help="--dir: write one JSON record per schema here")
+    ap.add_argument("--jsonl", help="--dir / --bench: write one JSON record per schema (and engine) here")
+    ap.add_argument("--bench", help="a JSONSchemaBench sample: one folder of *.json per split")
+    ap.add_argument("--per-split", type=int, default=50, help="--bench: schemas per split (the first, sorted)")
+    ap.add_argument("--engines", default="sglpy,llguidance,xgrammar", help="--bench: engines to compare")
+    ap.add_argument("--max-steps", type=int, default=300, help="--bench: tokens per generated document at most")
     args = ap.parse_args()
     print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
+    if args.bench:
+        records = run_bench(args.bench, args.per_split, args.engines.split(","), args.walks, args.max_steps)
+        report_bench(records)
+        if args.jsonl:
+            with open(args.jsonl, "w") as f:
+                for rec in records:
+                    f.write(json.dumps(dict(rec, mask_s=len(rec["mask_s"]), advance_s=len(rec["advance_s"]))) + "\n")
+        print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
+        return
     if args.dir:
         r = run_dir(args.dir, args.timeout, args.max_states, args.tokenizer, args.walks, args.clock)
         report_dir(r["records"], args.dir)
