@@ -1,25 +1,28 @@
 """Speculative decoding (NGRAM, prompt lookup; or STANDALONE, a draft model) on the default model: tok/s with and
-without it, interleaved in one run.
+without it, over interleaved rounds of fresh engines.
 
-python benchmarks/speculative.py [--reps 3] [--concurrency 1,16] [--workloads extract,extract_json,free]
-                                 [--threads 2] [--no-llamacpp] [--json out.json] [--ungated]
-                                 [--algorithm STANDALONE --quantization none,int8 --draft-quantization int4]
+python benchmarks/speculative.py [--rounds 5] [--concurrency 1,16] [--workloads extract,extract_json,free]
+                                 [--quantization auto,none,int8,int4] [--threads 1] [--no-llamacpp] [--json out.json]
+                                 [--ungated] [--algorithm STANDALONE --draft-quantization int4]
 
 STANDALONE: the draft is the default model's own GGUF (--draft-model to change it) quantized per
---draft-quantization; each --quantization (the target's) runs its own engine, one after the other.
+--draft-quantization; each --quantization is the target's.
 
 Workloads (greedy, up to 128 new tokens, natural ends):
 - extract: a ~500-token product manual in the prompt, the question asks for one section word for word (answers
   copy spans of the prompt: prompt lookup's case);
 - extract_json: the same, answered as {"section": ..., "quote": ...} under a JSON schema (jump-forward on);
 - free: short stories (little to copy: the adaptive draft length should back off).
-Concurrency 1 runs one request (the first prompt); 16 runs 16 different prompts at once. One engine serves both modes:
-its drafter is switched off for the baseline, so both run in the same process and thread pool, alternating per
-repetition after an untimed warm-up (prompts are in the radix cache in both modes: the numbers are decode speed).
-Per case: output tok/s (median of reps, and the spread), tokens per request-forward, draft acceptance, and whether
-the greedy outputs of both modes are equal. llama.cpp (llama-cpp-python from this environment, the same GGUF, run in
-a subprocess) runs the concurrency-1 cases in the same rounds, plain and with LlamaPromptLookupDecoding; skipped
-cleanly when llama_cpp is not installed.
+Concurrency 1 runs one request (the first prompt); 16 runs 16 different prompts at once.
+
+Each round builds a fresh engine per mode (speculation on, off; the order alternates per round), runs the case once
+untimed (the prompt enters the radix cache: the timed numbers are decode rates) and once timed, and shuts it down;
+so the rounds sample what differs between engine instances (where the loop thread runs, where the weights land),
+not one engine's luck. Per case and mode: output tok/s, median and [min-max] over the rounds, and per round the
+speedup of that round's two engines; tokens per request-forward, draft acceptance; and whether the greedy outputs
+are identical in every round and mode (speculation must not change a greedy token). llama.cpp
+(llama-cpp-python from this environment, the same GGUF, run in a subprocess) runs the concurrency-1 cases in the
+same rounds, plain and with LlamaPromptLookupDecoding; skipped cleanly when llama_cpp is not installed.
 """
 
 from __future__ import annotations
@@ -144,40 +147,72 @@ class LlamaPeer:
 
 
 # ------------------------------------------------------------------ the sglpy side
-def run_sglpy(eng, drafter, prompts: list[str], sp: dict, spec: bool, ungated: bool = False) -> dict:
-    """One timed generate of all prompts at once, with the drafter on or off (ungated: NGRAM's acceptance gate for
-    batches off, every request drafts up to the batch policy's cap)."""
-    from sglpy.runtime.engine.spec import ngram as spec_ngram
+def engine_kwargs(args, quant: str, spec: bool) -> dict:
+    """A fresh engine's settings for one mode."""
+    kw = dict(num_threads=args.threads, quantization=quant, max_total_tokens=16384)
+    if not spec:
+        return kw
+    kw.update(speculative_algorithm=args.algorithm, speculative_num_draft_tokens=args.num_draft_tokens)
+    if args.algorithm == "STANDALONE":
+        from sglpy.runtime.model.loader import default_gguf_file
 
-    eng.loop.stepper.drafter = drafter if spec else None
-    row_cost = spec_ngram.ROW_COST
-    if ungated:
-        spec_ngram.ROW_COST = 0.0
-    s0 = dict(drafter.stats)
-    steps0 = eng.stats["num_steps"]
-    t = time.perf_counter()
-    outs = eng.generate(prompt=prompts, sampling_params=sp)
-    dt = time.perf_counter() - t
-    eng.loop.stepper.drafter = drafter
-    spec_ngram.ROW_COST = row_cost
+        kw.update(speculative_draft_model_path=args.draft_model or str(default_gguf_file()),
+                  speculative_draft_model_quantization=args.draft_quantization, speculative_num_steps=args.num_steps)
+    return kw
+
+
+def loop_cpu(eng) -> int:
+    """The CPU the engine's loop thread last ran on (field 39 of its /proc stat)."""
+    try:
+        with open(f"/proc/self/task/{eng._thread.native_id}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def run_sglpy(args, quant: str, prompts: list[str], sp: dict, mode: str) -> dict:
+    """A fresh engine for one mode ('spec', 'off', 'spec_ungated'): one untimed run, one timed run of all prompts at
+    once (ungated: NGRAM's acceptance gate for batches off, every request drafts up to the batch policy's cap)."""
+    from sglpy.runtime.engine import Engine
+    from sglpy.runtime.engine.spec import ngram
+
+    eng = Engine(None, **engine_kwargs(args, quant, mode != "off"))
+    row_cost = ngram.ROW_COST
+    try:
+        if mode == "spec_ungated":
+            ngram.ROW_COST = 0.0
+        chat = [eng.tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                                  add_generation_prompt=True) for t in prompts]
+        eng.generate(prompt=chat, sampling_params=sp)  # untimed: the prompts enter the cache
+        info = eng.get_server_info()
+        s0 = {k: info.get(k, 0) for k in ("spec_verify_steps", "spec_draft_tokens", "spec_accepted_tokens")}
+        steps0 = info["num_steps"]
+        t = time.perf_counter()
+        outs = eng.generate(prompt=chat, sampling_params=sp)
+        dt = time.perf_counter() - t
+        info = eng.get_server_info()
+        cpu = loop_cpu(eng)
+    finally:
+        ngram.ROW_COST = row_cost
+        eng.shutdown()
     n = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    d = {k: drafter.stats[k] - s0[k] for k in s0}
+    d = {k: info.get(k, 0) - s0[k] for k in s0}
     forwards = sum(o["meta_info"]["completion_tokens"] - o["meta_info"].get("jump_forward_tokens", 0) for o in outs)
-    if spec:  # a request's forwards: plain decode steps + verify steps (each verify yields accepted + 1 tokens)
-        forwards -= d["spec_accepted_tokens"]
-    return {"s": dt, "n": n, "steps": eng.stats["num_steps"] - steps0, "ids": [o["output_ids"] for o in outs],
-            "tok_per_forward": n / max(forwards, 1), **d}
+    forwards -= d["spec_accepted_tokens"]  # a request's forwards: decode steps + verify steps (accepted + 1 each)
+    return {"s": dt, "n": n, "steps": info["num_steps"] - steps0, "ids": [o["output_ids"] for o in outs],
+            "tok_per_forward": n / max(forwards, 1), "cpu": cpu, "quantization": info["quantization"],
+            "load": os.getloadavg()[0], **d}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rounds", "--reps", type=int, default=5, help="rounds of fresh engines, one per mode each")
     ap.add_argument("--concurrency", default="1,16")
     ap.add_argument("--workloads", default="extract,extract_json,free")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--num-draft-tokens", type=int, default=4)
     ap.add_argument("--algorithm", default="NGRAM", choices=["NGRAM", "STANDALONE"])
-    ap.add_argument("--quantization", default="auto", help="the target's, comma-separated: one engine each")
+    ap.add_argument("--quantization", default="auto", help="the target's, comma-separated")
     ap.add_argument("--draft-model", help="STANDALONE: the draft (default: the default model's GGUF)")
     ap.add_argument("--draft-quantization", default="int4", help="STANDALONE: the draft's quantization")
     ap.add_argument("--num-steps", type=int, help="STANDALONE: draft steps per round (default --num-draft-tokens)")
@@ -190,28 +225,20 @@ def main() -> None:
     if args.llamacpp_worker:
         llamacpp_worker(args.llamacpp_worker[0], int(args.llamacpp_worker[1]))
         return
-    from sglpy.runtime.engine import Engine
-
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     print(f"CPU: {cpu}, {os.cpu_count()} vCPU, {args.threads} threads; load {os.getloadavg()}")
     peer = None
+    if not args.no_llamacpp:
+        try:
+            import llama_cpp  # noqa: F401
+
+            peer = LlamaPeer(args.threads)
+        except ImportError:
+            print("llama.cpp: llama_cpp is not installed in this environment; skipped")
     results = {}
     for quant in args.quantization.split(","):
-        kw = dict(speculative_algorithm=args.algorithm, speculative_num_draft_tokens=args.num_draft_tokens,
-                  num_threads=args.threads, quantization=quant, max_total_tokens=16384)
-        if args.algorithm == "STANDALONE":
-            from sglpy.runtime.model.loader import default_gguf_file
-
-            kw.update(speculative_draft_model_path=args.draft_model or str(default_gguf_file()),
-                      speculative_draft_model_quantization=args.draft_quantization,
-                      speculative_num_steps=args.num_steps)
-        eng = Engine(None, **kw)
-        info = eng.get_server_info()
-        label = f"target {info['quantization']}" + (f", draft {info['draft_quantization']}"
-                                                     if args.algorithm == "STANDALONE" else "")
-        print(f"\n=== {args.algorithm}: {label}")
-        peer = run_cases(eng, args, peer, results, label)
-        eng.shutdown()
+        print(f"\n=== {args.algorithm}, target quantization {quant}")
+        peer = run_cases(args, quant, peer, results)
     print(f"\nload after {os.getloadavg()}")
     if peer is not None:
         peer.close()
@@ -221,69 +248,91 @@ def main() -> None:
                       indent=1)
 
 
-def run_cases(eng, args, peer, results: dict, label: str):
-    """Every workload x concurrency case on one engine, its drafter on and off alternating; returns the peer."""
-    drafter = eng.loop.stepper.drafter
-    if peer is None and not args.no_llamacpp:
-        try:
-            import llama_cpp  # noqa: F401
+def run_cases(args, quant: str, peer, results: dict):
+    """Every workload x concurrency case: rounds of fresh engines, the modes' order alternating; returns the peer."""
+    from transformers import AutoTokenizer
 
-            peer = LlamaPeer(args.threads)
-        except ImportError:
-            print("llama.cpp: llama_cpp is not installed in this environment; skipped")
-    chat = lambda text: eng.tokenizer.apply_chat_template([{"role": "user", "content": text}],  # noqa: E731
-                                                          tokenize=False, add_generation_prompt=True)
+    from sglpy.runtime.model.loader import resolve_model_path
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(None))
     cases = [(w, c) for w in args.workloads.split(",") for c in map(int, args.concurrency.split(","))]
     for w, c in cases:
-        prompts = [chat(t) for t in user_texts(w)[:c]]
+        texts = user_texts(w)[:c]
         sp = sampling(w)
-        print(f"\n{w}, {c} request(s): prompt {len(eng.tokenizer(prompts[0]).input_ids)} tokens")
+        prompt0 = tok.apply_chat_template([{"role": "user", "content": texts[0]}], tokenize=False,
+                                          add_generation_prompt=True)
+        print(f"\n{w}, {c} request(s): prompt {len(tok(prompt0).input_ids)} tokens")
         modes = ["spec", "off"] + (["spec_ungated"] if args.ungated and c > 1 else [])
-        modes += ["llama", "llama+lookup2", "llama+lookup10"] if peer is not None and c == 1 else []
-        runs: dict[str, list[dict]] = {m: [] for m in modes}
+        llama = ["llama", "llama+lookup2", "llama+lookup10"] if peer is not None and c == 1 else []
+        runs: dict[str, list[dict]] = {m: [] for m in modes + llama}
 
         def once(m):
-            if m in ("spec", "off", "spec_ungated"):
-                return run_sglpy(eng, drafter, prompts, sp, m != "off", m == "spec_ungated")
+            if m in modes:
+                return run_sglpy(args, quant, texts, sp, m)
             mode = {"llama": "plain", "llama+lookup2": "lookup2", "llama+lookup10": "lookup10"}[m]
-            return peer.run(prompts[0], mode, sp.get("json_schema"))
+            return peer.run(prompt0, mode, sp.get("json_schema"))
 
-        for m in list(modes):  # warm-up: prompts cached, grammar compiled
+        for m in llama:  # warm-up of the llama.cpp worker (grammar compiled)
             try:
                 once(m)
             except RuntimeError as e:  # the llama.cpp worker died (its draft path can raise): go on without it
                 print(f"  llama.cpp skipped: {e}")
-                modes = [x for x in modes if not x.startswith("llama")]
                 runs = {x: runs[x] for x in modes}
-                peer = None
+                llama, peer = [], None
                 break
-        for rep in range(args.reps):
-            for m in (modes if rep % 2 == 0 else modes[::-1]):
-                runs[m].append(once(m))
-        row = {}
-        for m, rs in runs.items():
-            rates = [r["n"] / r["s"] for r in rs]
-            row[m] = {"tok_s": statistics.median(rates), "min": min(rates), "max": max(rates), "tokens": rs[0]["n"]}
-            extra = ""
-            if m.startswith("spec"):
-                acc = sum(r["spec_accepted_tokens"] for r in rs)
-                drafted = sum(r["spec_draft_tokens"] for r in rs)
-                verify = sum(r["spec_verify_steps"] for r in rs)
-                row[m].update(tok_per_forward=statistics.median(r["tok_per_forward"] for r in rs),
-                              acceptance=acc / max(drafted, 1), accepted_per_verify=acc / max(verify, 1))
-                extra = (f"  {row[m]['tok_per_forward']:.2f} tok/forward, {acc / max(verify, 1):.2f} accepted per "
-                         f"verify, acceptance {acc / max(drafted, 1):.0%}")
-            print(f"  {m:15s} {row[m]['tok_s']:7.1f} tok/s  [{min(rates):.1f}-{max(rates):.1f}]  "
-                  f"{rs[0]['n']} tokens{extra}")
-        same = runs["spec"][0]["ids"] == runs["off"][0]["ids"]
-        row["speedup"] = row["spec"]["tok_s"] / row["off"]["tok_s"]
-        row["greedy_equal"] = same
-        print(f"  speedup {row['speedup']:.2f}x; greedy outputs equal: {same}")
-        if "spec_ungated" in row:
-            row["speedup_ungated"] = row["spec_ungated"]["tok_s"] / row["off"]["tok_s"]
-            print(f"  speedup without the acceptance gate {row['speedup_ungated']:.2f}x")
-        results[f"{label}/{w}/{c}"] = row
+        for rnd in range(args.rounds):
+            order = modes + llama
+            for m in (order if rnd % 2 == 0 else order[::-1]):
+                r = once(m)
+                runs[m].append(r)
+                extra = f", loop thread on CPU {r['cpu']}, load {r['load']:.1f}" if m in modes else ""
+                print(f"  round {rnd + 1} {m:15s} {r['n'] / r['s']:7.1f} tok/s{extra}", flush=True)
+        row = report(runs, modes)
+        results[f"{quant}/{w}/{c}"] = row
     return peer
+
+
+def report(runs: dict[str, list[dict]], modes: list[str]) -> dict:
+    """Median [min-max] per mode, per-round speedups and whether every greedy output is identical."""
+    row = {}
+    for m, rs in runs.items():
+        rates = [r["n"] / r["s"] for r in rs]
+        row[m] = {"tok_s": statistics.median(rates), "min": min(rates), "max": max(rates), "rounds": rates,
+                  "tokens": rs[0]["n"]}
+        extra = ""
+        if m.startswith("spec"):
+            acc = sum(r["spec_accepted_tokens"] for r in rs)
+            drafted = sum(r["spec_draft_tokens"] for r in rs)
+            verify = sum(r["spec_verify_steps"] for r in rs)
+            row[m].update(tok_per_forward=statistics.median(r["tok_per_forward"] for r in rs),
+                          acceptance=acc / max(drafted, 1), accepted_per_verify=acc / max(verify, 1),
+                          verify_steps=verify / len(rs), steps=statistics.median(r["steps"] for r in rs))
+            extra = (f"  {row[m]['tok_per_forward']:.2f} tok/forward, {acc / max(verify, 1):.2f} accepted per "
+                     f"verify, acceptance {acc / max(drafted, 1):.0%}, {verify / len(rs):.0f} verify steps of "
+                     f"{row[m]['steps']:.0f}")
+        print(f"  {m:15s} {row[m]['tok_s']:7.1f} tok/s  [{min(rates):.1f}-{max(rates):.1f}]  {rs[0]['n']} tokens"
+              f"{extra}")
+    per_round = [a["n"] / a["s"] / (b["n"] / b["s"]) for a, b in zip(runs["spec"], runs["off"])]
+    ids = [r["ids"] for m in modes for r in runs[m]]
+    same = all(x == ids[0] for x in ids)
+    row.update(speedup=statistics.median(per_round), speedup_min=min(per_round), speedup_max=max(per_round),
+               speedup_rounds=per_round, greedy_identical=same)
+    print(f"  speedup median {row['speedup']:.2f}x [{min(per_round):.2f}-{max(per_round):.2f}] "
+          f"(rounds: {', '.join(f'{x:.2f}' for x in per_round)}); greedy outputs identical in every round and "
+          f"mode: {same}")
+    if not same:
+        ref = ids[0]
+        for m in modes:
+            for k, r in enumerate(runs[m]):
+                for u, v in zip(r["ids"], ref):
+                    if u != v:
+                        at = next((j for j, (x, y) in enumerate(zip(u, v)) if x != y), min(len(u), len(v)))
+                        print(f"    {m} round {k + 1}: differs from spec round 1 at token {at}")
+                        break
+    if "spec_ungated" in row:
+        row["speedup_ungated"] = row["spec_ungated"]["tok_s"] / row["off"]["tok_s"]
+        print(f"  speedup without the acceptance gate {row['speedup_ungated']:.2f}x")
+    return row
 
 
 if __name__ == "__main__":
