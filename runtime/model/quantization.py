@@ -11,7 +11,7 @@ from torch import nn
 from sglpy.kernels.cpu_native import native_isa, native_lib
 from sglpy.kernels.quant_linear import (PackedLinear, dequantize_int4, dequantize_int8, pack_linear,
                                         quant_linear_unchecked, quantize_int4, quantize_int8)
-from sglpy.kernels.quant_linear_cpu import linear_f32_cpu, quant_linear_cpu
+from sglpy.kernels.quant_linear_cpu import NATIVE_MAX_ROWS, linear_f32_cpu, quant_linear_cpu
 from ..config import QUANTIZATION_MODES
 
 INT4_GROUP_SIZE = 32  # GGUF Q4_1's block: the embedded model's weights sit exactly on this grid
@@ -222,6 +222,52 @@ class _HeadWeight(nn.Module):
         return x @ self.weight.t()  # x: [M, in] -> [M, out]
 
 
+class DecodeRowsLinear(nn.Module):
+    """quantization none on CPU: forwards of up to NATIVE_MAX_ROWS rows (decode steps, speculative verify steps) run
+    the native float32 GEMV, whose row m depends on input row m alone; more rows run torch's GEMM. torch's float32
+    GEMM gives a row other bits at every row count (M = 1 vs 2-16), so a verify row could pick another token than a
+    one-row step of the same sequence (docs/speculative.md); the GEMV is also the faster one at one row
+    (benchmarks/README.md, "Deterministic inference")."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.in_features, self.out_features = inner.in_features, inner.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [M, in] -> [M, out]
+        if x.shape[0] > NATIVE_MAX_ROWS or x.dtype != torch.float32:
+            return self.inner.forward(x)
+        b = self.inner.bias
+        return linear_f32_cpu(native_lib(), x, self.inner.weight, None if b is None else b.detach())
+
+
+def route_decode_rows(model: nn.Module) -> int:
+    """Wrap every float32 linear layer of a CPU model (the float head included) in DecodeRowsLinear, when the native
+    kernels are built; returns how many were wrapped."""
+    def fits(m: nn.Module) -> bool:
+        w = getattr(m, "weight", None)
+        return (type(m) in (nn.Linear, _HeadWeight) and w is not None and w.device.type == "cpu"
+                and w.dtype == torch.float32 and w.is_contiguous())
+
+    if model.model.embed_tokens.weight.device.type != "cpu" or native_lib() is None:
+        return 0
+    count = 0
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for parent in list(layer.modules()):
+                for name, child in list(parent.named_children()):
+                    if fits(child):
+                        setattr(parent, name, DecodeRowsLinear(child))
+                        count += 1
+        if model.logits_head is None:
+            head = _HeadWeight(model.lm_head_weight().detach())
+            if fits(head):
+                model.set_lm_head(DecodeRowsLinear(head))
+                count += 1
+    return count
+
+
 def make_batch_invariant(model: nn.Module) -> int:
     """Route every linear layer of a loaded (and quantized) model through RowByRowLinear, the lm_head included,
     so that no row's logits depend on the other rows of its forward; returns how many were wrapped."""
@@ -277,13 +323,16 @@ def quantize_model(model: nn.Module, mode: str, dense: bool = True, batch_invari
     Under tensor parallelism each rank quantizes its own shards: per output channel, a column-parallel shard
     gets exactly the numbers of tp=1; a row-parallel shard's channel scale covers its own input columns.
     batch_invariant=True (deterministic inference) wraps every linear layer in RowByRowLinear (make_batch_invariant):
-    decode rows run the native GEMV at any row count, prefill rows the dense copy in fixed 64-row tiles.
+    decode rows run the native GEMV at any row count, prefill rows the dense copy in fixed 64-row tiles. Otherwise
+    mode none on CPU runs forwards of up to 16 rows on the native float32 GEMV (route_decode_rows).
     """
     if mode not in ("none", "int8", "int4"):
         raise ValueError(f"quantize_model takes none, int8 or int4 (resolve 'auto' first), got {mode!r}")
     if mode == "none":
         if batch_invariant:
             make_batch_invariant(model)
+        else:
+            route_decode_rows(model)
         return 0
     dense = dense_copy_dtype() if dense else None
     total = 0

@@ -181,3 +181,20 @@ def test_row_split_float32_linear_depends_on_row_kind_alone():
             split.native = kinds
             got = lin(x[:m])
             assert torch.equal(got[kinds], generated[:m][kinds]) and torch.equal(got[~kinds], prompt[:m][~kinds])
+
+
+def test_float32_decode_rows_are_row_invariant_up_to_16():
+    """quantization none without the flag: up to 16 rows (decode and speculative verify steps) a row's bits are those
+    of a one-row call; more rows take torch's GEMM (the control: it gives row 0 other bits than the GEMV)."""
+    from sglpy.runtime.model.quantization import DecodeRowsLinear
+
+    lin = DecodeRowsLinear(torch.nn.Linear(96, 200))
+    x = torch.randn(40, 96, generator=torch.Generator().manual_seed(12))
+    with torch.no_grad():
+        alone = torch.cat([lin(x[i:i + 1]) for i in range(16)])
+        for m in (2, 5, 8, 16):
+            assert torch.equal(lin(x[:m]), alone[:m]), m
+        many = lin(x)
+        assert torch.equal(many, lin.inner(x))
+        torch.testing.assert_close(many[:16], alone)
+        assert not torch.equal(many[:16], alone)  # the control: another reduction order
