@@ -18,8 +18,8 @@ from typing import Callable
 
 from ..core import OutputSink, Req
 from ..messages import GenerateReq
+from .delivery import deliver
 from .output import aborted_output
-from .step import deliver
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,43 @@ class SubmitMsg:
     req: GenerateReq
     sink: OutputSink
     on_error: Callable[[Exception], None] | None = None
+
+
+class BuildWindow:
+    """Requests between their arrival and their submit (built off the receiving thread, e.g. the engine process's
+    pool): an abort that arrives meanwhile is kept here and ends the request at submit instead of being lost."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._open: dict[str, bool] = {}  # rid -> aborted while building
+
+    @property
+    def building(self) -> bool:
+        """Some request is still being built."""
+        return bool(self._open)
+
+    def open(self, rid: str) -> None:
+        """`rid` arrived; its build starts (call before handing it to the building thread)."""
+        with self._lock:
+            self._open[rid] = False
+
+    def abort(self, rid: str) -> bool:
+        """Mark `rid` aborted if it is still being built (True); False when it was submitted (or is unknown)."""
+        with self._lock:
+            if rid not in self._open:
+                return False
+            self._open[rid] = True
+            return True
+
+    def close(self, rid: str, submit: Callable[[], None] | None = None) -> bool:
+        """`rid` is built (or failed): run `submit` unless it was aborted meanwhile; True when it was aborted.
+
+        submit runs under the window's lock, so an abort arriving now queues behind the submitted request."""
+        with self._lock:
+            aborted = self._open.pop(rid, False)
+            if not aborted and submit is not None:
+                submit()
+        return aborted
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,22 @@ The engine calls a sink from its step-loop thread once per step with that step's
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 from concurrent.futures import Future
 from typing import Callable
 
 from ..messages import ReqOutput, StepOutputs
+
+logger = logging.getLogger(__name__)
+
+
+def deliver(sink: Callable[[StepOutputs], None], outs: list[ReqOutput]) -> None:
+    """Hand one step's outputs to a sink (engine loop thread); a broken consumer must not stop the loop."""
+    try:
+        sink(StepOutputs(outs))
+    except Exception:  # noqa: BLE001
+        logger.exception("output sink failed for %d request(s)", len(outs))
 
 
 class BatchWaiter:

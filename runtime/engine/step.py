@@ -20,13 +20,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from ..core import FinishReason, ForwardOutput, OutputSink, Req, ReqStatus, ScheduledBatch
-from ..messages import ReqOutput, StepOutputs
+from ..messages import ReqOutput
 from ..model.parallel import TPGroupError
+from .delivery import deliver
 from .output import aborted_output, build_output
 from .overlap import HostTokens, PinnedIds, drop_placeholder
 from .processor import SampleLaunch
@@ -274,10 +274,3 @@ class Stepper:
                 self.retire([r])
             return aborted_output(r.rid, len(r.input_ids), r.finish_reason.message)
 
-
-def deliver(sink: OutputSink, outs: list[Any]) -> None:
-    """Hand one step's outputs to a sink; a broken consumer must not stop the loop."""
-    try:
-        sink(StepOutputs(outs))
-    except Exception:  # noqa: BLE001
-        logger.exception("output sink failed for %d request(s)", len(outs))

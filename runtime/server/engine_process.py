@@ -2,8 +2,8 @@
 
 Each GenerateReqInput is built (tokenized, validated: engine.build_request) on a small pool and submitted at
 once: `submit` never waits, and a request whose constraint still compiles waits for it inside the engine
-(engine/admission.py, on the loop thread), where an abort while compiling is handled too. This process only
-keeps the requests still being built, so that an abort arriving meanwhile is not lost. Requests are
+(engine/admission.py, on the loop thread), where an abort while compiling is handled too; an abort that arrives
+while a request is still being built is kept by admission's BuildWindow. Requests are
 submitted with one shared sink that writes each engine step's outputs to the pipe as one StepOutputs
 message. A heartbeat thread sends the engine's step-loop progress every HEARTBEAT_S (the server's
 /health liveness) and ends the process when the step loop died.
@@ -20,6 +20,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ..core import EngineProtocol, missing_engine_methods
+from ..engine.admission import BuildWindow
 from ..engine.output import aborted_output
 from ..messages import (AbortReq, Call, CallResult, ChatPromptReq, DetokenizeReq, Failed, FlushCacheReq, ListLorasReq,
                         LoadLoraReq, UnloadLoraReq,
@@ -68,22 +69,16 @@ class EngineProcess:
         self.engine, self.sender = engine, sender
         self._builds = ThreadPoolExecutor(build_workers, thread_name_prefix="engine-build")
         self._calls = ThreadPoolExecutor(call_workers, thread_name_prefix="engine-call")
-        self._lock = threading.Lock()
-        self._building: set[str] = set()  # being built, not yet submitted
-        self._aborted_early: set[str] = set()  # aborted while being built
+        self._window = BuildWindow()  # requests being built: an abort meanwhile ends them at submit
 
     def handle(self, msg) -> bool:
         """Dispatch one message from the server; False when it asks the process to stop."""
         if isinstance(msg, GenerateReqInput):
-            with self._lock:
-                self._building.add(msg.rid)  # before the build starts, so an abort is never lost
+            self._window.open(msg.rid)  # before the build starts, so an abort is never lost
             self._builds.submit(self._build, msg)
         elif isinstance(msg, AbortReq):
-            with self._lock:
-                if msg.rid in self._building:
-                    self._aborted_early.add(msg.rid)  # _build ends it instead of submitting it
-                    return True
-            self.engine.abort(msg.rid)  # submitted: the engine ends it (compiling, waiting or running)
+            if not self._window.abort(msg.rid):
+                self.engine.abort(msg.rid)  # submitted: the engine ends it (compiling, waiting or running)
         elif isinstance(msg, Call):
             self._calls.submit(self._answer, msg)
         elif isinstance(msg, ShutdownReq):
@@ -97,36 +92,26 @@ class EngineProcess:
         try:
             req = self.engine.build_request(inp)
         except Exception as e:  # noqa: BLE001
+            self._window.close(inp.rid)
             self._reject(inp.rid, e)
             return
-        try:
-            with self._lock:  # submit under the lock: an abort arriving now queues behind the request
-                self._building.discard(inp.rid)
-                if inp.rid in self._aborted_early:
-                    self._aborted_early.discard(inp.rid)
-                    if req.guide is not None:
-                        req.guide.cancel()  # stops the compile in its worker
-                    self.sender(StepOutputs([aborted_output(inp.rid, len(req.input_ids), "aborted before start")]))
-                    return
-                if req.guide is None:
-                    self.engine.submit(req, self.sender)
-                else:  # never waits for the compile; a failed one comes back here as a 400, like any bad input
-                    self.engine.submit(req, self.sender, on_error=lambda e, rid=inp.rid: self._reject(rid, e))
+        try:  # a failed compile comes back through on_error as a 400, like any bad input
+            aborted = self._window.close(inp.rid, lambda: self.engine.submit(
+                req, self.sender, on_error=lambda e, rid=inp.rid: self._reject(rid, e)))
         except Exception as e:  # noqa: BLE001
             self._reject(inp.rid, e)
+            return
+        if aborted:
+            if req.guide is not None:
+                req.guide.cancel()  # stops the compile in its worker
+            self.sender(StepOutputs([aborted_output(inp.rid, len(req.input_ids), "aborted before start")]))
 
     def _reject(self, rid: str, e: Exception) -> None:
-        self._forget(rid)
         if isinstance(e, ValueError):  # GrammarError included: the request's own constraint is at fault
             self.sender.send(Failed(rid, str(e), 400))
         else:
             logger.error("request %s failed in the engine", rid, exc_info=(type(e), e, e.__traceback__))
             self.sender.send(Failed(rid, f"engine error: {type(e).__name__}: {e}", 500))
-
-    def _forget(self, rid: str) -> None:
-        with self._lock:
-            self._building.discard(rid)
-            self._aborted_early.discard(rid)
 
     def _answer(self, call: Call) -> None:
         try:

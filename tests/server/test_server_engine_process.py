@@ -154,7 +154,7 @@ def test_compiles_wait_in_the_engine_submit_never_blocks_and_an_abort_while_comp
         assert sorted(finals) == ["held", "plain"]  # one final output each; "bad" got its 400 only
         info = eng.get_server_info()
         assert info["kv_used"] == 0 and info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0
-        assert not eng.admission.busy and not p._building and not p._aborted_early
+        assert not eng.admission.busy and not p._window.building
     finally:
         p.close()
         eng.shutdown()
