@@ -116,3 +116,15 @@ def test_the_engine_package_has_no_import_loop_and_the_engine_holds_its_loop():
     from sglpy.runtime.engine.step_loop import EngineLoop
 
     assert not issubclass(Engine, EngineLoop) and [b.__name__ for b in Engine.__mro__[1:-1]] == ["OfflineAPI"]
+
+
+def test_an_abort_while_building_ends_the_request_at_submit():
+    from sglpy.runtime.engine.admission import BuildWindow
+
+    w, submitted = BuildWindow(), []
+    w.open("a")
+    w.open("b")
+    assert w.abort("a") and w.building
+    assert w.close("a", lambda: submitted.append("a")) is True  # aborted meanwhile: never submitted
+    assert w.close("b", lambda: submitted.append("b")) is False and submitted == ["b"]
+    assert not w.abort("b") and not w.building  # submitted: the engine's abort takes it from here
