@@ -8,7 +8,7 @@ from typing import Any, Callable, List, Optional, Union
 from .choices import ChoicesSamplingMethod, token_length_normalized
 from .function import SglFunction
 from .global_config import global_config
-from .ir import (GenParams, SamplingParams, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect,
+from .nodes import (GenParams, SamplingParams, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect,
                  SglSeparateReasoning, validate_regex)
 
 
@@ -25,10 +25,14 @@ def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int]
 
 def __getattr__(name: str):
     # SGLang's sglang.lang.api offers Runtime and Engine too; they stay lazy (torch / HTTP on first use).
-    if name in ("Runtime", "Engine"):
-        import sglpy
+    if name == "Runtime":
+        from .backend_http import Runtime
 
-        return getattr(sglpy, name)
+        return Runtime
+    if name == "Engine":
+        from .backend_engine import Engine
+
+        return Engine
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

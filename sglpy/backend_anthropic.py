@@ -21,7 +21,7 @@ from .backend_base import BaseBackend, GenResult, StreamChunk
 from .backend_openai import TokenUsage, UnsupportedFeature, select_by_enum_or_match
 from .chat_template import ChatTemplate, get_chat_template
 from .choices import ChoicesDecision, ChoicesSamplingMethod
-from .ir import GenParams, SamplingParams
+from .nodes import GenParams, SamplingParams
 
 JSON_TOOL = "json_output"
 _TAKEN = ("max_new_tokens", "stop", "temperature", "top_p", "top_k", "json_schema", "skip_special_tokens",

@@ -7,7 +7,7 @@ from typing import Callable, Iterator, Optional
 
 from .chat_template import CHATML, ChatTemplate
 from .choices import ChoicesDecision, ChoicesSamplingMethod, token_length_normalized
-from .ir import GenParams
+from .nodes import GenParams
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from typing import Any, Iterator, Optional
 
 from .backend_base import BaseBackend, ChoiceScore, GenResult, StreamChunk, plan_scoring, scores_from_logprobs
 from .chat_template import ChatTemplate, from_hf_tokenizer, get_chat_template
-from .ir import GenParams
+from .nodes import GenParams
 
 
 def check_output(out: dict) -> dict:

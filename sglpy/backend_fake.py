@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Optional
 
 from .backend_base import BaseBackend, ChoiceScore, GenResult, StreamChunk
 from .chat_template import CHATML, ChatTemplate
-from .ir import GenParams
+from .nodes import GenParams
 
 
 def complete_regex(regex: str, hint: str = "") -> str:

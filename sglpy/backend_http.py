@@ -26,7 +26,7 @@ from .backend_base import (
 )
 from .backend_engine import check_output
 from .chat_template import ChatTemplate, from_jinja, get_chat_template, get_chat_template_by_model_path
-from .ir import GenParams, SamplingParams
+from .nodes import GenParams, SamplingParams
 
 # The sampling_params keys SGLang's frontend always sends (RuntimeEndpoint); any other SamplingParams field
 # is sent only when it differs from its default (e.g. stop_regex), so an SGLang server sees its usual body.

@@ -26,7 +26,7 @@ from typing import Any, Iterator, Optional
 from .backend_base import BaseBackend, ChoiceScore, GenResult, StreamChunk, mean_logprob
 from .chat_template import ChatTemplate, from_jinja, get_chat_template, get_chat_template_by_model_path
 from .choices import ChoicesDecision, ChoicesSamplingMethod
-from .ir import GenParams, SamplingParams
+from .nodes import GenParams, SamplingParams
 
 INSTRUCT_MODEL_NAMES = ["gpt-3.5-turbo-instruct", "davinci-002", "babbage-002"]
 MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit on logit_bias entries

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 
 from .global_config import global_config
 from .interpreter import StreamExecutor
-from .ir import GenParams, SamplingParams
+from .nodes import GenParams, SamplingParams
 from .program_state import ProgramState
 from .tracer import TracedProgram, constant_prefix, trace_program
 

@@ -11,8 +11,9 @@ from typing import Any, Optional
 
 from .backend_base import BaseBackend
 from .chat_template import ChatTemplate
+from .program_state import ProgramError, ProgramState, ProgramStateGroup  # noqa: F401 - SGLang's interpreter names
 from .program_trace import ForkEvent
-from .ir import (
+from .nodes import (
     GenParams,
     SglCommitLazy,
     SglConstantText,
@@ -30,10 +31,6 @@ from .ir import (
 )
 from .separate_reasoning import model_type_of, separate
 from .spec_exec import SpecTerm, check_speculable, run_spec_turn, speculable_completion_gen, speculated_gen
-
-
-class ProgramError(RuntimeError):
-    """A program failed in its worker; raised where the caller reads its results."""
 
 
 _END = object()
@@ -348,16 +345,6 @@ def _tool_value(node: SglGen, value: Any) -> Any:
     from .tools import parse_result
 
     return parse_result(value)
-
-
-def __getattr__(name: str):
-    # SGLang's sglang.lang.interpreter exports the state types; here they live in program_state (which imports
-    # this module), so they are resolved on first access.
-    if name in ("ProgramState", "ProgramStateGroup"):
-        from . import program_state
-
-        return getattr(program_state, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _set_event() -> threading.Event:

@@ -6,11 +6,10 @@ import asyncio
 import contextlib
 import threading
 import time
-from typing import Any, AsyncIterator, Iterator, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Optional
 
-from .interpreter import ProgramError, StreamExecutor
 from .program_trace import JoinEvent, ProgramTrace, build_trace
-from .ir import (
+from .nodes import (
     SglCommitLazy,
     SglConstantText,
     SglExpr,
@@ -20,6 +19,13 @@ from .ir import (
     SglVarScopeBegin,
     SglVarScopeEnd,
 )
+
+if TYPE_CHECKING:
+    from .interpreter import StreamExecutor
+
+
+class ProgramError(RuntimeError):
+    """A program failed in its worker; raised where the caller reads its results."""
 
 
 class ProgramState:

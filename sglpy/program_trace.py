@@ -143,7 +143,7 @@ def tokens_by_origin(meta: Any) -> dict:
 
 
 def _node(executor, event, origin: float, visited: set) -> TraceNode:
-    from .ir import SglCommitLazy, SglConstantText, SglGen, SglRoleBegin, SglRoleEnd, SglSelect, SglVarScopeBegin, \
+    from .nodes import SglCommitLazy, SglConstantText, SglGen, SglRoleBegin, SglRoleEnd, SglSelect, SglVarScopeBegin, \
         SglVarScopeEnd
 
     if isinstance(event, (ForkEvent, JoinEvent)):

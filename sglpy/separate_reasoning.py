@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from .ir import SglSeparateReasoning, reasoning_name
+from .nodes import SglSeparateReasoning, reasoning_name
 
 if TYPE_CHECKING:
     from .interpreter import StreamExecutor

@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from .ir import GenParams
+from .nodes import GenParams
 
 SPEC_FREE_FIELDS = ("stop", "max_new_tokens")  # the fields gens of one speculative call may differ in
 _CONSTRAINTS = ("regex", "json_schema", "ebnf", "choices", "structural_tag")

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from .chat_template import ChatTemplate
 from .interpreter import role_begin_text
-from .ir import (
+from .nodes import (
     SglArgument,
     SglConstantText,
     SglExpr,

@@ -26,7 +26,7 @@ from sglpy.kernels.trie_walk import native_trie_walker
 from .detokenizer import IncrementalDetokenizer
 from .grammar_service import GrammarService
 from .isolation import Isolation
-from .reasoning_guide import ThinkingGuide
+from .reasoning_guide import ThinkingGuide, ThinkTokens, bounded_thinking_guide
 from .stops import append_text
 from ..core import FinishReason, Req, TokenLogprob
 from ..memory.kv_manager import KVManager
@@ -57,7 +57,7 @@ class ConstrainedDecoding:
 
     def __init__(self, tokenizer, vocab_size: int, eos_ids: set[int], jump_forward: bool = True,
                  isolation: Isolation | None = None, workers: int = 2, timeout_s: float = 5.0,
-                 max_states: int = 20_000):
+                 max_states: int = 20_000, think: ThinkTokens | None = None, min_jump_tokens: int = 1):
         self.tokenizer = tokenizer
         # masks are computed on each state's first visit, here, by the native trie walk (numpy where it cannot load)
         self.info = info = TokenizerInfo.from_hf(tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos_ids),
@@ -68,8 +68,8 @@ class ConstrainedDecoding:
         # background so the first constrained request does not pay for them
         threading.Thread(target=self._warmup, name="sglpy-grammar-warmup", daemon=True).start()
         self.jump_forward_enabled = jump_forward
-        self.min_jump_tokens = 1  # shorter jumps are left to decode (the engine raises it under CUDA graphs)
-        self.think = None  # engine/reasoning_guide.ThinkTokens when the engine has a reasoning parser
+        self.min_jump_tokens = min_jump_tokens  # shorter jumps are left to decode (jump_min_tokens)
+        self.think = think  # the reasoning model's thinking tokens (constraints start after </think>); else None
         self.iso = isolation or Isolation()
         self.words = (vocab_size + 31) // 32
         # seconds spent on grammar work inside the step loop (benchmarks report it as a share of step time)
@@ -131,6 +131,15 @@ class ConstrainedDecoding:
             guide = ThinkingGuide(guide, self.think.bounded(max_thinking_tokens))
         req.grammar = GuideState(guide, guide.initial_state)
         self._initial_jump(req)
+
+    def attach_thinking_bound(self, req: Req, max_thinking_tokens: int | None) -> None:
+        """Give an unconstrained request on a reasoning model its bounded-thinking guide when one applies."""
+        if self.think is None:
+            return
+        prompt = self.tokenizer.decode(req.input_ids[-16:])
+        guide = bounded_thinking_guide(self.think, self.info, prompt, max_thinking_tokens)
+        if guide is not None:
+            req.grammar = GuideState(guide, guide.initial_state)
 
     # ------------------------------------------------------------------ jump-forward
     def _initial_jump(self, req: Req) -> None:

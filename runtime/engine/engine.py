@@ -30,7 +30,7 @@ from ..model.loader import resolve_model_path
 from ..model.runner import ModelRunner
 from .detokenizer import IncrementalDetokenizer
 from .isolation import Isolation
-from .reasoning_guide import attach_thinking_bound, reasoning_tokens
+from .reasoning_guide import reasoning_tokens
 from .processor import OutputProcessor
 from .request_trace import RequestTrace
 from .offline_api import OfflineAPI
@@ -122,13 +122,13 @@ class Engine(OfflineAPI):
         from .constrained import ConstrainedDecoding, jump_min_tokens
 
         self.isolation = Isolation()  # per-request failures in the step; `.hook` injects faults in tests
+        captured = bool(r.graphs is not None and r.graphs.graphs)  # decode off the graph costs a whole step
         self.constrained = ConstrainedDecoding(self.tokenizer, r.vocab_size, self.eos_ids,
                                                jump_forward=not cfg.disable_jump_forward, isolation=self.isolation,
                                                workers=cfg.grammar_workers, timeout_s=cfg.grammar_compile_timeout,
-                                               max_states=cfg.grammar_max_states)
-        self.constrained.think = reasoning_tokens(cfg, self.tokenizer)  # constraints start after </think>
-        captured = bool(r.graphs is not None and r.graphs.graphs)  # decode off the graph costs a whole step
-        self.constrained.min_jump_tokens = jump_min_tokens(cfg, captured)
+                                               max_states=cfg.grammar_max_states,
+                                               think=reasoning_tokens(cfg, self.tokenizer),
+                                               min_jump_tokens=jump_min_tokens(cfg, captured))
         penalties = Penalties()
         sampler = Sampler(cfg.seed, r.device, batch_invariant=cfg.enable_deterministic_inference, penalties=penalties)
         self.processor = OutputProcessor(sampler, self.eos_ids, self.max_context, self.constrained, self.isolation)
@@ -225,8 +225,8 @@ class Engine(OfflineAPI):
                                          s.spaces_between_special_tokens)
         if guide is not None:
             self.constrained.attach(r, guide, req.max_thinking_tokens)  # a forced opening is appended here
-        elif self.constrained.think is not None:  # a reasoning model's thinking bound holds without a constraint too
-            attach_thinking_bound(self.constrained, r, req.max_thinking_tokens)
+        else:  # a reasoning model's thinking bound holds without a constraint too
+            self.constrained.attach_thinking_bound(r, req.max_thinking_tokens)
         return r
 
     def abort(self, rid: str) -> None:

@@ -104,16 +104,6 @@ def bounded_thinking_guide(think: ThinkTokens, info, prompt_text: str, max_think
     return ThinkingGuide(FreeText(info), think, eos_while_thinking=True)
 
 
-def attach_thinking_bound(constrained, req, max_thinking_tokens: int | None) -> None:
-    """Give an unconstrained request its bounded-thinking guide when one applies (engine loop, at admission)."""
-    from .constrained import GuideState
-
-    prompt = constrained.tokenizer.decode(req.input_ids[-16:])
-    guide = bounded_thinking_guide(constrained.think, constrained.info, prompt, max_thinking_tokens)
-    if guide is not None:
-        req.grammar = GuideState(guide, guide.initial_state)
-
-
 class ThinkingGuide(Guide):
     """States: ("think", tokens so far) until the end token, then ("answer", inner state)."""
 
