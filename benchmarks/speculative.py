@@ -161,13 +161,14 @@ def engine_kwargs(args, quant: str, spec: bool) -> dict:
     return kw
 
 
-def loop_cpu(eng) -> int:
-    """The CPU the engine's loop thread last ran on (field 39 of its /proc stat)."""
+def loop_stat(eng) -> tuple[int, float]:
+    """The engine's loop thread: the CPU it last ran on and the CPU seconds it used so far (its /proc stat)."""
     try:
         with open(f"/proc/self/task/{eng._thread.native_id}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[36])
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[36]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
-        return -1
+        return -1, float("nan")
 
 
 def run_sglpy(args, quant: str, prompts: list[str], sp: dict, mode: str) -> dict:
@@ -187,11 +188,12 @@ def run_sglpy(args, quant: str, prompts: list[str], sp: dict, mode: str) -> dict
         info = eng.get_server_info()
         s0 = {k: info.get(k, 0) for k in ("spec_verify_steps", "spec_draft_tokens", "spec_accepted_tokens")}
         steps0 = info["num_steps"]
+        cpu_s0 = loop_stat(eng)[1]
         t = time.perf_counter()
         outs = eng.generate(prompt=chat, sampling_params=sp)
         dt = time.perf_counter() - t
+        cpu, cpu_s = loop_stat(eng)
         info = eng.get_server_info()
-        cpu = loop_cpu(eng)
     finally:
         ngram.ROW_COST = row_cost
         eng.shutdown()
@@ -200,7 +202,8 @@ def run_sglpy(args, quant: str, prompts: list[str], sp: dict, mode: str) -> dict
     forwards = sum(o["meta_info"]["completion_tokens"] - o["meta_info"].get("jump_forward_tokens", 0) for o in outs)
     forwards -= d["spec_accepted_tokens"]  # a request's forwards: decode steps + verify steps (accepted + 1 each)
     return {"s": dt, "n": n, "steps": info["num_steps"] - steps0, "ids": [o["output_ids"] for o in outs],
-            "tok_per_forward": n / max(forwards, 1), "cpu": cpu, "quantization": info["quantization"],
+            "tok_per_forward": n / max(forwards, 1), "cpu": cpu, "cpu_s": cpu_s - cpu_s0,
+            "quantization": info["quantization"],
             "load": os.getloadavg()[0], **d}
 
 
@@ -285,7 +288,8 @@ def run_cases(args, quant: str, peer, results: dict):
             for m in (order if rnd % 2 == 0 else order[::-1]):
                 r = once(m)
                 runs[m].append(r)
-                extra = f", loop thread on CPU {r['cpu']}, load {r['load']:.1f}" if m in modes else ""
+                extra = (f" ({r['n'] / r['cpu_s']:.1f} tok per loop-thread CPU s), loop thread on CPU {r['cpu']}, "
+                         f"load {r['load']:.1f}" if m in modes else "")
                 print(f"  round {rnd + 1} {m:15s} {r['n'] / r['s']:7.1f} tok/s{extra}", flush=True)
         row = report(runs, modes)
         results[f"{quant}/{w}/{c}"] = row
@@ -300,6 +304,10 @@ def report(runs: dict[str, list[dict]], modes: list[str]) -> dict:
         row[m] = {"tok_s": statistics.median(rates), "min": min(rates), "max": max(rates), "rounds": rates,
                   "tokens": rs[0]["n"]}
         extra = ""
+        if "cpu_s" in rs[0]:  # the engine's own cost: what a wall-clock spread on a shared box does not move
+            per_cpu = [r["n"] / r["cpu_s"] for r in rs]
+            row[m].update(tok_per_cpu_s=statistics.median(per_cpu), tok_per_cpu_s_rounds=per_cpu)
+            extra = f"; per loop-thread CPU s {statistics.median(per_cpu):.1f} [{min(per_cpu):.1f}-{max(per_cpu):.1f}]"
         if m.startswith("spec"):
             acc = sum(r["spec_accepted_tokens"] for r in rs)
             drafted = sum(r["spec_draft_tokens"] for r in rs)
@@ -313,6 +321,10 @@ def report(runs: dict[str, list[dict]], modes: list[str]) -> dict:
         print(f"  {m:15s} {row[m]['tok_s']:7.1f} tok/s  [{min(rates):.1f}-{max(rates):.1f}]  {rs[0]['n']} tokens"
               f"{extra}")
     per_round = [a["n"] / a["s"] / (b["n"] / b["s"]) for a, b in zip(runs["spec"], runs["off"])]
+    per_cpu = [a["n"] / a["cpu_s"] / (b["n"] / b["cpu_s"]) for a, b in zip(runs["spec"], runs["off"])]
+    row.update(speedup_cpu=statistics.median(per_cpu), speedup_cpu_rounds=per_cpu)
+    print(f"  speedup per loop-thread CPU s: median {statistics.median(per_cpu):.2f}x "
+          f"[{min(per_cpu):.2f}-{max(per_cpu):.2f}]")
     ids = [r["ids"] for m in modes for r in runs[m]]
     same = all(x == ids[0] for x in ids)
     row.update(speedup=statistics.median(per_round), speedup_min=min(per_round), speedup_max=max(per_round),
