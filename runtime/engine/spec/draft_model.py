@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,7 +101,11 @@ class StandaloneDrafter(NgramDrafter):
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed + 1)  # the draft's own draws
         self.stats.update({"spec_draft_forwards": 0})
         self.quantization = r.quantization
-        self.gate: CostGate | None = CostGate()  # drafting only while it is measured faster (None: always)
+        # drafting only while it is measured faster (None: always). On CPU the gate's clock is the loop thread's CPU
+        # time: on a shared machine wall time also counts the moments other processes held the core, which made
+        # one mode look faster by whatever ran beside it (the loop thread computes every forward with 1 thread, and
+        # takes part in every parallel region with more); on CUDA the thread waits for the device: wall time
+        self.gate: CostGate | None = CostGate(clock=time.thread_time if r.device.type == "cpu" else time.perf_counter)
 
     # ------------------------------------------------------------------ drafting
     def propose_batch(self, reqs: list[Req], limits: list[int], budget: int) -> list[tuple[int, ...]]:

@@ -31,7 +31,7 @@ class CostGate:
     probe_every: int = 32  # steps between probes of the mode not in use, after a change of decision
     max_probe_every: int = 512  # the longest interval, reached while the decision holds
     margin: float = 0.97  # draft while its rate >= margin * the plain rate
-    clock: Callable[[], float] = time.perf_counter
+    clock: Callable[[], float] = time.perf_counter  # StandaloneDrafter passes the loop thread's CPU time on CPU
     rate: dict = field(default_factory=lambda: {True: None, False: None})  # drafting? -> tokens/s average
     _last: tuple | None = None  # (time, request ids, their token count, drafted) at the previous step
     _steps: int = 0
