@@ -315,7 +315,7 @@ def report(runs: dict[str, list[dict]], modes: list[str]) -> dict:
             row[m].update(tok_per_forward=statistics.median(r["tok_per_forward"] for r in rs),
                           acceptance=acc / max(drafted, 1), accepted_per_verify=acc / max(verify, 1),
                           verify_steps=verify / len(rs), steps=statistics.median(r["steps"] for r in rs))
-            extra = (f"  {row[m]['tok_per_forward']:.2f} tok/forward, {acc / max(verify, 1):.2f} accepted per "
+            extra += (f"  {row[m]['tok_per_forward']:.2f} tok/forward, {acc / max(verify, 1):.2f} accepted per "
                      f"verify, acceptance {acc / max(drafted, 1):.0%}, {verify / len(rs):.0f} verify steps of "
                      f"{row[m]['steps']:.0f}")
         print(f"  {m:15s} {row[m]['tok_s']:7.1f} tok/s  [{min(rates):.1f}-{max(rates):.1f}]  {rs[0]['n']} tokens"
