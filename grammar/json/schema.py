@@ -16,7 +16,7 @@ from typing import Any
 
 from . import formats as F
 from ..budget import CompileBudget
-from ..errors import GrammarError
+from ..errors import GrammarError, is_fatal, too_large
 from ..regex.fsa import is_empty
 from . import arrays, automata, numbers, objects, over, strings
 from .formats import ANY_NUMBER_RE
@@ -131,6 +131,7 @@ class SchemaConverter:
         self.flat_cache: dict = {}
         self.combine_cache: dict = {}
         self.sub_cache: dict = {}  # under / over per subschemas (see under_subs, over)
+        self._dropped_branch = False  # a oneOf branch was dropped for size (see _exclusive_part)
         self._cuts = 0  # depth / recursion cut-offs met so far (results shaped by one are not cached)
         self.plain_text = False  # schema_to_regex: no fragments, everything as regex text
         self.ignored: set[str] = set()
@@ -264,6 +265,7 @@ class SchemaConverter:
             return alt([self._under_norm(self.extend(rest, [b]), ctx) for b in payload])
         if kind == "oneOf":
             outs, overs, heads = [], {}, [self.norm([b]) for b in payload]
+            saved, self._dropped_branch = self._dropped_branch, False
             for i, b in enumerate(payload):
                 mine = self._under_norm(self.extend(rest, [b]), ctx)
                 for j, o in enumerate(payload):  # one difference per other branch: no union automaton
@@ -272,9 +274,12 @@ class SchemaConverter:
                     if j not in overs:
                         overs[j] = self.over(o)
                     if not automata.disjoint(self, mine, overs[j]):
-                        mine = automata.combine(self, mine, overs[j], "diff", "oneOf")
+                        mine = self._exclusive_part(mine, overs[j], i)
                 if mine is not None:
                     outs.append(mine)
+            dropped, self._dropped_branch = self._dropped_branch, saved
+            if not outs and dropped:
+                raise too_large("every oneOf branch's exclusivity (branch minus the others)", self.max_states)
             return alt(outs)
         if kind == "if":
             cond, then, els = payload
@@ -287,6 +292,18 @@ class SchemaConverter:
         present = self._under_norm(self.extend(rest, [dep, Sub({"required": [name]}, c)]), ctx)
         absent = self._under_norm(self.extend(rest, [Sub({"properties": {name: False}}, c)]), ctx)
         return alt([present, absent])
+
+    def _exclusive_part(self, mine: str, other: str, i: int) -> str | None:
+        """oneOf branch i minus another branch's over-approximation; a difference too large to build drops the
+        branch from what is generated (a sound subset, listed in narrowed)."""
+        try:
+            return automata.combine(self, mine, other, "diff", "oneOf")
+        except GrammarError as e:
+            if is_fatal(e) or not str(e).startswith("automaton too large"):
+                raise
+            self.narrowed.add(f"oneOf: a branch (#{i}) whose exclusivity automaton is too large is not generated")
+            self._dropped_branch = True
+            return None
 
     def exclusive(self, a: Norm, b: Norm) -> bool:
         """Proof from the keywords that no instance is valid under both (False = unknown): disjoint types or

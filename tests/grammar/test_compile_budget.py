@@ -36,6 +36,13 @@ def test_state_cap_names_the_construct():
         compile_schema(exponential, budget=CompileBudget(time_s=None, max_states=500))
 
 
+def test_one_of_exclusivity_too_large_drops_the_branch_or_names_the_size():
+    schema = {"oneOf": [{"type": "string", "pattern": "^[ab]{0,12}$"}, {"type": "string", "pattern": "a[ab]{3}$"}]}
+    assert not compile_schema(schema, budget=CompileBudget(time_s=None, max_states=200)).narrowed
+    with pytest.raises(GrammarError, match="automaton too large: every oneOf branch's exclusivity"):
+        compile_schema(schema, budget=CompileBudget(time_s=None, max_states=60))
+
+
 def test_cancel_flag_stops_a_compile():
     cancel = threading.Event()
     cancel.set()
