@@ -87,8 +87,18 @@ class EngineConfig:
     lora_eviction_policy: str = "lru"  # which pool slot a newly needed adapter overwrites: lru or fifo
     max_lora_rank: int | None = None  # the pool's rank; None = the largest startup adapter's (16 without any)
     lora_target_modules: tuple[str, ...] | None = None  # the pool's modules; None = the startup adapters' (all)
+    # vision models (docs/vision.md): what one image and one prompt may hold, checked before the engine sees them
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
+    max_images_per_request: int = 16
+    allow_image_paths: bool = False  # read image_data given as server-side file paths (off: remote clients send data)
+    vision_cache_tokens: int = 65536  # vision encoder outputs kept by image hash, in image tokens (LRU)
 
     def __post_init__(self):
+        for name in ("max_image_bytes", "max_image_pixels", "max_images_per_request", "vision_cache_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
         self._check_speculative()
         self._check_lora()
         j = self.jump_forward_min_tokens

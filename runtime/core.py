@@ -98,6 +98,7 @@ class Req:
     sampler_state: Any = None  # engine/penalties.RowState: the sampler's per-request arrays (built on first sample)
     spec: Any = None  # engine/spec/ngram.SpecState under speculative decoding (draft length, counters); else None
     lora: Any = None  # runtime/lora/adapter.LoraAdapter the request runs with; None = the base model
+    mm: Any = None  # model/image_processor.MultimodalInputs: the prompt's images (vision models); else None
 
     @property
     def all_ids(self) -> list[int]:

@@ -33,6 +33,7 @@ class GenerateReqInput:
     trace: str | None = None
     max_thinking_tokens: int | None = None  # reasoning models: this request's thinking bound (None: the engine's)
     lora_path: str | None = None  # the LoRA adapter to run with (its name, SGLang's field); None = the base model
+    image_data: tuple[bytes, ...] | None = None  # the prompt's images in order, encoded and checked (runtime/images.py)
 
     def __post_init__(self):
         if (self.text is None) == (self.input_ids is None):
@@ -67,6 +68,7 @@ class GenerateReq:
     trace: str | None = None  # GenerateReqInput.trace
     max_thinking_tokens: int | None = None  # GenerateReqInput.max_thinking_tokens
     lora_path: str | None = None  # GenerateReqInput.lora_path
+    mm: Any = None  # model/image_processor.MultimodalInputs of a prompt with images (its ids then hold image ids)
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,7 @@ class EngineInfo:
     model_type: str | None = None
     architectures: tuple[str, ...] = ()
     supports_constraints: bool = True  # False: regex / json_schema / ebnf / choices requests are refused
+    image_placeholder: str | None = None  # vision models: the prompt text that stands for one image; None: text-only
 
 
 # ---------------------------------------------------------------- engine process -> server process

@@ -7,7 +7,11 @@ input_ids, one or a batch), per-item fields, sampling parameters, logprob option
 vocabulary, the cache namespace, `n` expansion (sample j of a seeded request draws from its own seed,
 `sample_seed`) and request ids.
 
-Adding a per-item field (one value, or in a batch one per prompt), e.g. an adapter path or image data: add it to
+`image_data` is per prompt too, but its own value may be a list (a prompt's images), so it is read apart
+(`prompt_images`): one image or a list for a single prompt, one entry per prompt for a batch; every image is decoded
+and checked against the limits here (a bad one is a RequestError naming it; the engine never sees it).
+
+Adding a per-item field (one value, or in a batch one per prompt), e.g. an adapter path: add it to
 ITEM_FIELDS with its default and give GenerateReqInput (runtime/messages.py) a field of the same name; every path
 then accepts it and copies it onto each item (a route still lists it in its wire table). A request-wide field that
 reaches the engine goes into REQUEST_FIELDS the same way.
@@ -21,6 +25,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
+from .images import ImageLimits, image_list
 from .messages import GenerateReqInput
 from .sampling_params import LogprobOptions, SamplingParams
 
@@ -171,10 +176,31 @@ def _default_rid(rids: list) -> Callable[[int, int, int], str]:
     return rid_of
 
 
+def prompt_images(image_data, k: int, batch: bool, limits: ImageLimits | None) -> list:
+    """Each prompt's images as checked bytes (None: no images); RequestError names the problem."""
+    if image_data is None:
+        return [None] * k
+    if batch:
+        if not isinstance(image_data, list) or len(image_data) != k:
+            raise RequestError(f"image_data needs one entry (an image, a list of images or null) per prompt of the "
+                               f"batch ({k})", "image_data")
+        entries = image_data
+    else:
+        entries = [image_data]
+    try:
+        return [tuple(image_list(e, limits or ImageLimits())) if e not in (None, []) else None for e in entries]
+    except ValueError as e:
+        raise RequestError(f"image_data: {e}", "image_data") from None
+
+
 def parse_request(fields: dict, vocab_size: int | None = None,
-                  rid_of: Callable[[int, int, int], str] | None = None) -> ParsedRequest:
+                  rid_of: Callable[[int, int, int], str] | None = None,
+                  image_limits: ImageLimits | None = None) -> ParsedRequest:
     """Engine inputs of one request: prompt i's sample j (of its sampling's n) is one item with n=1, named
-    rid_of(i, j, n) (default: its rid, or a fresh one, + `-j` when n > 1). RequestError names a bad field."""
+    rid_of(i, j, n) (default: its rid, or a fresh one, + `-j` when n > 1). RequestError names a bad field.
+    image_limits: what images are checked against (default: ImageLimits(), no server paths)."""
+    fields = dict(fields)
+    image_data = fields.pop("image_data", None)
     unknown = sorted(set(fields) - set(ITEM_FIELDS) - set(REQUEST_FIELDS))
     if unknown:
         raise RequestError(f"unknown argument(s) {unknown}", unknown[0])
@@ -187,6 +213,7 @@ def parse_request(fields: dict, vocab_size: int | None = None,
         if listed:
             raise RequestError("per-item lists need a batch of prompts", listed[0])
     per = {name: _per_item(f[name], k, name, default) for name, default in ITEM_FIELDS.items()}
+    images = prompt_images(image_data, k, batch, image_limits)
     listed_sp = isinstance(f["sampling_params"], list)
     rid_of = rid_of or _default_rid(per["rid"])
     items, prompt_of = [], []
@@ -202,7 +229,7 @@ def parse_request(fields: dict, vocab_size: int | None = None,
             one = dataclasses.replace(sp, n=1, seed=sample_seed(sp.seed, j)) if n > 1 else sp
             try:
                 items.append(GenerateReqInput(rid=rid_of(i, j, n), sampling=one, logprob=lp, extra_key=key,
-                                              **prompt, **copied))
+                                              image_data=images[i], **prompt, **copied))
             except ValueError as e:
                 word = str(e).split()[0]
                 raise RequestError(str(e), word if word in copied or word == "extra_key" else next(iter(prompt))) \

@@ -30,6 +30,7 @@ from .reasoning_guide import ThinkingGuide, ThinkTokens, bounded_thinking_guide
 from .stops import append_text
 from ..core import FinishReason, Req, TokenLogprob
 from ..memory.kv_manager import KVManager
+from ..images import text_ids
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,8 @@ class ConstrainedDecoding:
 
     def attach(self, req: Req, guide: Guide, max_thinking_tokens: int | None = None) -> None:
         """Give a new request its guide state; a forced opening becomes output tokens before the first forward."""
-        if self.think is not None and self.think.starts_thinking(self.tokenizer.decode(req.input_ids[-16:])):
+        prompt = text_ids(req.input_ids[-16:])  # a prompt's image tokens have no text
+        if self.think is not None and self.think.starts_thinking(self.tokenizer.decode(prompt)):
             # a reasoning model: the constraint starts after </think> (the request's own thinking bound first)
             guide = ThinkingGuide(guide, self.think.bounded(max_thinking_tokens))
         req.grammar = GuideState(guide, guide.initial_state)
@@ -136,7 +138,7 @@ class ConstrainedDecoding:
         """Give an unconstrained request on a reasoning model its bounded-thinking guide when one applies."""
         if self.think is None:
             return
-        prompt = self.tokenizer.decode(req.input_ids[-16:])
+        prompt = self.tokenizer.decode(text_ids(req.input_ids[-16:]))
         guide = bounded_thinking_guide(self.think, self.info, prompt, max_thinking_tokens)
         if guide is not None:
             req.grammar = GuideState(guide, guide.initial_state)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import weakref
 
+from ..images import text_ids
+
 CONTEXT_TOKENS = 5  # prompt tokens decoded along with outputs so leading spaces come out right
 
 # tokenizer -> {(skip_special_tokens, spaces_between_special_tokens): {token id: its text alone}}. decode() of
@@ -74,7 +76,7 @@ class IncrementalDetokenizer:
         self.concat = self.single is not None and self.fast is not None and _byte_level(tokenizer)
         self.tail_clean = False  # concat, and every token of ids[prefix_offset:] decodes alone to valid text
         self.broken = False
-        self.ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:])
+        self.ids: list[int] = text_ids(prompt_ids[-CONTEXT_TOKENS:])  # a prompt's image tokens have no text
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.start = len(self.ids)

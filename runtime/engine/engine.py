@@ -8,6 +8,7 @@ backend `sgl.Engine` (sglpy/backend_engine.py), which wraps this class.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import sys
@@ -26,9 +27,11 @@ from ..memory.kv_pool import KVPool, ReqToTokenPool, kv_cache_torch_dtype
 from ..memory.radix_cache import RadixCache
 from ..memory.sizing import MemoryPlan, kv_bytes_per_token, plan_cuda_kv_pool
 from ..messages import AbortReq, EngineInfo, FlushCacheReq, GenerateReq, GenerateReqInput, GetServerInfoReq, ShutdownReq
+from ..model.image_processor import VisionProcessor, attach_images
 from ..model.loader import resolve_model_path
 from ..model.runner import ModelRunner
 from .detokenizer import IncrementalDetokenizer
+from ..images import ImageLimits
 from .isolation import Isolation
 from .reasoning_guide import reasoning_tokens
 from .processor import OutputProcessor
@@ -53,6 +56,11 @@ class _LoraOp:
     """A change to (or a read of) the loaded LoRA adapters, run on the loop thread between steps."""
 
     run: Callable[["Engine"], Any]
+
+
+def _later(kind, value):
+    """A constraint's compile deferred until the request's images are checked (Engine.build_request)."""
+    return None
 
 
 class Engine(OfflineAPI):
@@ -114,6 +122,12 @@ class Engine(OfflineAPI):
                             RadixCache(disable=cfg.disable_radix_cache))
         r.init_decode_graphs(cfg, self.kv.buffers, self.kv.padding)
         self.limits = RequestLimits(r.vocab_size, self.max_context, total)
+        self.image_limits = ImageLimits(cfg.max_image_bytes, cfg.max_image_pixels, cfg.max_images_per_request,
+                                        cfg.allow_image_paths)
+        from transformers import AutoConfig
+
+        self.vision = VisionProcessor(self.model_path, AutoConfig.from_pretrained(self.model_path),
+                                      r.model.tokens_per_image) if r.vision else None
         self.scheduler = Scheduler(cfg, self.kv, self.max_context)
         if r.extend_graphs is not None:
             self.scheduler.span_cap = cfg.cuda_graph_extend_tokens
@@ -191,11 +205,20 @@ class Engine(OfflineAPI):
         return EngineInfo(model_path=str(self.model_path), context_len=self.max_context,
                           vocab_size=self.text.vocab_size, chat_template=self.text.chat_template(),
                           special_tokens=self.text.special_tokens(), model_type=getattr(hf, "model_type", None),
-                          architectures=tuple(getattr(hf, "architectures", None) or ()), supports_constraints=True)
+                          architectures=(self.vision.arch,) if self.vision else
+                          tuple(getattr(hf, "architectures", None) or ()), supports_constraints=True,
+                          image_placeholder=self.vision.placeholder if self.vision else None)
 
     def build_request(self, inp: GenerateReqInput) -> GenerateReq:
         """Tokenize and validate one prompt; its constraint compile starts in a worker (req.guide: a Future)."""
-        req = build_request(inp, self.text, self.limits, self.constrained.compile)
+        if inp.image_data:  # images first: a bad image fails before any compile starts
+            req = build_request(inp, self.text, self.limits, None if inp.sampling.constraint is None else _later)
+            req = attach_images(req, inp.image_data, self.vision, self.limits, self.image_limits,
+                                inp.sampling.max_new_tokens is None)
+            if inp.sampling.constraint is not None:
+                req = dataclasses.replace(req, guide=self.constrained.compile(*req.sampling.constraint))
+        else:
+            req = build_request(inp, self.text, self.limits, self.constrained.compile)
         if req.lora_path is not None:  # an unknown adapter is named now; one unloaded before admission ends it there
             self.lora_adapter(req.lora_path)
         self.admission.track(req)  # abort(rid) cancels the compile
@@ -218,7 +241,7 @@ class Engine(OfflineAPI):
         # the adapter is part of the prefix-cache key: no KV is shared between adapters or with the base
         key = req.extra_key if adapter is None else f"{req.extra_key or ''}\x00lora:{adapter.uid}"
         r = Req(rid=req.rid, input_ids=req.input_ids, sampling=req.sampling, extra_key=key, lora=adapter, sink=sink,
-                stream=req.stream, trace=RequestTrace(live=req.trace == "live") if req.trace else None,
+                stream=req.stream, trace=RequestTrace(live=req.trace == "live") if req.trace else None, mm=req.mm,
                 **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})
         s = req.sampling
         r.detok = IncrementalDetokenizer(self.tokenizer, req.input_ids, s.skip_special_tokens,
@@ -338,6 +361,8 @@ class Engine(OfflineAPI):
         if self._has_work():
             return False
         self.kv.flush()
+        if self.runner.encoder_cache is not None:
+            self.runner.encoder_cache.clear()
         if self.drafter is not None:
             self.drafter.flush()
         return True
@@ -370,5 +395,8 @@ class Engine(OfflineAPI):
         if self.drafter is not None:
             info.update(self.drafter.info())
         info["isolated_failures"] = dict(self.isolation.failures)
+        if self.runner.encoder_cache is not None:  # vision models: encoder runs and cache hits by image hash
+            c = self.runner.encoder_cache
+            info["vision"] = {**dataclasses.asdict(c.stats), "cached_images": len(c)}
         info["tp_rank_pids"] = self.runner.rank_pids()  # this node's ranks 1..; operators (and tests) watch them
         return info

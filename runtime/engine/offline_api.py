@@ -21,7 +21,7 @@ class OfflineAPI:
 
     def _build(self, fields: dict) -> tuple[list[GenerateReq], bool]:
         """The request's engine requests (compiles started) and whether the answer is a list."""
-        parsed = parse_request(fields, self.limits.vocab_size)
+        parsed = parse_request(fields, self.limits.vocab_size, image_limits=self._image_limits())
         if fields.get("stream") and len(parsed.items) > 1:
             raise RequestError("stream=True takes a single prompt and n=1", "stream")
         reqs: list[GenerateReq] = []
@@ -32,6 +32,14 @@ class OfflineAPI:
             self._abort_all(reqs)  # their compiles stop
             raise
         return reqs, parsed.batch
+
+    def _image_limits(self):
+        """The engine's image limits with local file paths readable (an in-process caller owns the machine)."""
+        import dataclasses
+
+        from ..images import ImageLimits
+
+        return dataclasses.replace(getattr(self, "image_limits", None) or ImageLimits(), allow_paths=True)
 
     def _abort_all(self, reqs: list[GenerateReq]) -> None:
         for r in reqs:

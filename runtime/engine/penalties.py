@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..core import Req
+from ..images import text_ids
 
 
 @dataclass(slots=True)  # no __dict__: fewer cache lines per request on the hot path
@@ -109,7 +110,7 @@ def row_state(req: Req, vocab: int) -> RowState:
             st.freq = True
             st.f, st.p = float(np.float32(s.frequency_penalty)), np.float32(s.presence_penalty)
         if s.repetition_penalty != 1.0:
-            st.prompt = np.unique(np.asarray(req.input_ids, dtype=np.int64))
+            st.prompt = np.unique(np.asarray(text_ids(req.input_ids), dtype=np.int64))  # image tokens: no id
         if s.logit_bias:
             items = [(t, b) for t, b in s.logit_bias.items() if 0 <= t < vocab]
             if items:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ..images import text_ids
+
 SAMPLED, JUMPED = "s", "j"  # output-token origins; prompt tokens are cached ("c") or prefilled ("p")
 MAX_PIECES = 4096  # token texts decoded per list (the server's records keep as many: runtime/server/trace.py)
 
@@ -76,6 +78,6 @@ class RequestTrace:
                "grammar_s": self.grammar_s, "output_origins": self.origins(n_out),
                "output_pieces": self.pieces(req.output_ids, tokenizer)}
         if final:  # prompt token texts once, with the final output
-            out["prompt_pieces"] = decode_each(tokenizer, req.input_ids[:MAX_PIECES])
+            out["prompt_pieces"] = decode_each(tokenizer, text_ids(req.input_ids[:MAX_PIECES]))
             out["prompt_ids"] = list(req.input_ids)
         return out

@@ -160,15 +160,19 @@ class FamilyForCausalLM(LlamaForCausalLM):
                             for k, t in rope_tables(self.config, self.head_dim, max_pos).items()}
         self.rope_cache = next(iter(self.rope_tables.values())).cache
 
+    def rope_rows(self, fb: ForwardBatch) -> dict[str | None, RopeRows]:
+        """cos/sin rows of this forward's positions per rope table (Qwen2-VL's multimodal positions override it)."""
+        return {k: gather_rows(t, fb.positions) for k, t in self.rope_tables.items()}
+
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, kv: KVBuffers) -> torch.Tensor:
-        x = self.model.embed_tokens(fb.input_ids)  # x: [tokens, hidden]
+        x = self.embed(fb)  # x: [tokens, hidden]
         if self.row_split is not None:  # deterministic inference: which rows hold generated tokens (quantization.py)
             self.row_split.begin(fb.input_ids.shape[0], fb.logits_indices)
         if self.family.embed_scale:
             x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
         nd = fb.num_decode
-        plan = FamilyStepPlan({k: gather_rows(t, fb.positions) for k, t in self.rope_tables.items()},
+        plan = FamilyStepPlan(self.rope_rows(fb),
                               plan_decode_attention(fb.req_to_token, fb.req_pool_indices[:nd], fb.seq_lens[:nd],
                                                     self.batch_invariant)
                               if nd else None)

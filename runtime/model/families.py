@@ -33,7 +33,10 @@ FAMILIES = {
     "MixtralForCausalLM": Family("mixtral", moe=True, window_all_layers=True),
     "Qwen3MoeForCausalLM": Family("qwen3_moe", qk_norm=True, moe=True, window_all_layers=True),
 }
-SUPPORTED_ARCHITECTURES = LLAMA_ARCHITECTURES + tuple(FAMILIES)
+# vision-language models (runtime/model/vlm.py): their decoder is one of the above; what they refuse, and why
+VISION_ARCHITECTURES = ("LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration")
+VISION_UNSUPPORTED = {"tp": "the vision encoder runs whole on rank 0's device (no sharded encoder yet)"}
+SUPPORTED_ARCHITECTURES = LLAMA_ARCHITECTURES + tuple(FAMILIES) + VISION_ARCHITECTURES
 
 
 def architecture(config) -> str:
@@ -55,6 +58,10 @@ def family_of(config) -> Family | None:
 def check_feature(config, feature: str, what: str, max_context: int | None = None) -> None:
     """ValueError naming the combination when this model refuses `feature` (tp, cuda_graph, quantization); CUDA
     graphs depend on the model's layers within `max_context` (default: max_position_embeddings)."""
+    if architecture(config) in VISION_ARCHITECTURES:
+        if feature in VISION_UNSUPPORTED:
+            raise ValueError(f"{what} is not supported with {architecture(config)}: {VISION_UNSUPPORTED[feature]}")
+        return
     fam = family_of(config)
     why = fam.unsupported.get(feature) if fam is not None else None
     if feature == "cuda_graph" and fam is not None:

@@ -24,6 +24,7 @@ class ForwardBatch:
     logits_indices: torch.Tensor  # [m] int64: packed token positions whose logits are computed
     max_extend_len: int = 1  # longest extend among the extend requests (host-side: no sync in attention)
     lora: Any = None  # kernels/lora.LoraSegments: the rows that use LoRA adapters, grouped by adapter; None = none
+    mm: Any = None  # model/mm_batch.MultimodalBatch: image embeddings and M-RoPE positions (vision models)
 
     @property
     def num_tokens(self) -> int:

@@ -20,6 +20,9 @@ from .forward_batch import ForwardBatch
 from .native_decode import build_layer_structs, native_step, run_native_layers
 from ..memory.kv_manager import KVBuffers
 
+QWEN2_TYPES = ("qwen2", "qwen2_vl_text", "qwen2_5_vl_text")  # q/k/v biases, none on o_proj (Qwen2-VL's decoder too)
+
+
 def rope_settings(config) -> tuple[float, dict | None]:
     """(rope_theta, scaling dict or None) from a transformers 4.x or 5.x config."""
     params = getattr(config, "rope_parameters", None) or {}
@@ -57,12 +60,13 @@ class LlamaAttention(nn.Module):
         if shard is not None:  # tensor parallel: this rank's heads only (model/parallel.py)
             self.num_heads, self.num_kv_heads = shard.heads, shard.kv_heads
         self.scale = self.head_dim ** -0.5
-        bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
+        qwen2 = config.model_type in QWEN2_TYPES
+        bias = qwen2 or bool(getattr(config, "attention_bias", False))
         h = config.hidden_size
         self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bool(getattr(config, "attention_bias", False)) and config.model_type != "qwen2")
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bool(getattr(config, "attention_bias", False)) and not qwen2)
 
     def fuse(self) -> None:
         """Replace q/k/v projections by one matmul (fewer, larger GEMMs; called after loading weights)."""
@@ -202,9 +206,13 @@ class LlamaForCausalLM(nn.Module):
         theta, scaling = rope_settings(self.config)
         self.rope_cache = build_rope_cache(self.head_dim, max_pos, theta, scaling, dtype=dtype).to(device)
 
+    def embed(self, fb: ForwardBatch) -> torch.Tensor:
+        """The input embeddings of a forward's tokens [tokens, hidden] (vision models also place image tokens')."""
+        return self.model.embed_tokens(fb.input_ids)
+
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, kv: KVBuffers) -> torch.Tensor:
-        x = self.model.embed_tokens(fb.input_ids)  # x: [tokens, hidden]
+        x = self.embed(fb)  # x: [tokens, hidden]
         if self.row_split is not None:  # deterministic inference: which rows hold generated tokens (quantization.py)
             self.row_split.begin(fb.input_ids.shape[0], fb.logits_indices)
         nd = fb.num_decode

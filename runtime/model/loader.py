@@ -124,6 +124,7 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device, group: TPGro
 
     from .decoder import build_model
     from .families import check_feature, remap_checkpoint
+    from .vlm import build_vlm, is_vision_config, remap_vision_checkpoint
 
     config = AutoConfig.from_pretrained(path)
     shard = None
@@ -132,15 +133,17 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device, group: TPGro
         from .parallel import shard_shape
 
         shard = shard_shape(config, group.size, group.rank)
+    vision = is_vision_config(config)
     with torch.device("meta"):
-        model = build_model(config, shard)
+        model = build_vlm(config) if vision else build_model(config, shard)
     state: dict[str, torch.Tensor] = {}
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ValueError(f"no *.safetensors in {path}")
     for f in files:
         state.update(load_file(f))
-    state = remap_checkpoint(config, {k: v for k, v in state.items() if "rotary_emb" not in k})
+    state = {k: v for k, v in state.items() if "rotary_emb" not in k}
+    state = remap_vision_checkpoint(model, state) if vision else remap_checkpoint(config, state)
     if model.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     if group is not None:

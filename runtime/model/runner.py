@@ -18,6 +18,7 @@ from .extend_graph import MAX_BS as EXTEND_GRAPH_MAX_BS, ExtendGraphRunner
 from .forward_batch import ForwardBatch, build_host_batch
 from .families import check_feature, determinism_blocker, fit_quantization
 from .loader import load_model
+from .mm_batch import EncoderCache, build_mm_batch
 from .parallel import TPGroup, TPGroupError
 from .quantization import quantize_model, resolve_quantization
 
@@ -91,6 +92,9 @@ class ModelRunner:
             self.model.head_dim
         self.graphs: DecodeGraphRunner | None = None
         self.extend_graphs: ExtendGraphRunner | None = None  # multi-token steps (jump-forward, drafts)
+        # vision models: encoder outputs by image hash; forwards with image tokens (or M-RoPE) run eagerly
+        self.vision = hasattr(self.model, "vision")
+        self.encoder_cache = EncoderCache(cfg.vision_cache_tokens) if self.vision else None
 
     def _start_group(self, cfg: EngineConfig, model_path: str) -> None:
         """Rank 0: check the split, start this node's other ranks, and join the group."""
@@ -151,6 +155,12 @@ class ModelRunner:
         cuda = self.device.type == "cuda"
         if cfg.disable_cuda_graph or (cfg.disable_cuda_graph is None and not cuda):
             return
+        if getattr(self.model, "mrope", False):  # every decode row needs its request's M-RoPE offset
+            if cfg.disable_cuda_graph is False:
+                raise ValueError("CUDA graphs (disable_cuda_graph=False) are not supported with M-RoPE models "
+                                 "(Qwen2-VL): decode positions depend on each request's images")
+            logger.warning("CUDA graphs off for an M-RoPE model (Qwen2-VL); decode runs eagerly")
+            return
         if self.lora is not None:  # a graph would replay the captured step's adapter segments
             logger.warning("CUDA graphs off with LoRA adapters; decode runs eagerly")
             return
@@ -187,11 +197,12 @@ class ModelRunner:
         """
         # drafted entries (speculative decoding) after the decode entries run as k + 1 decode rows each
         decode_rows = num_decode == len(entries) or all(e.draft for e in entries[num_decode:])
-        if self.graphs is not None and decode_rows and self.graphs.can_run(_num_rows(entries)) \
+        images = self.vision and _reads_images(entries, self.model.mrope)
+        if self.graphs is not None and decode_rows and not images and self.graphs.can_run(_num_rows(entries)) \
                 and not any(e.req.wants_input_logprobs() for e in entries):
             return self._decode_graph(entries, future_tokens)
         hb = build_host_batch(entries, num_decode)
-        if self.extend_graphs is not None and self.extend_graphs.accepts(hb, num_decode):
+        if self.extend_graphs is not None and not images and self.extend_graphs.accepts(hb, num_decode):
             return ForwardOutput(self.extend_graphs.run(hb, future_tokens), hb.input_rows, hb.input_first_pos,
                                  hb.sample_row)
         ids, pos, loc, rows = hb.input_ids, hb.positions, hb.out_cache_loc, hb.logits_rows
@@ -212,6 +223,7 @@ class ModelRunner:
             req_to_token=kv.req_to_token, logits_indices=as_long(rows),
             max_extend_len=max(hb.extend_lens[hb.num_decode:], default=1),
             lora=None if self.lora is None else self.lora.pool.begin(_row_adapters(entries), dev),
+            mm=build_mm_batch(self.model, self.encoder_cache, entries, pos, dev) if images else None,
         )
         if self.model.row_split is not None:  # deterministic inference: prompt rows and generated rows
             self.model.row_split.prepare(entries)
@@ -322,6 +334,11 @@ def kv_buffers_for(runner: ModelRunner, cfg: EngineConfig) -> KVBuffers:
                   kv_cache_torch_dtype(cfg.kv_cache_dtype, runner.dtype), runner.device)
     mirror = torch.zeros(cfg.max_running_requests, runner.max_context, dtype=torch.int32, device=runner.device)
     return KVBuffers(pool.k_buffer, pool.v_buffer, mirror)
+
+
+def _reads_images(entries: list[BatchEntry], mrope: bool) -> bool:
+    """True when this forward computes image tokens, or (M-RoPE) holds a request with images at all."""
+    return any(e.req.mm is not None and (mrope or e.prefix_len < e.req.mm.images[-1].end) for e in entries)
 
 
 def _num_rows(entries: list[BatchEntry]) -> int:

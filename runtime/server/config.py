@@ -90,6 +90,11 @@ ENGINE_FLAG_HELP = {
     "a larger adapter is refused at load",
     "lora_target_modules": "the adapter pool's modules (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or "
     "all; default: those of the --lora-paths adapters, all without any)",
+    "max_image_bytes": "vision models: largest encoded image in bytes (a larger one is a 400)",
+    "max_image_pixels": "vision models: most pixels one image may declare (width x height; more is a 400)",
+    "max_images_per_request": "vision models: most images in one prompt",
+    "allow_image_paths": "vision models: read image_data strings that are server-side file paths (off by default)",
+    "vision_cache_tokens": "vision models: encoder outputs cached by image content hash, in image tokens (LRU)",
 }
 
 LIST_FLAGS = ("lora_paths", "lora_target_modules")  # several values after one flag (SGLang's nargs)
