@@ -8,8 +8,8 @@ from typing import Any, Callable, List, Optional, Union
 from .choices import ChoicesSamplingMethod, token_length_normalized
 from .function import SglFunction
 from .global_config import global_config
-from .nodes import (GenParams, SamplingParams, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect,
-                 SglSeparateReasoning, validate_regex)
+from .nodes import (GenParams, SamplingParams, SglExprList, SglGen, SglImage, SglRoleBegin, SglRoleEnd,
+                    SglSelect, SglSeparateReasoning, validate_regex)
 
 
 def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int] = None):
@@ -181,8 +181,13 @@ def select(name: Optional[str] = None, choices: Optional[List[str]] = None, temp
 
 
 def image(source: Any):
-    """Images are not supported: sglpy's runtime serves text-only models."""
-    raise NotImplementedError("sgl.image: sglpy's runtime serves text-only models (no image understanding)")
+    """An image in the prompt (a path, bytes, a base64 / data-URL string or a PIL image), read for a vision model
+    (docs/vision.md); the file is read and checked when the program runs it."""
+    if not isinstance(source, (str, bytes, bytearray, memoryview)) and not (hasattr(source, "save")
+                                                                           and hasattr(source, "size")):
+        raise TypeError(f"sgl.image takes a path, bytes, a base64 or data-URL string or a PIL image; got "
+                        f"{type(source).__name__}")
+    return SglImage(source)
 
 
 def video(path: Any, num_frames: int = 0):

@@ -75,15 +75,19 @@ class BaseBackend:
         """Chat models: pick one choice as the assistant's next text."""
         raise NotImplementedError(f"{type(self).__name__} is not a chat-model backend")
 
+    def image_placeholder(self) -> str:
+        """The prompt text that stands for one image (vision-model backends); others refuse sgl.image by name."""
+        raise ValueError(f"sgl.image needs a vision model: {type(self).__name__} takes no images")
+
     def select(self, prefix: str, choices: list[str], temperature: float = 0.0,
-               choices_method: Optional[ChoicesSamplingMethod] = None) -> ChoicesDecision:
+               choices_method: Optional[ChoicesSamplingMethod] = None, **images) -> ChoicesDecision:
         """Pick one choice by `choices_method` over the scored windows (greedy: temperature must be 0)."""
         if temperature > 1e-5:
             raise ValueError(f"select scores choices deterministically; temperature must be 0, got {temperature}")
         if not choices or not all(isinstance(c, str) for c in choices):
             raise ValueError(f"select needs a non-empty list of strings, got {choices!r}")
         method = choices_method or token_length_normalized
-        scores = self.score_choices(prefix, list(choices), method.requires_unconditional_logprobs)
+        scores = self.score_choices(prefix, list(choices), method.requires_unconditional_logprobs, **images)
         decision = method(
             choices=list(choices),
             normalized_prompt_logprobs=[sc.normalized_prompt_logprob for sc in scores],

@@ -41,11 +41,18 @@ class Engine(BaseBackend):
     def get_chat_template(self) -> ChatTemplate:
         return self.chat_template
 
+    def image_placeholder(self) -> str:
+        """The served model's image placeholder (a text-only model refuses sgl.image by name)."""
+        info = self.engine.info()
+        if not info.image_placeholder:
+            raise ValueError(f"sgl.image needs a vision model; {info.model_path} is text-only")
+        return info.image_placeholder
+
     def tokenize(self, text: str) -> list[int]:
         """Token ids exactly as the engine tokenizes a text prompt."""
         return list(self.tokenizer.encode(text)) if text else []
 
-    def generate(self, text=None, sampling=None, **kwargs):
+    def generate(self, text=None, sampling=None, images=(), **kwargs):
         """Frontend call `generate(text, GenParams) -> GenResult`; any other call (SGLang's offline
         `Engine.generate(prompt, sampling_params, ...)`) goes straight to the runtime engine."""
         if not (isinstance(text, str) and isinstance(sampling, GenParams) and not kwargs):
@@ -54,27 +61,40 @@ class Engine(BaseBackend):
             if sampling is not None:
                 kwargs["sampling_params"] = sampling
             return self.engine.generate(**kwargs)
-        out = self.engine.generate(prompt=text, sampling_params=sampling.sampling, **sampling.logprob_fields())
+        extra = {"image_data": list(images)} if images else {}
+        out = self.engine.generate(prompt=text, sampling_params=sampling.sampling, **sampling.logprob_fields(),
+                                   **extra)
         outs = [check_output(o) for o in (out if isinstance(out, list) else [out])]  # n > 1: a list of n samples
         return GenResult(outs[0]["text"], outs[0]["meta_info"], tuple(o["text"] for o in outs))
 
-    def generate_stream(self, text: str, params: GenParams) -> Iterator[StreamChunk]:
+    def generate_stream(self, text: str, params: GenParams, images=()) -> Iterator[StreamChunk]:
         pos = 0
+        extra = {"image_data": list(images)} if images else {}
         for chunk in self.engine.generate(prompt=text, sampling_params=params.sampling, stream=True,
-                                          **params.logprob_fields()):
+                                          **params.logprob_fields(), **extra):
             check_output(chunk)
             delta, pos = chunk["text"][pos:], len(chunk["text"])
             yield StreamChunk(delta, chunk["meta_info"])
 
-    def score_choices(self, prefix: str, choices: list[str], need_unconditional: bool) -> list[ChoiceScore]:
+    def score_choices(self, prefix: str, choices: list[str], need_unconditional: bool,
+                      images=()) -> list[ChoiceScore]:
         plan = plan_scoring(self.tokenize, prefix, choices)
         start = plan.logprob_start_len
         # One prefill of the shared prefix first, so every choice below hits the radix cache.
         shared = plan.shared_prefix_len
+        with_images = {}
+        if images:  # every choice's prompt holds the program's images (each placeholder is one token here)
+            token = self.engine.vision.image_token_id
+            if plan.prefix_ids[:shared].count(token) == len(images):
+                self.engine.generate(input_ids=plan.prefix_ids[:shared], sampling_params={"max_new_tokens": 0},
+                                     image_data=list(images))
+            shared = 0
+            with_images = {"image_data": [list(images)] * len(plan.full_ids)}
         if shared > 0:
             self.engine.generate(input_ids=plan.prefix_ids[:shared], sampling_params={"max_new_tokens": 0})
         outs = self.engine.generate(input_ids=plan.full_ids, sampling_params={"max_new_tokens": 0, "temperature": 0},
-                                    return_logprob=True, logprob_start_len=start, return_text_in_logprobs=True)
+                                    return_logprob=True, logprob_start_len=start, return_text_in_logprobs=True,
+                                    **with_images)
         metas = [check_output(o)["meta_info"] for o in outs]
         logprobs = [m["input_token_logprobs"] for m in metas]
         uncond = None
@@ -85,9 +105,10 @@ class Engine(BaseBackend):
             uncond = [check_output(o)["meta_info"]["input_token_logprobs"] for o in uouts]
         return scores_from_logprobs(plan, logprobs, start, uncond, [m.get("cached_tokens") for m in metas])
 
-    def cache_prefix(self, text: str) -> None:
+    def cache_prefix(self, text: str, images=()) -> None:
         if text:
-            check_output(self.engine.generate(prompt=text, sampling_params={"max_new_tokens": 0}))
+            extra = {"image_data": list(images)} if images else {}
+            check_output(self.engine.generate(prompt=text, sampling_params={"max_new_tokens": 0}, **extra))
 
     def flush_cache(self) -> bool:
         return bool(self.engine.flush_cache())

@@ -65,6 +65,7 @@ class StreamExecutor:
         self.stream = stream
         self.text_ = ""
         self.messages_: list[dict] = []
+        self.images_: list[bytes] = []  # sgl.image's images in prompt order (encoded bytes), sent with every call
         self.variables: dict[str, Any] = {}
         self.meta_info: dict[str, Any] = {}
         self.variable_event: dict[str, threading.Event] = {}
@@ -159,6 +160,7 @@ class StreamExecutor:
                                self.num_api_spec_tokens)
             c.text_ = self.text_
             c.messages_ = list(self.messages_)
+            c.images_ = list(self.images_)
             c.variables = dict(self.variables)
             c.meta_info = dict(self.meta_info)
             for k in c.variables:
@@ -256,7 +258,8 @@ class StreamExecutor:
                 decision = self.backend.select_chat(messages, partial, node.choices, node.temperature,
                                                     node.choices_method)
             else:
-                decision = self.backend.select(self.text_, node.choices, node.temperature, node.choices_method)
+                decision = self.backend.select(self.text_, node.choices, node.temperature, node.choices_method,
+                                               **self._images())
             self._reset_buffer(node.name)
             self._append_output(decision.decision, node.name)
             self._finish_var(node.name, decision.decision, decision.meta_info)
@@ -285,13 +288,21 @@ class StreamExecutor:
             self._finish_var(node.name, value, None)
         elif isinstance(node, SglCommitLazy):
             if self.text_:
-                self.backend.cache_prefix(self.text_)
+                self.backend.cache_prefix(self.text_, **self._images())
         elif isinstance(node, SglSeparateReasoning):
             separate(self, node)
         elif isinstance(node, SglImage):
-            raise ValueError("sglpy serves text-only models: images are not supported")
+            placeholder = self.backend.image_placeholder()  # a backend or model without images says so here
+            from sglpy.runtime.images import ImageLimits, image_bytes
+
+            self.images_.append(image_bytes(node.source, ImageLimits(allow_paths=True)))  # the program's own files
+            self._append(placeholder)
         else:
             raise TypeError(f"unknown program node {type(node).__name__}")
+
+    def _images(self) -> dict:
+        """The images keyword of a backend call: only when the program has images (other backends never see it)."""
+        return {"images": tuple(self.images_)} if self.images_ else {}
 
     def _chat_context(self, what: str) -> tuple[list[dict], str]:
         """(finished messages, the open assistant turn's text so far) for a chat-model backend."""
@@ -317,7 +328,7 @@ class StreamExecutor:
                 messages, partial = self._chat_context("gen")
                 chunks = self.backend.generate_chat_stream(messages, params, partial)
             else:
-                chunks = self.backend.generate_stream(self.text_, params)
+                chunks = self.backend.generate_stream(self.text_, params, **self._images())
             for chunk in chunks:
                 self._append(chunk.delta, node.name)
                 meta = chunk.meta_info
@@ -331,7 +342,7 @@ class StreamExecutor:
             messages, partial = self._chat_context("gen")
             res = self.backend.generate_chat(messages, params, partial)
         else:
-            res = self.backend.generate(self.text_, params)
+            res = self.backend.generate(self.text_, params, **self._images())
         self.spec_text = ""
         self._append_output(res.text, node.name)
         value = list(res.texts) if n > 1 else res.text

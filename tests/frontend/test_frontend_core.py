@@ -70,8 +70,8 @@ def test_bad_arguments_fail_in_the_caller():
         sgl.gen("x", json_schema="{nope")
     with pytest.raises(ValueError, match="non-empty"):
         sgl.select("x", [])
-    with pytest.raises(NotImplementedError, match="text-only"):
-        sgl.image("cat.png")
+    with pytest.raises(TypeError, match="sgl.image takes a path"):
+        sgl.image(3.5)
 
 
 def test_roles_messages_and_both_syntaxes():
