@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import base64
 import json
 import os
 import socket
@@ -134,13 +135,22 @@ class RuntimeEndpoint(BaseBackend):
     def get_chat_template(self) -> ChatTemplate:
         return self.chat_template
 
+    def image_placeholder(self) -> str:
+        """The served vision model's image placeholder (from /get_model_info); a text-only server refuses."""
+        placeholder = self.model_info.get("image_placeholder")
+        if not placeholder:
+            raise ValueError(f"sgl.image needs a vision model; the server at {self.base_url} serves "
+                             f"{self.get_model_name() or 'a model'} without images")
+        return placeholder
+
     # ------------------------------------------------------------ generation
 
-    def _gen_body(self, text: str, params: GenParams) -> dict:
-        return {"text": text, "sampling_params": wire_sampling_params(params.sampling), **params.logprob_fields()}
+    def _gen_body(self, text: str, params: GenParams, images=()) -> dict:
+        body = {"text": text, "sampling_params": wire_sampling_params(params.sampling), **params.logprob_fields()}
+        return _with_images(body, images)
 
-    def generate(self, text: str, params: GenParams) -> GenResult:
-        out = self.client.post("/generate", self._gen_body(text, params))
+    def generate(self, text: str, params: GenParams, images=()) -> GenResult:
+        out = self.client.post("/generate", self._gen_body(text, params, images))
         outs = out if isinstance(out, list) else [out]  # n > 1 returns one object per sample
         for o in outs:
             if not isinstance(o, dict) or "text" not in o:
@@ -148,8 +158,8 @@ class RuntimeEndpoint(BaseBackend):
             check_output(o)
         return GenResult(outs[0]["text"], outs[0].get("meta_info", {}), tuple(o["text"] for o in outs))
 
-    def generate_stream(self, text: str, params: GenParams) -> Iterator[StreamChunk]:
-        body = self._gen_body(text, params)
+    def generate_stream(self, text: str, params: GenParams, images=()) -> Iterator[StreamChunk]:
+        body = self._gen_body(text, params, images)
         body["stream"] = True
         pos = 0
         for obj in self.client.stream("/generate", body):
@@ -175,27 +185,35 @@ class RuntimeEndpoint(BaseBackend):
         self._has_tokenize = True
         return tokens
 
-    def _prompt_metas(self, input_ids: list[list[int]], start: int) -> list[dict]:
-        out = self.client.post("/generate", {
-            "input_ids": input_ids, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-            "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start})
+    def _prompt_metas(self, input_ids: list[list[int]], start: int, images=()) -> list[dict]:
+        body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+                "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start}
+        if images:
+            body["image_data"] = [_b64(images)] * len(input_ids)
+        out = self.client.post("/generate", body)
         return [check_output(o)["meta_info"] for o in out]
 
     def _prompt_logprobs(self, input_ids: list[list[int]], start: int) -> list[list]:
         return [m["input_token_logprobs"] for m in self._prompt_metas(input_ids, start)]
 
-    def score_choices(self, prefix: str, choices: list[str], need_unconditional: bool) -> list[ChoiceScore]:
+    def score_choices(self, prefix: str, choices: list[str], need_unconditional: bool,
+                      images=()) -> list[ChoiceScore]:
         texts = [prefix] + [prefix + c for c in choices]
         ids = self._tokenize_many(texts)
+        if ids is None and images:
+            raise ValueError("select after sgl.image needs a server with /tokenize (sglpy serve)")
         if ids is None:
             return self._score_by_text(prefix, choices, need_unconditional)
         table = dict(zip(texts, ids))
         plan = plan_scoring(lambda t: table[t] if t else [], prefix, choices)
         start = plan.logprob_start_len
-        if plan.shared_prefix_len > 0:  # prefill the shared prefix once; the choices then hit the radix cache
+        if plan.shared_prefix_len > 0 and not images:  # prefill the shared prefix once: the choices hit the cache
             self.client.post("/generate", {"input_ids": plan.prefix_ids[:plan.shared_prefix_len],
                                            "sampling_params": {"max_new_tokens": 0}})
-        metas = self._prompt_metas(plan.full_ids, start)
+        elif images:  # the whole prefix with its images (the choices then share its image tokens)
+            self.client.post("/generate", _with_images({"text": prefix, "sampling_params": {"max_new_tokens": 0}},
+                                                       images))
+        metas = self._prompt_metas(plan.full_ids, start, images)
         uncond = None
         if need_unconditional:
             uncond = self._prompt_logprobs([f[s:] for f, s in zip(plan.full_ids, plan.window_starts)], 0)
@@ -225,9 +243,10 @@ class RuntimeEndpoint(BaseBackend):
 
     # ------------------------------------------------------------ misc
 
-    def cache_prefix(self, text: str) -> None:
+    def cache_prefix(self, text: str, images=()) -> None:
         if text:
-            check_output(self.client.post("/generate", {"text": text, "sampling_params": {"max_new_tokens": 0}}))
+            check_output(self.client.post("/generate", _with_images({"text": text, "sampling_params":
+                                                                     {"max_new_tokens": 0}}, images)))
 
     def flush_cache(self) -> bool:
         try:
@@ -238,6 +257,16 @@ class RuntimeEndpoint(BaseBackend):
 
     def get_server_info(self) -> dict:
         return self.client.get("/get_server_info")
+
+
+def _b64(images) -> list[str]:
+    """A program's images (encoded bytes) as the base64 strings /generate's image_data takes."""
+    return [base64.b64encode(b).decode("ascii") for b in images]
+
+
+def _with_images(body: dict, images) -> dict:
+    """A /generate body with the program's images (none: unchanged, so a text-only server sees no new field)."""
+    return {**body, "image_data": _b64(images)} if images else body
 
 
 def _window_by_text(prefix: str, choice: str, entries: list) -> list:

@@ -79,11 +79,12 @@ async def model_info(request: web.Request) -> web.Response:
     info = request.app["state"].info
     return web.json_response({
         "model_path": info.model_path, "tokenizer_path": info.model_path, "is_generation": True,
-        "preferred_sampling_params": None, "weight_version": "default", "has_image_understanding": False,
+        "preferred_sampling_params": None, "weight_version": "default", "has_image_understanding": info.image_placeholder is not None,
         "has_audio_understanding": False, "model_type": info.model_type,
         "architectures": list(info.architectures), "context_len": info.context_len,
         "vocab_size": info.vocab_size, "chat_template": info.chat_template,
-        "special_tokens": info.special_tokens, "supports_constraints": info.supports_constraints})
+        "special_tokens": info.special_tokens, "supports_constraints": info.supports_constraints,
+        "image_placeholder": info.image_placeholder})
 
 
 async def server_info(request: web.Request) -> web.Response:

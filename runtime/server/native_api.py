@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from ..images import ImageLimits
 from ..messages import EngineError, GenerateReqInput
 from ..request import ITEM_FIELDS, REQUEST_FIELDS, parse_request, sampling_params
 from ..sampling_params import SamplingParams
-from .http_common import (error_body, first_item, read_json_object, request_errors, request_id_header, send_sse,
+from .http_common import (ApiError, error_body, first_item, read_json_object, request_errors, request_id_header, send_sse,
                           start_sse)
 from .state import ServerState
 from .wire_tables import GENERATE, SAMPLING
@@ -34,17 +35,36 @@ class GenerateJob:
     no_logs: bool = False
 
 
-def parse_generate(body: dict, vocab_size: int) -> GenerateJob:
-    """Validate a /generate body against GENERATE and SAMPLING (the wire), then parse it (runtime/request.py)."""
+def server_image_limits(state: ServerState) -> ImageLimits | None:
+    """What the server checks images against (its engine flags); None when the served model reads no images."""
+    if state.info.image_placeholder is None:
+        return None
+    e = state.config.engine
+    return ImageLimits(e.max_image_bytes, e.max_image_pixels, e.max_images_per_request, e.allow_image_paths)
+
+
+def check_reads_images(image_limits: ImageLimits | None) -> None:
+    """400 for images sent to a text-only model."""
+    if image_limits is None:
+        raise ApiError(400, "this model reads no images (a text-only model): send the prompt without images",
+                       param="image_data")
+
+
+def parse_generate(body: dict, vocab_size: int, image_limits: ImageLimits | None = None) -> GenerateJob:
+    """Validate a /generate body against GENERATE and SAMPLING (the wire), then parse it (runtime/request.py).
+    Images are decoded and checked against `image_limits` here (None: a text-only model refuses them)."""
     f = GENERATE.validate(body)
     fields = {k: v for k, v in f.items() if k in ITEM_FIELDS or k in REQUEST_FIELDS}
+    if f.get("image_data") is not None:
+        check_reads_images(image_limits)
+        fields["image_data"] = f["image_data"]
     sps = f.get("sampling_params")
     if isinstance(sps, list):
         fields["sampling_params"] = [SAMPLING.validate(sp or {}, f"sampling_params[{i}]") for i, sp in enumerate(sps)]
     else:
         fields["sampling_params"] = SAMPLING.validate(sps or {}, "sampling_params")
     with request_errors():  # every item streams its steps to the server, which answers JSON or SSE
-        parsed = parse_request({**fields, "stream": True}, vocab_size)
+        parsed = parse_request({**fields, "stream": True}, vocab_size, image_limits=image_limits)
     return GenerateJob(parsed.items, parsed.batch, bool(f.get("stream")), f.get("log_metrics", True),
                        bool(f.get("no_logs")))
 
@@ -53,7 +73,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     """POST /generate (SGLang GenerateReqInput)."""
     state: ServerState = request.app["state"]
     body = await read_json_object(request)
-    job = parse_generate(body, state.info.vocab_size)
+    job = parse_generate(body, state.info.vocab_size, server_image_limits(state))
     items = job.items
     state.admit(len(items))
     opts = {"record_metrics": job.log_metrics, "log": not job.no_logs}

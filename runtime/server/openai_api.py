@@ -18,8 +18,9 @@ from ..tools import (Tool, ToolCallStream, ToolChoice, ToolError, ToolFormat, pa
 from ..tools.constraint import structure_tool
 from .http_common import (ApiError, error_body, first_item, read_json_object, request_errors, request_id_header,
                           send_sse, start_sse)
+from .native_api import check_reads_images, server_image_limits
 from .openai_protocol import (chat_logprobs, chat_messages, check_request, completion_logprobs, finish_reason,
-                              sampling_fields, tool_call_deltas)
+                              sampling_fields, split_images, tool_call_deltas)
 from .state import ServerState
 
 
@@ -102,7 +103,11 @@ async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, 
     tool_job = reasoning = None
     fields = {"return_text_in_logprobs": True, "stream": True}
     if chat:
-        messages, extra, sp, tool_job = _tools_of(f, state, chat_messages(f["messages"]), sp)
+        raw, urls = split_images(f["messages"], state.info.image_placeholder)  # image_url parts -> placeholders
+        if urls:
+            check_reads_images(server_image_limits(state))
+            fields["image_data"] = urls  # checked by parse_request below (a bad one is a 400 naming it)
+        messages, extra, sp, tool_job = _tools_of(f, state, chat_messages(raw), sp)
         if f.get("input_ids") is not None:  # SGLang: pre-tokenized prompt, the template is not applied
             fields["input_ids"] = f["input_ids"]
         else:
@@ -129,7 +134,7 @@ async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, 
     fields.update(sampling_params=sp, return_logprob=want, top_logprobs_num=top,
                   logprob_start_len=0 if echo_lp else -1, extra_key=f.get("extra_key"), cache_salt=f.get("cache_salt"))
     with request_errors():
-        parsed = parse_request(fields, vocab, lambda i, j, n: f"{job_id}-{i}-{j}")
+        parsed = parse_request(fields, vocab, lambda i, j, n: f"{job_id}-{i}-{j}", server_image_limits(state))
     items = parsed.items
     if len(items) == 1:  # one prompt, one sample: the engine request is named as the response
         items = [dataclasses.replace(items[0], rid=job_id)]

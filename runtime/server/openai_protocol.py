@@ -95,6 +95,32 @@ def sampling_fields(f: dict, chat: bool) -> dict:
     return sp
 
 
+def split_images(messages: list, placeholder: str | None) -> tuple[list, list[str]]:
+    """Messages with each `image_url` content part replaced by a text part holding the model's image placeholder,
+    and the parts' URLs in order (checked by the request parser: data URLs; http URLs are refused by name)."""
+    urls, out = [], []
+    for i, m in enumerate(messages):
+        parts = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(parts, list) or not any(isinstance(p, dict) and p.get("type") == "image_url"
+                                                  for p in parts):
+            out.append(m)
+            continue
+        new = []
+        for part in parts:
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                url = part.get("image_url")
+                url = url.get("url") if isinstance(url, dict) else url
+                if not isinstance(url, str):
+                    raise ApiError(400, f"messages[{i}]: an image_url part needs image_url.url (a data URL)",
+                                   param="messages")
+                urls.append(url)
+                new.append({"type": "text", "text": placeholder or ""})
+            else:
+                new.append(part)
+        out.append({**m, "content": new})
+    return out, urls
+
+
 def chat_messages(messages: list[dict]) -> list[dict]:
     """Validate messages (CHAT_MESSAGE) and flatten text content parts into strings for the chat template."""
     out = []

@@ -78,7 +78,7 @@ SAMPLING = Schema("sampling_params", tuple([
 ]))
 
 # ------------------------------------------------------------------ POST /generate
-_MM = "multimodal input is not supported (text-only model)"
+_MM = "this multimodal option is not supported (images go in image_data: docs/vision.md)"
 _PD = "PD disaggregation is not supported"
 GENERATE = Schema("request", tuple([
     F("rid", STR_OR_LIST, None, IMPL, "request id(s); n > 1 adds `-j`; must be unique among running requests"),
@@ -86,7 +86,11 @@ GENERATE = Schema("request", tuple([
     F("text", STR_OR_LIST, None, IMPL, "prompt(s); give text or input_ids"),
     F("input_ids", IDS, None, IMPL, "token prompt(s), ids inside the vocabulary"),
     F("input_embeds", LIST, None, DEFAULT_ONLY, "embedding prompts are not supported"),
-    *_default_only(_MM, "image_data", "video_data", "audio_data", "mm_hashes", "mm_content_hashes"),
+    F("image_data", one_of(STR, LIST), None, IMPL, "vision models: the prompt's image(s) "
+      "(base64 or a data URL; a server file path with --allow-image-paths; http URLs are refused), one entry (an "
+      "image or a list) per prompt of a batch; each image's placeholder must be in the text (docs/vision.md)"),
+    *_default_only("video and audio input is not supported", "video_data", "audio_data"),
+    *_default_only(_MM, "mm_hashes", "mm_content_hashes"),
     F("use_audio_in_video", BOOL, False, DEFAULT_ONLY, _MM),
     F("video_config", DICT, None, DEFAULT_ONLY, _MM),
     F("sampling_params", DICT_OR_LIST, None, IMPL, "an object (table below) or one per prompt"),

@@ -140,3 +140,18 @@ def test_bad_images_are_refused_by_name(family):
     with pytest.raises(ValueError, match="not an image"):
         eng.generate(f"{ph} x", sp, image_data=b"definitely not an image")
     assert eng.generate(f"{ph} x", sp, image_data=IMAGES[0])["meta_info"]["finish_reason"] is not None
+
+
+def test_llava_with_a_siglip_tower_equals_transformers(tmp_path):
+    """SigLIP towers (no class token, every patch kept: LLaVA-OneVision / SmolVLM-style) through the same code."""
+    from sglpy.runtime.engine import Engine
+
+    path = make_tiny_llava(tmp_path / "siglip", tower="siglip")
+    ref, _, n_prompt = hf_reference("llava", path, "<image> What is it?", IMAGES[:1], N)
+    eng = Engine(path, quantization="none", max_total_tokens=2048)
+    try:
+        got = eng.generate("<image> What is it?", {"max_new_tokens": N, "temperature": 0, "ignore_eos": True},
+                           image_data=IMAGES[0])
+    finally:
+        eng.shutdown()
+    assert got["output_ids"] == ref and got["meta_info"]["prompt_tokens"] == n_prompt
