@@ -46,7 +46,7 @@ def server_image_limits(state: ServerState) -> ImageLimits | None:
 def check_reads_images(image_limits: ImageLimits | None) -> None:
     """400 for images sent to a text-only model."""
     if image_limits is None:
-        raise ApiError(400, "this model reads no images (a text-only model): send the prompt without images",
+        raise ApiError(400, "image_data is not supported by this model (a text-only model reads no images)",
                        param="image_data")
 
 
@@ -55,7 +55,7 @@ def parse_generate(body: dict, vocab_size: int, image_limits: ImageLimits | None
     Images are decoded and checked against `image_limits` here (None: a text-only model refuses them)."""
     f = GENERATE.validate(body)
     fields = {k: v for k, v in f.items() if k in ITEM_FIELDS or k in REQUEST_FIELDS}
-    if f.get("image_data") is not None:
+    if f.get("image_data") not in (None, []):
         check_reads_images(image_limits)
         fields["image_data"] = f["image_data"]
     sps = f.get("sampling_params")

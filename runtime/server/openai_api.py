@@ -18,7 +18,7 @@ from ..tools import (Tool, ToolCallStream, ToolChoice, ToolError, ToolFormat, pa
 from ..tools.constraint import structure_tool
 from .http_common import (ApiError, error_body, first_item, read_json_object, request_errors, request_id_header,
                           send_sse, start_sse)
-from .native_api import check_reads_images, server_image_limits
+from .native_api import server_image_limits
 from .openai_protocol import (chat_logprobs, chat_messages, check_request, completion_logprobs, finish_reason,
                               sampling_fields, split_images, tool_call_deltas)
 from .state import ServerState
@@ -103,9 +103,10 @@ async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, 
     tool_job = reasoning = None
     fields = {"return_text_in_logprobs": True, "stream": True}
     if chat:
-        raw, urls = split_images(f["messages"], state.info.image_placeholder)  # image_url parts -> placeholders
+        raw, urls = f["messages"], []
+        if state.info.image_placeholder is not None:  # a vision model: image_url parts become its placeholder
+            raw, urls = split_images(raw, state.info.image_placeholder)
         if urls:
-            check_reads_images(server_image_limits(state))
             fields["image_data"] = urls  # checked by parse_request below (a bad one is a 400 naming it)
         messages, extra, sp, tool_job = _tools_of(f, state, chat_messages(raw), sp)
         if f.get("input_ids") is not None:  # SGLang: pre-tokenized prompt, the template is not applied

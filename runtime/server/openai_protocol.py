@@ -143,7 +143,7 @@ def chat_messages(messages: list[dict]) -> list[dict]:
             for part in content:
                 if part.get("type") != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
                     raise ApiError(400, f"messages[{i}]: only text content parts {{\"type\": \"text\", \"text\": ...}} "
-                                        "are supported", param="messages")
+                                        "are supported (image_url parts need a vision model)", param="messages")
                 texts.append(part["text"])
             content = "".join(texts)
         msg = {"role": f["role"].lower(), "content": content}
