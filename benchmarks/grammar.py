@@ -343,7 +343,7 @@ def main():
     t_info = time.perf_counter() - t0
     t0 = time.perf_counter()
     native = info.walker is not None and info.walker.ready()
-    _ = (info.flat_trie, info.string_slice_flat, info.packed_bytes) if native else (info.trie, info.string_slice)
+    _ = (info.flat_trie, info.string_rest, info.packed_bytes) if native else (info.trie, info.string_rest_levels)
     _ = info.sorted_tokens
     t_trie = time.perf_counter() - t0
     print(f"tokenizer: {info.kind}, vocab {info.vocab_size}; TokenizerInfo.from_hf {t_info:.2f} s, "

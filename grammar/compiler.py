@@ -89,7 +89,7 @@ class GrammarCompiler:
     def warmup(self) -> None:
         """Build the per-tokenizer tables now (token tries, sorted tokens: ~1-2 s at 49k) instead of on first use."""
         info = self.info
-        _ = info.trie, info.flat_trie, info.string_slice_flat, info.packed_bytes, info.sorted_tokens, info.longest_token
+        _ = info.trie, info.flat_trie, info.string_rest, info.string_tokens, info.packed_bytes, info.sorted_tokens, info.longest_token
         _ = info.first_byte_masks
 
     def budget(self, cancel: Any = None, timeout_s: Any = ...) -> CompileBudget:

@@ -104,8 +104,9 @@ def _table_args(tables) -> tuple:
     if got is None:
         if tables.class_of.shape != (256,) or tables.pop.shape != (tables.trans.shape[0],):
             raise ValueError("trie walk: class_of must have 256 entries and pop one per state")
-        got = (_arr(tables.trans, np.int32, "trans"), tables.trans.shape[1], _arr(tables.class_of, np.int32, "class_of"),
-               _arr(tables.pop, np.uint8, "pop"), _arr(tables.rets, np.int32, "rets"), _arr(tables.ats, np.int32, "ats"))
+        got = (_arr(tables.trans, np.int32, "trans"), tables.trans.shape[1],
+               _arr(tables.class_of, np.int32, "class_of"), _arr(tables.pop, np.uint8, "pop"),
+               _arr(tables.rets, np.int32, "rets"), _arr(tables.ats, np.int32, "ats"))
         with _PREPARED_LOCK:
             _PREPARED[tables] = got
     return got
@@ -113,7 +114,8 @@ def _table_args(tables) -> tuple:
 
 def trie_walk(lib: ctypes.CDLL, trie, tables, start: int, words: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(packed uint32 [words] mask of the tokens `start`'s frame keeps alive, int32 ids and int32 byte offsets of the
-    tokens that leave its frame) for `trie` (grammar.tokens.vocab.FlatTrie) over `tables` (grammar.tokens.masks.WalkTables)."""
+    tokens that leave its frame) for `trie` (grammar.tokens.vocab.FlatTrie) over `tables`
+    (grammar.tokens.masks.WalkTables)."""
     if not 0 < start < tables.trans.shape[0]:
         raise ValueError(f"trie walk: state {start} outside 1..{tables.trans.shape[0] - 1}")
     targs = _trie_args(trie)

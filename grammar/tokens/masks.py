@@ -5,8 +5,10 @@ the token, or end exactly where g's module returns): those tokens are g's mask, 
 module. A token that goes on after g's module returned depends on the caller: those few (`"},`, `}]`, ...)
 are listed per state as (token, bytes read inside the frame), and the guide checks them against the actual
 stack. Nothing is indexed at compile time: a `MaskTable` computes the row of a state when a generation first
-reaches it (the token trie walked through the automaton in native code by the TokenizerInfo's walker, which the
-runtime passes in from kernels/trie_walk.py, or by the numpy reference below) and keeps it for every later request of the same grammar.
+reaches it and keeps it for every later request of the same grammar. The row is the token trie walked through
+the automaton, in native code by the TokenizerInfo's walker (the runtime passes one in from kernels/trie_walk.py)
+or by the numpy reference below; inside JSON strings, the short ASCII string tokens come from the chain of states
+the string's characters lead through (no walk), so dense string states walk only the other ~2% of the vocabulary.
 """
 
 from __future__ import annotations
@@ -17,15 +19,10 @@ import numpy as np
 
 from ..regex.dfa import DEAD
 from .index import _csr_expand
-from .vocab import TokenizerInfo
+from .vocab import STRING_CHARS, TokenizerInfo
 
 _MAX_ROWS = 1 << 16  # rows kept per grammar (a grammar visited further starts its memo again: bounded memory)
 _STRING_BYTES = [b for b in range(0x20, 0x80) if b not in (0x22, 0x5C)]
-# UTF-8 sequences of one character: lead byte range, then the continuation byte ranges (RFC 3629)
-_UTF8 = [((0xC2, 0xDF), [(0x80, 0xBF)]), ((0xE0, 0xE0), [(0xA0, 0xBF), (0x80, 0xBF)]),
-         ((0xE1, 0xEC), [(0x80, 0xBF)] * 2), ((0xED, 0xED), [(0x80, 0x9F), (0x80, 0xBF)]),
-         ((0xEE, 0xEF), [(0x80, 0xBF)] * 2), ((0xF0, 0xF0), [(0x90, 0xBF)] + [(0x80, 0xBF)] * 2),
-         ((0xF1, 0xF3), [(0x80, 0xBF)] * 3), ((0xF4, 0xF4), [(0x80, 0x8F)] + [(0x80, 0xBF)] * 2)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,33 +70,20 @@ class StateRow:
     cross_off: np.ndarray  # [n] int32: bytes of the token read inside the frame
 
 
-def _string_classes(class_of: np.ndarray) -> tuple[list, list]:
-    """(classes of the ASCII string characters, per UTF-8 form the classes at each of its byte positions)."""
+def _string_classes(class_of: np.ndarray) -> list:
+    """The byte classes of the ASCII string characters."""
     cls = class_of.tolist()
-
-    def classes(lo: int, hi: int) -> list:
-        return sorted(set(cls[lo: hi + 1]))
-
-    forms = [[classes(lo, hi)] + [classes(a, b) for a, b in conts] for (lo, hi), conts in _UTF8]
-    return sorted({cls[b] for b in _STRING_BYTES}), forms
+    return sorted({cls[b] for b in _STRING_BYTES})
 
 
-def is_string_loop(tables: WalkTables, g: int, classes: tuple[list, list]) -> bool:
-    """Every character of `[^"\\\x00-\x1f]` leads from g back to g without a call (g is inside a free string)."""
-    row = tables.trans[g]
-    ascii_cls, forms = classes
-    if not (row[ascii_cls] == g).all():
-        return False
-    t = tables.trans
-    for form in forms:
-        cur = {g}
-        for cls in form:  # the set of states every path of this form can reach: all of them must come back to g
-            cur = {int(x) for s in cur for x in t[s, cls].tolist()}
-            if any(x <= 0 for x in cur):
-                return False
-        if cur != {g}:
-            return False
-    return True
+def string_steps(tables: WalkTables, states: np.ndarray, ascii_cls: list) -> np.ndarray:
+    """Per state, the one state that every ASCII string character (0x20-0x7f but `"` and backslash) leads it to,
+    DEAD when every such character dies, -1 otherwise (they go to different places, into a call, or return)."""
+    nxt = tables.trans[states][:, ascii_cls].astype(np.int64)
+    one = nxt[:, 0]
+    ok = (nxt == one[:, None]).all(axis=1) & (one >= 0)
+    ok &= ~tables.pop[np.maximum(one, 0)].astype(bool)
+    return np.where(ok, one, -1)
 
 
 def eos_bits(info: TokenizerInfo) -> np.ndarray:
@@ -133,7 +117,8 @@ class MaskTable:
         self._masks: dict[bytes, np.ndarray] = {}  # identical masks stored once
         for r in self._rows.values():
             self._masks.setdefault(r.mask.tobytes(), r.mask)
-        self._classes = None  # the string-loop test's byte classes, on the first row
+        self._classes = None  # the string test's byte classes, on the first row
+        self._step: dict[int, int] = {}  # string_step of the states met (chains are followed through it)
         self._eos = eos_bits(self.info)
 
     def __getstate__(self):
@@ -160,21 +145,47 @@ class MaskTable:
             r = self._rows.setdefault(g, self._compute(g))
         return r
 
+    def _chars(self, g: int) -> int | None:
+        """j when every ASCII string character leads from g through a chain of j states and then dies (j < k), or
+        through k states (j = k = STRING_CHARS): the tokens of row j of `TokenizerInfo.string_tokens` are allowed
+        and the others of row k are not. None when some character goes elsewhere (every token is walked)."""
+        if self._classes is None:
+            self._classes = _string_classes(self.tables.class_of)
+        step, t, a = self._step, self.tables.trans, self._classes[0]
+        chain, s = [], g  # the candidate chain, by the first ASCII class; its steps are checked together
+        while len(chain) <= STRING_CHARS and s > 0 and s not in step:
+            chain.append(s)
+            s = int(t[s, a])
+        if chain:
+            for c, nxt in zip(chain, string_steps(self.tables, np.array(chain, np.int64), self._classes).tolist()):
+                step[c] = nxt
+        j, s = 0, g
+        while j < STRING_CHARS:
+            nxt = step.get(s)
+            if nxt is None:  # (past the candidate chain: only when a memo entry was dropped)
+                nxt = step[s] = int(string_steps(self.tables, np.array([s], np.int64), self._classes)[0])
+            if nxt < 0:
+                return None
+            if nxt == DEAD:
+                return j
+            if nxt == s:  # a loop (free strings): every character stays
+                return STRING_CHARS
+            j, s = j + 1, nxt
+        return STRING_CHARS
+
     def _compute(self, g: int) -> StateRow:
         info, tables = self.info, self.tables
-        if self._classes is None:
-            self._classes = _string_classes(tables.class_of)
-        loop = is_string_loop(tables, g, self._classes)
+        chars = self._chars(g)
         walker = native_walker(info) if self._native is not False else None
         if walker is None and self._native:
             raise ValueError("the native trie walk is not available (TokenizerInfo.walker)")
-        if walker is not None:
-            trie = info.string_slice_flat if loop else info.flat_trie
+        if walker is not None:  # whole-character tokens are known from the chain: only the others are walked
+            trie = info.string_rest if chars is not None else info.flat_trie
             mask, ct, co = walker.walk(trie, tables, g, info.mask_words)
         else:
-            mask, ct, co = walk_state_reference(tables, info, g, loop)
-        if loop:
-            mask |= info.string_slice[0].view(np.uint32)
+            mask, ct, co = walk_state_reference(tables, info, g, chars is not None)
+        if chars is not None:
+            mask |= info.string_tokens[0][chars]
         has = bool(mask.any())
         if tables.final[g]:
             mask |= self._eos
@@ -184,10 +195,10 @@ class MaskTable:
         return StateRow(mask, has, ct, co)
 
 
-def walk_state_reference(tables: WalkTables, info: TokenizerInfo, g: int, loop: bool = False):
+def walk_state_reference(tables: WalkTables, info: TokenizerInfo, g: int, rest: bool = False):
     """The numpy reference of kernels/trie_walk.py: (uint32 mask without EOS, int32 crossing token ids, int32 offsets);
-    loop=True walks only the tokens that are not whole string characters (the caller ORs in the others)."""
-    trie = info.string_slice[1] if loop else info.trie
+    rest=True walks only the tokens that are not whole string characters (the caller adds the others)."""
+    trie = info.string_rest_levels if rest else info.trie
     m, (_, ct, co) = _walk(tables, info, np.array([g], np.int64), trie)
     return m[0], ct.astype(np.int32), co.astype(np.int32)
 
@@ -228,6 +239,8 @@ def _walk(tables: WalkTables, info: TokenizerInfo, states: np.ndarray, trie):
     words = info.mask_words
     masks = np.zeros((len(states), words), dtype=np.uint32)
     cross_k, cross_t, cross_o = [], [], []
+    if trie.depth == 0:  # no tokens to walk
+        return masks, (np.zeros(0, np.int64),) * 3
     g_count = np.int64(tables.num_states)
     st = states
     allowed = np.zeros((len(st), words * 32), dtype=bool)

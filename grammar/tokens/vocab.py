@@ -17,6 +17,7 @@ from ..errors import GrammarError
 
 _INSTANCES: dict[str, "TokenizerInfo"] = {}
 _INSTANCES_LOCK = threading.Lock()
+STRING_CHARS = 16  # whole-character string tokens up to this many characters are taken from a state's string chain
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 SPM_SPACE = "\u2581"
 
@@ -102,36 +103,34 @@ class TokenizerInfo:
         return np.packbits(out, axis=1, bitorder="little").view("<u4")
 
     @functools.cached_property
-    def string_slice(self) -> tuple[np.ndarray, "TokenTrie"]:
-        """(packed mask of the tokens made of whole characters that neither end nor escape a JSON string, i.e.
-        `[^"\\\x00-\x1f]+`; a trie of all the other usable tokens). Token indexes skip the first group in
-        states that loop on such characters (the inside of free strings): most of a dense mask, for free."""
-        inside = np.zeros(self.mask_words * 32, dtype=bool)
-        rest = list(self.token_bytes)
-        for i, b in enumerate(self.token_bytes):
-            if not b:
-                continue
-            try:
-                text = b.decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            if all(c not in '"\\' and ord(c) >= 0x20 for c in text):
-                inside[i] = True
-                rest[i] = None
-        return np.packbits(inside, bitorder="little").view("<u4"), TokenTrie.build(rest)
-
-    @functools.cached_property
     def flat_trie(self) -> "FlatTrie":
         """The usable tokens' prefix tree in preorder (the native trie walk's layout)."""
         return FlatTrie.build(self.token_bytes)
 
     @functools.cached_property
-    def string_slice_flat(self) -> "FlatTrie":
-        """`string_slice`'s trie of the tokens that are not whole string characters, in preorder."""
-        inside = self.string_slice[0].view(np.uint32)
-        ids = np.arange(self.vocab_size)
-        bits = (inside[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1
-        return FlatTrie.build([None if bit else b for b, bit in zip(self.token_bytes, bits.tolist())])
+    def string_tokens(self) -> tuple[np.ndarray, tuple]:
+        """(rows [k + 1, words] uint32: row j = packed mask of the tokens of at most j <= k = STRING_CHARS ASCII
+        characters that neither end nor escape a JSON string (0x20-0x7f but `"` and backslash); token_bytes
+        without the tokens of row k). Masks of states inside strings take those tokens from the chain of states that the
+        string's characters lead through, and walk only the rest."""
+        ok = set(range(0x20, 0x80)) - {0x22, 0x5C}
+        rows = np.zeros((STRING_CHARS + 1, self.mask_words * 32), bool)
+        rest = list(self.token_bytes)
+        for i, b in enumerate(self.token_bytes):
+            if b and len(b) <= STRING_CHARS and all(c in ok for c in b):
+                rows[len(b):, i] = True
+                rest[i] = None
+        return np.packbits(rows, axis=1, bitorder="little").view("<u4"), tuple(rest)
+
+    @functools.cached_property
+    def string_rest(self) -> "FlatTrie":
+        """The trie (preorder) of the tokens `string_tokens` leaves to the walk."""
+        return FlatTrie.build(self.string_tokens[1])
+
+    @functools.cached_property
+    def string_rest_levels(self) -> "TokenTrie":
+        """The same tokens as `string_rest`, level by level (the numpy walk's layout)."""
+        return TokenTrie.build(self.string_tokens[1])
 
     @functools.cached_property
     def packed_bytes(self) -> tuple[np.ndarray, np.ndarray]:

@@ -80,9 +80,9 @@ class ConstrainedDecoding:
     def _warmup(self) -> None:
         info = self.info
         if info.walker.ready():  # loads (or builds, once per machine) the native library before the first mask
-            _ = info.flat_trie, info.string_slice_flat, info.packed_bytes
+            _ = info.flat_trie, info.string_rest, info.string_tokens, info.packed_bytes
         else:  # the numpy walk's tables
-            _ = info.trie, info.string_slice
+            _ = info.trie, info.string_tokens, info.string_rest_levels
         _ = info.sorted_tokens, info.longest_token, info.first_byte_masks
 
     def compile(self, kind: str, value: Any) -> Future:

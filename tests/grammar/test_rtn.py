@@ -214,7 +214,7 @@ def test_stack_guide_travels_like_compile_workers_send_it():
 
     mod = compile_schema(SHARED).module
     g = StackGuide(mod, INFO)
-    _ = INFO.flat_trie, INFO.string_slice_flat  # tables of the TokenizerInfo travel as references, once built
+    _ = INFO.flat_trie, INFO.string_rest  # tables of the TokenizerInfo travel as references, once built
     payload = pack_guide(g, INFO)
     assert b"TokenizerInfo" not in payload and b"TokenTrie" not in payload and b"FlatTrie" not in payload
     h = unpack_guide(payload, INFO)

@@ -67,6 +67,37 @@ def test_native_walk_equals_reference_on_module_networks(tokens, schema):
     _rows_agree(WalkTables.of_program(prog), _vocab(tokens))
 
 
+STRING_TOKENS = st.lists(st.text(alphabet='ab"\\é€ 😀', min_size=1, max_size=20).map(lambda t: t.encode()),
+                         min_size=1, max_size=50)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tokens=STRING_TOKENS, schema=st.sampled_from([
+    {"type": "string", "maxLength": 3}, {"type": "string", "minLength": 2, "maxLength": 6},
+    {"type": "array", "items": {"type": "string", "maxLength": 2}}, {"type": "string"},
+    {"type": "string", "pattern": "^[ab]{0,4}$"}, {"enum": ["ab", "a\"b", "é€"]},
+    {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}, "b": {}}}]))
+def test_rows_equal_a_full_walk(tokens, schema):
+    """A row skips the walk of whole-character string tokens where the state's string characters form a chain
+    (free strings, maxLength chains): every row still equals the full walk of every token."""
+    info = dataclasses.replace(_vocab(tokens), walker=WALKER)
+    old, rtn.CALL_MIN = rtn.CALL_MIN, 1
+    try:
+        prog = Program(compile_schema(schema).module)
+    finally:
+        rtn.CALL_MIN = old
+    tables = WalkTables.of_program(prog)
+    for native in (True, False):
+        table = MaskTable(tables, info, native=native)
+        for g in range(1, tables.num_states):
+            mask, ct, co = walk_state_reference(tables, info, g)
+            row = table.row(g)
+            got = row.mask.view(np.uint32).copy()
+            got[0] &= ~np.uint32(1)  # EOS (token 0) where the document may end
+            assert np.array_equal(got, mask), (schema, g, native)
+            assert sorted(zip(row.cross_tok.tolist(), row.cross_off.tolist())) == sorted(zip(ct.tolist(), co.tolist()))
+
+
 def test_flat_trie_lists_the_tokens_of_each_subtree():
     tokens = [b"ab", b"abc", b"b", b"ab", b"a\xff", b"ba"]
     trie = FlatTrie.build([None] + tokens)
