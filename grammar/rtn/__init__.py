@@ -1,4 +1,4 @@
-"""Recursive transition networks: modules (byte DFAs that call modules), their algebra, layout, index and guide."""
+"""Recursive transition networks: modules (byte DFAs that call modules), their algebra, layout and guide."""
 
 from .build import regex_to_module
 from .guide import StackGuide
