@@ -87,10 +87,14 @@ class GrammarCompiler:
         self._inflight: dict[tuple, threading.Event] = {}
 
     def warmup(self) -> None:
-        """Build the per-tokenizer tables now (token tries, sorted tokens: ~1-2 s at 49k) instead of on first use."""
+        """Build the per-tokenizer tables now (token tries, sorted tokens: ~1-2 s at 49k) instead of on first use:
+        those of EBNF terminal indexes and jump-forward, and those of the mask walk this TokenizerInfo runs."""
         info = self.info
-        _ = info.trie, info.flat_trie, info.string_rest, info.string_tokens, info.packed_bytes, info.sorted_tokens, info.longest_token
-        _ = info.first_byte_masks
+        _ = info.trie, info.first_byte_masks, info.sorted_tokens, info.longest_token, info.string_tokens
+        if info.walker is not None and info.walker.ready():
+            _ = info.flat_trie, info.string_rest, info.packed_bytes
+        else:
+            _ = info.string_rest_levels
 
     def budget(self, cancel: Any = None, timeout_s: Any = ...) -> CompileBudget:
         """A fresh budget with this compiler's limits (timeout_s overrides compile_timeout_s)."""
