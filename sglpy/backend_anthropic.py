@@ -68,6 +68,8 @@ class Anthropic(BaseBackend):
     def request_kwargs(self, messages: list[dict], params: GenParams, partial: str) -> dict:
         """The anthropic-client keyword arguments; raises UnsupportedFeature for what the API cannot take."""
         sp, default = params.sampling, SamplingParams()
+        if params.lora_path is not None:
+            raise self._unsupported("lora_path (a LoRA adapter of an sglpy runtime)")
         if params.logprob_fields():
             raise self._unsupported(f"gen logprob options {sorted(params.logprob_fields())}")
         for f in SamplingParams.field_names():

@@ -62,7 +62,7 @@ class Engine(BaseBackend):
                 kwargs["sampling_params"] = sampling
             return self.engine.generate(**kwargs)
         extra = {"image_data": list(images)} if images else {}
-        out = self.engine.generate(prompt=text, sampling_params=sampling.sampling, **sampling.logprob_fields(),
+        out = self.engine.generate(prompt=text, sampling_params=sampling.sampling, **sampling.request_fields(),
                                    **extra)
         outs = [check_output(o) for o in (out if isinstance(out, list) else [out])]  # n > 1: a list of n samples
         return GenResult(outs[0]["text"], outs[0]["meta_info"], tuple(o["text"] for o in outs))
@@ -71,7 +71,7 @@ class Engine(BaseBackend):
         pos = 0
         extra = {"image_data": list(images)} if images else {}
         for chunk in self.engine.generate(prompt=text, sampling_params=params.sampling, stream=True,
-                                          **params.logprob_fields(), **extra):
+                                          **params.request_fields(), **extra):
             check_output(chunk)
             delta, pos = chunk["text"][pos:], len(chunk["text"])
             yield StreamChunk(delta, chunk["meta_info"])

@@ -146,7 +146,7 @@ class RuntimeEndpoint(BaseBackend):
     # ------------------------------------------------------------ generation
 
     def _gen_body(self, text: str, params: GenParams, images=()) -> dict:
-        body = {"text": text, "sampling_params": wire_sampling_params(params.sampling), **params.logprob_fields()}
+        body = {"text": text, "sampling_params": wire_sampling_params(params.sampling), **params.request_fields()}
         return _with_images(body, images)
 
     def generate(self, text: str, params: GenParams, images=()) -> GenResult:

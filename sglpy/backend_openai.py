@@ -199,6 +199,8 @@ class OpenAI(BaseBackend):
     def request_kwargs(self, params: GenParams, chat: bool) -> dict:
         """The openai-client keyword arguments for one gen; raises UnsupportedFeature for what cannot be sent."""
         sp, default = params.sampling, SamplingParams()
+        if params.lora_path is not None:
+            raise self._unsupported("lora_path (a LoRA adapter of an sglpy runtime)")
         if params.logprob_fields():
             raise self._unsupported(f"gen logprob options {sorted(params.logprob_fields())}")
         if sp.structural_tag is not None:

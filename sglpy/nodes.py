@@ -42,8 +42,9 @@ class GenParams:
     top_logprobs_num: Optional[int] = None
     return_text_in_logprobs: Optional[bool] = None
     dtype: Any = None
+    lora_path: Optional[str] = None  # the runtime's LoRA adapter (its name; run(lora_path=...)); None = the base model
 
-    OPTIONS: ClassVar[tuple[str, ...]] = LogprobOptions.field_names() + ("dtype",)
+    OPTIONS: ClassVar[tuple[str, ...]] = LogprobOptions.field_names() + ("dtype", "lora_path")
 
     def __post_init__(self):
         LogprobOptions(**self.logprob_fields())  # same checks as the runtime's
@@ -53,6 +54,10 @@ class GenParams:
     def logprob_fields(self) -> dict:
         """The logprob options that were set (sent as top-level /generate fields, as SGLang's frontend does)."""
         return {n: getattr(self, n) for n in LogprobOptions.field_names() if getattr(self, n) is not None}
+
+    def request_fields(self) -> dict:
+        """The top-level /generate fields besides the prompt and sampling params: logprob options and lora_path."""
+        return {**self.logprob_fields(), **({"lora_path": self.lora_path} if self.lora_path is not None else {})}
 
     def resolve(self, overrides: dict, extra_stops: tuple = ()) -> "GenParams":
         """These defaults overridden by every gen keyword that is set (None = inherit), the template's stops
@@ -83,7 +88,7 @@ class GenParams:
 
     def lowered(self) -> "GenParams":
         """dtype turned into a regex plus stops (resolve() already does this; for params built directly)."""
-        return self if self.dtype is None else GenParams(self.sampling, **self.logprob_fields()).resolve(
+        return self if self.dtype is None else GenParams(self.sampling, **self.request_fields()).resolve(
             {"dtype": self.dtype})
 
 

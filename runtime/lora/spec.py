@@ -36,6 +36,8 @@ def parse_lora_ref(item) -> LoraRef:
             item = json.loads(item)
         except json.JSONDecodeError as e:
             raise ValueError(f"lora_paths entry {item!r} is not valid JSON ({e})") from None
+    if isinstance(item, dict) and {"name", "path"} <= set(item):  # a LoraRef as dataclasses.asdict gives it
+        item = {"lora_name": item["name"], "lora_path": item["path"], "pinned": item.get("pinned", False)}
     if isinstance(item, dict):
         unknown = sorted(set(item) - {"lora_name", "lora_path", "pinned"})
         if unknown or not isinstance(item.get("lora_path"), str):

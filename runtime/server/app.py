@@ -17,7 +17,7 @@ import time
 
 from aiohttp import web
 
-from . import anthropic_api, console_routes, native_api, openai_api, sglang_routes
+from . import anthropic_api, console_routes, lora_routes, native_api, openai_api, sglang_routes
 from ..messages import (DetokenizeReq, EngineError, FlushCacheReq, GenerateReqInput, GetServerInfoReq,
                         TokenizeReq)
 from ..sampling_params import SamplingParams
@@ -189,6 +189,7 @@ def build_app(state: ServerState) -> web.Application:
     r.add_post("/v1/chat/completions", openai_api.chat_completions)
     r.add_post("/v1/messages", anthropic_api.messages)  # Anthropic Messages API
     sglang_routes.add_routes(r)
+    lora_routes.add_routes(r)
     console_routes.add_routes(app)  # GET / (web console), its API, GET /trace
     return app
 

@@ -18,6 +18,7 @@ from ..tools import (Tool, ToolCallStream, ToolChoice, ToolError, ToolFormat, pa
 from ..tools.constraint import structure_tool
 from .http_common import (ApiError, error_body, first_item, read_json_object, request_errors, request_id_header,
                           send_sse, start_sse)
+from .lora_routes import adapter_cards, lora_of_model
 from .native_api import server_image_limits
 from .openai_protocol import (chat_logprobs, chat_messages, check_request, completion_logprobs, finish_reason,
                               sampling_fields, split_images, tool_call_deltas)
@@ -132,6 +133,7 @@ async def _build_job(state: ServerState, body: dict, chat: bool) -> tuple[_Job, 
             raise ApiError(400, "custom_params.thinking_budget needs a reasoning model served with --reasoning-parser",
                            param="custom_params")
         fields["max_thinking_tokens"] = budget
+    fields["lora_path"] = f.get("lora_path") or lora_of_model(state, f.get("model"))
     fields.update(sampling_params=sp, return_logprob=want, top_logprobs_num=top,
                   logprob_start_len=0 if echo_lp else -1, extra_key=f.get("extra_key"), cache_salt=f.get("cache_salt"))
     with request_errors():
@@ -312,12 +314,18 @@ def _model_card(state: ServerState) -> dict:
 
 async def models(request: web.Request) -> web.Response:
     """GET /v1/models."""
-    return web.json_response({"object": "list", "data": [_model_card(request.app["state"])]})
+    state = request.app["state"]
+    card = _model_card(state)
+    return web.json_response({"object": "list", "data": [card, *adapter_cards(state, card["created"])]})
 
 
 async def model(request: web.Request) -> web.Response:
-    """GET /v1/models/{model}: the served model, else 404."""
+    """GET /v1/models/{model}: the served model or one of its LoRA adapters, else 404."""
     state: ServerState = request.app["state"]
+    card = _model_card(state)
+    adapter = [c for c in adapter_cards(state, card["created"]) if c["id"] == request.match_info["model"]]
+    if adapter:
+        return web.json_response(adapter[0])
     if request.match_info["model"] != state.model_name:
         raise ApiError(404, f"model {request.match_info['model']!r} is not served here (serving {state.model_name!r})",
                        param="model")

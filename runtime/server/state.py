@@ -35,6 +35,8 @@ class ServerState:
         self._unrecorded = ServerMetrics("unrecorded")  # never exported
         self._tool_setup: tuple[str | None, ToolSetup] | None = None
         self.tracing = Tracing(config.enable_trace, config.trace_capacity)  # trace.py: --enable-trace's ring
+        # LoRA adapters served, name -> path (server/lora_routes.py keeps it: startup ones, then loads and unloads)
+        self.loras: dict[str, str] = {r.name: r.path for r in config.engine.lora_paths or ()}
 
     @property
     def model_name(self) -> str:

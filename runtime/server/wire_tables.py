@@ -116,8 +116,10 @@ GENERATE = Schema("request", tuple([
     F("return_indexer_topk", BOOL, False, DEFAULT_ONLY, "indexer top-k is not returned"),
     F("modalities", LIST, None, DEFAULT_ONLY, _MM),
     F("session_params", DICT, None, DEFAULT_ONLY, "sessions are not implemented"),
-    F("lora_path", STR_OR_OPT_LIST, None, DEFAULT_ONLY, "LoRA adapters are not supported"),
-    F("lora_id", STR_OR_OPT_LIST, None, DEFAULT_ONLY, "LoRA adapters are not supported"),
+    F("lora_path", STR_OR_OPT_LIST, None, IMPL, "a served LoRA adapter's name, or one per prompt (null: the base "
+      "model); docs/lora.md"),
+    F("lora_id", STR_OR_OPT_LIST, None, NOOP, "SGLang's internal adapter id, set by its tokenizer manager; adapters "
+      "are named by lora_path"),
     F("custom_logit_processor", STR_OR_OPT_LIST, None, DEFAULT_ONLY, "custom logit processors are not supported"),
     F("positional_embed_overrides", ANY, None, DEFAULT_ONLY, "embedding overrides are not supported"),
     *_default_only(_PD, "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
@@ -170,7 +172,8 @@ def _openai_common(chat: bool) -> list[WireField]:
         *_default_only(_PD, "bootstrap_host", "bootstrap_port", "bootstrap_room"),
         F("routed_dp_rank", DP_RANK, None, IMPL, "0: one data-parallel rank"),
         F("disagg_prefill_dp_rank", DP_RANK, None, IMPL, "0: one data-parallel rank"),
-        F("model", STR, "default", NOOP, "any name: the server has one model (sglang-router requires the field)"),
+        F("model", STR, "default", IMPL, "the served model; with LoRA adapters an adapter's name or `base:adapter` "
+          "selects it (an unknown name is a 404), without them any name is the one model"),
         F("frequency_penalty", NUM, 0.0, IMPL, "in [-2, 2]"),
         F("logit_bias", LOGIT_BIAS, None, IMPL, "token id -> bias (inside the vocabulary)"),
         F("n", int_range(1), 1, IMPL, "choices per prompt"),
@@ -198,7 +201,7 @@ def _openai_common(chat: bool) -> list[WireField]:
         F("no_stop_trim", BOOL, False, IMPL, "keep the matched stop in the text"),
         F("ignore_eos", BOOL, False, IMPL, "keep going past EOS"),
         F("skip_special_tokens", BOOL, True, IMPL, "drop special tokens from the text"),
-        F("lora_path", one_of(STR, LIST), None, DEFAULT_ONLY, "LoRA adapters are not supported"),
+        F("lora_path", STR, None, IMPL, "a served LoRA adapter's name (as the model field's `base:adapter`)"),
         F("session_id", STR, None, NOOP, "identity only (as SGLang without session radix cache)"),
         F("session_params", DICT, None, DEFAULT_ONLY, "sessions are not implemented"),
         F("response_format", DICT, None, IMPL, "text, json_object, json_schema or structural_tag "
@@ -309,8 +312,17 @@ CONCATE_AND_APPEND = Schema("request", (
     F("dst_rid", STR, REQUIRED, IMPL, "the parent's id"),
 ), "POST /concate_and_append_request")
 
+LOAD_LORA = Schema("request", (
+    F("lora_name", STR, REQUIRED, IMPL, "the name requests use (lora_path, the OpenAI model field)"),
+    F("lora_path", STR, REQUIRED, IMPL, "a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)"),
+    F("pinned", BOOL, False, NOOP, "SGLang's pin: every adapter stays loaded until unloaded"),
+), "POST /load_lora_adapter")
+UNLOAD_LORA = Schema("request", (
+    F("lora_name", STR, REQUIRED, IMPL, "the adapter to stop serving (refused while requests use it)"),
+    F("lora_int_id", INT, None, NOOP, "vLLM's id; the name identifies the adapter"),
+), "POST /unload_lora_adapter")
 SCHEMAS = (GENERATE, SAMPLING, COMPLETIONS, CHAT, CHAT_MESSAGE, STREAM_OPTIONS, TOKENIZE, DETOKENIZE, ABORT,
-           CONCATE_AND_APPEND)
+           CONCATE_AND_APPEND, LOAD_LORA, UNLOAD_LORA)
 # which table corresponds to which schema of SGLang (tests/server/data/sglang_schemas.json)
 SGLANG_EQUIVALENT = {"generate": GENERATE, "sampling_params": SAMPLING, "completions": COMPLETIONS,
                      "chat_completions": CHAT, "chat_message": CHAT_MESSAGE, "stream_options": STREAM_OPTIONS}

@@ -49,3 +49,30 @@ def peft_reference(base: str | os.PathLike, adapter: str | os.PathLike | None):
 
         model = PeftModel.from_pretrained(model, str(adapter))
     return model.eval()
+
+
+def write_random_adapter(path: str | os.PathLike, num_layers: int, modules: dict[str, tuple[int, int]], rank: int,
+                         alpha: float | None = None, targets: tuple[str, ...] | None = None, seed: int = 0,
+                         scale: float = 0.02) -> str:
+    """Write a random PEFT-format adapter without loading the base (benchmarks at real sizes): `modules` maps each
+    HF module name to its (in, out) features (runtime/lora/pool.base_shapes gives them for a loaded model)."""
+    import torch
+    from safetensors.torch import save_file
+
+    path = pathlib.Path(path)
+    targets = tuple(targets or modules)
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for i in range(num_layers):
+        for m in targets:
+            part = "self_attn" if m in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            n_in, n_out = modules[m]
+            key = f"base_model.model.model.layers.{i}.{part}.{m}"
+            state[f"{key}.lora_A.weight"] = torch.randn(rank, n_in, generator=g) * n_in ** -0.5
+            state[f"{key}.lora_B.weight"] = torch.randn(n_out, rank, generator=g) * scale
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path / "adapter_model.safetensors"))
+    cfg = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha if alpha is not None else 2 * rank,
+           "target_modules": list(targets), "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM"}
+    (path / "adapter_config.json").write_text(json.dumps(cfg))
+    return str(path)

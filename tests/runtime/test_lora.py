@@ -179,3 +179,38 @@ def test_lora_refusals_in_config():
         EngineConfig(lora_paths=["a=/x", "a=/y"])
     refs = EngineConfig(lora_paths=["a=/x", '{"lora_name": "b", "lora_path": "/y", "pinned": true}', "/z"]).lora_paths
     assert [(r.name, r.path) for r in refs] == [("a", "/x"), ("b", "/y"), ("/z", "/z")]
+
+
+def test_frontend_run_and_run_batch_take_lora_path(served):
+    import sglpy as sgl
+
+    eng, _, _ = served
+    backend = sgl.Engine(engine=eng)
+
+    @sgl.function
+    def story(s, start):
+        s += start
+        s += sgl.gen("more", max_tokens=6, temperature=0)
+
+    want = {n: eng.generate(PROMPTS[0], {"max_new_tokens": 6, "temperature": 0}, lora_path=n)["text"]
+            for n in (None, "all8")}
+    assert story.run(PROMPTS[0], backend=backend, lora_path="all8")["more"] == want["all8"]
+    states = story.run_batch([{"start": PROMPTS[0]}] * 2, backend=backend, lora_path="all8")
+    assert [s["more"] for s in states] == [want["all8"]] * 2
+    assert story.run(PROMPTS[0], backend=backend)["more"] == want[None]
+
+
+def test_ngram_speculation_keeps_the_adapters_outputs(tmp_path):
+    base = make_tiny_model(tmp_path / "base")
+    folder = make_peft_adapter(base, tmp_path / "ad", rank=8, targets=ATTN + MLP, seed=7, scale=0.05)
+    prompt = "one two three four one two three four one two three"
+    sp = {"max_new_tokens": 16, "temperature": 0}
+    outs = {}
+    for spec in (None, "NGRAM"):
+        eng = Engine(base, quantization="none", grammar_workers=0, lora_paths=[f"ad={folder}"],
+                     speculative_algorithm=spec)
+        try:
+            outs[spec] = [eng.generate(prompt, sp, lora_path=n)["output_ids"] for n in ("ad", None)]
+        finally:
+            eng.shutdown()
+    assert outs["NGRAM"] == outs[None] and outs[None][0] != outs[None][1]

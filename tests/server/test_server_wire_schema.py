@@ -136,7 +136,8 @@ def test_generate_refuses_bad_sampling_values_at_the_door(sp, words):
     ({"input_ids": [1, 99999999]}, ["input_ids", "vocabulary"]),
     ({"text": "hi", "return_logprob": True, "top_logprobs_num": 1000000}, ["top_logprobs_num"]),
     ({"text": "hi", "return_logprob": "yes"}, ["return_logprob"]),
-    ({"text": "hi", "lora_path": "x"}, ["lora_path", "not supported"]),
+    ({"text": "hi", "lora_path": 3}, ["lora_path"]),  # an adapter's name, or one per prompt
+    ({"text": "hi", "lora_id": 3}, ["lora_id"]),
     ({"text": "hi", "background": True}, ["background"]),
     ({"text": "hi", "routed_dp_rank": 1}, ["routed_dp_rank"]),
     ({"text": "hi", "stream": 1}, ["stream", "bool"]),

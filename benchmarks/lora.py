@@ -1,0 +1,149 @@
+"""LoRA adapters per request on the default model (CPU by default): a batch of 16 requests over 8 adapters against
+the same 16 on the base model and against the 8 adapters served one after another; one adapter's single request
+against the base's; and how long a run-time adapter load pauses a running batch (the largest gap between a streamed
+request's tokens while another thread loads an adapter, in decode steps).
+
+    python benchmarks/lora.py                          # int4 base, rank 16 adapters on all 7 projections, 3 rounds
+    python benchmarks/lora.py --quantization none --rank 8 --rounds 5 --json lora.json
+
+Rounds are interleaved (base, mixed, one-by-one, single base, single adapter per round); each figure is the
+median over rounds with its min-max spread. Adapters have random weights (benchmarks at real shapes need no
+trained adapter: the work is the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+PROMPT = "Write a short story about robot number {k}, who learns to paint."
+
+
+def _adapters(base: str, folder: str, count: int, rank: int) -> list[str]:
+    from transformers import AutoConfig
+
+    from sglpy.runtime.testing.tiny_lora import write_random_adapter
+
+    c = AutoConfig.from_pretrained(base)
+    h, inter = c.hidden_size, c.intermediate_size
+    hd = getattr(c, "head_dim", None) or h // c.num_attention_heads
+    q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
+    mods = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, inter),
+            "up_proj": (h, inter), "down_proj": (inter, h)}
+    return [f"a{k}=" + write_random_adapter(os.path.join(folder, f"a{k}"), c.num_hidden_layers, mods, rank, seed=k)
+            for k in range(count)]
+
+
+def _tok_s(eng, prompts, loras, sp) -> float:
+    eng.flush_cache()  # every run prefills its prompts: the same work in every mode
+    t = time.perf_counter()
+    outs = eng.generate(prompts, sp, lora_path=loras)
+    outs = outs if isinstance(outs, list) else [outs]
+    return sum(len(o["output_ids"]) for o in outs) / (time.perf_counter() - t)
+
+
+def _one_by_one(eng, prompts, loras, sp, adapters: int) -> float:
+    """Each adapter's requests as their own batch, adapter after adapter."""
+    eng.flush_cache()
+    t, n = time.perf_counter(), 0
+    for a in range(adapters):
+        idx = [i for i, name in enumerate(loras) if name == f"a{a}"]
+        outs = eng.generate([prompts[i] for i in idx], sp, lora_path=[loras[i] for i in idx])
+        n += sum(len(o["output_ids"]) for o in outs)
+    return n / (time.perf_counter() - t)
+
+
+def _load_pause(eng, folder: str, sp_long: dict) -> dict:
+    """Token gaps of a streamed request (in a running batch) while another thread loads an adapter."""
+    gaps, loaded = [], {}
+    done = threading.Event()
+
+    def load():
+        time.sleep(0.5)
+        t = time.perf_counter()
+        eng.load_lora_adapter("late", folder)
+        loaded.update(start=t, end=time.perf_counter())
+        done.set()
+
+    others = threading.Thread(target=lambda: eng.generate([PROMPT.format(k=k) for k in range(7)], sp_long))
+    others.start()
+    th = threading.Thread(target=load)
+    last, stamps = None, []
+    th.start()
+    for _ in eng.generate(PROMPT.format(k=99), sp_long, stream=True):
+        now = time.perf_counter()
+        if last is not None:
+            gaps.append(now - last)
+            stamps.append(now)
+        last = now
+    th.join()
+    others.join()
+    eng.unload_lora_adapter("late")
+    median = statistics.median(gaps)
+    during = [g for g, s in zip(gaps, stamps) if loaded and loaded["start"] <= s <= loaded["end"] + median * 2]
+    return {"load_s": loaded["end"] - loaded["start"], "median_step_s": median,
+            "max_gap_during_load_steps": max(during, default=median) / median}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="HF folder or .gguf (default: the embedded default model)")
+    ap.add_argument("--quantization", default="int4")
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--adapters", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    from sglpy.runtime.engine import Engine
+    from sglpy.runtime.model.loader import resolve_model_path
+
+    base = resolve_model_path(args.model)
+    folder = tempfile.mkdtemp(prefix="sglpy-lora-bench-")
+    paths = _adapters(base, folder, args.adapters + 1, args.rank)
+    late = paths.pop().split("=", 1)[1]
+    eng = Engine(args.model, quantization=args.quantization, lora_paths=paths, max_total_tokens=8192,
+                 grammar_workers=0, **({"num_threads": args.threads} if args.threads else {}))
+    sp = {"max_new_tokens": args.new_tokens, "temperature": 0, "ignore_eos": True}
+    prompts = [PROMPT.format(k=k) for k in range(args.requests)]
+    loras = [f"a{k % args.adapters}" for k in range(args.requests)]
+    eng.generate(prompts[:2], sp, lora_path=loras[:2])  # warm-up (native kernels, first forwards)
+    runs: dict[str, list[float]] = {k: [] for k in ("base", "mixed", "one_by_one", "single_base", "single_adapter")}
+    for r in range(args.rounds):
+        runs["base"].append(_tok_s(eng, prompts, None, sp))
+        runs["mixed"].append(_tok_s(eng, prompts, loras, sp))
+        runs["one_by_one"].append(_one_by_one(eng, prompts, loras, sp, args.adapters))
+        runs["single_base"].append(_tok_s(eng, prompts[0], None, sp))
+        runs["single_adapter"].append(_tok_s(eng, prompts[0], "a0", sp))
+        print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in runs.items()) + " tok/s", flush=True)
+    ratios = {"mixed/base": [m / b for m, b in zip(runs["mixed"], runs["base"])],
+              "mixed/one_by_one": [m / s for m, s in zip(runs["mixed"], runs["one_by_one"])],
+              "single_adapter/single_base": [a / b for a, b in zip(runs["single_adapter"], runs["single_base"])]}
+    pause = _load_pause(eng, late, {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True})
+    eng.shutdown()
+    med = lambda xs: (statistics.median(xs), min(xs), max(xs))  # noqa: E731
+    print(f"\nquantization={args.quantization} rank={args.rank} adapters={args.adapters} requests={args.requests} "
+          f"new_tokens={args.new_tokens} rounds={args.rounds} threads={args.threads or 'default'}")
+    for k, v in {**runs, **ratios}.items():
+        m, lo, hi = med(v)
+        print(f"{k:28s} median {m:8.2f}  (min {lo:.2f}, max {hi:.2f})")
+    print(f"adapter load at run time: {pause['load_s']:.2f} s; largest token gap while loading = "
+          f"{pause['max_gap_during_load_steps']:.2f} steps (median step {pause['median_step_s'] * 1e3:.0f} ms)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "runs": runs, "ratios": ratios, "load_pause": pause}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
