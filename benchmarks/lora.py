@@ -28,17 +28,10 @@ PROMPT = "Write a short story about robot number {k}, who learns to paint."
 
 
 def _adapters(base: str, folder: str, count: int, rank: int) -> list[str]:
-    from transformers import AutoConfig
+    from sglpy.runtime.testing.tiny_lora import module_shapes, write_random_adapter
 
-    from sglpy.runtime.testing.tiny_lora import write_random_adapter
-
-    c = AutoConfig.from_pretrained(base)
-    h, inter = c.hidden_size, c.intermediate_size
-    hd = getattr(c, "head_dim", None) or h // c.num_attention_heads
-    q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
-    mods = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, inter),
-            "up_proj": (h, inter), "down_proj": (inter, h)}
-    return [f"a{k}=" + write_random_adapter(os.path.join(folder, f"a{k}"), c.num_hidden_layers, mods, rank, seed=k)
+    layers, mods = module_shapes(base)
+    return [f"a{k}=" + write_random_adapter(os.path.join(folder, f"a{k}"), layers, mods, rank, seed=k)
             for k in range(count)]
 
 

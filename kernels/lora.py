@@ -9,6 +9,7 @@ columns offsets[s]:offsets[s + 1] of y. The adapter's scaling (alpha / r or alph
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -109,4 +110,15 @@ def lora_delta_unchecked(x, y, a, b, offsets, seg):
     if mod is not None:
         with on_device(x):
             return mod.lora_delta_triton(x, y, a, b, offsets, seg)
+    if x.device.type == "cpu":
+        from .lora_cpu import lora_delta_cpu, lora_lib
+
+        lib = lora_lib(x, y, a, b, seg.host_indptr[-1])
+        if lib is not None:
+            return lora_delta_cpu(lib, x, y, a, b, _offsets_tensor(offsets), seg)
     return lora_delta_reference(x, y, a, b, offsets, seg)
+
+
+@functools.lru_cache(maxsize=256)
+def _offsets_tensor(offsets: tuple[int, ...]) -> torch.Tensor:
+    return torch.tensor(offsets, dtype=torch.int64)

@@ -76,3 +76,15 @@ def write_random_adapter(path: str | os.PathLike, num_layers: int, modules: dict
            "target_modules": list(targets), "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM"}
     (path / "adapter_config.json").write_text(json.dumps(cfg))
     return str(path)
+
+
+def module_shapes(model_path: str | os.PathLike) -> tuple[int, dict[str, tuple[int, int]]]:
+    """(layers, HF module name -> (in, out) features) of a Llama-family model folder, from its config alone."""
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(str(model_path))
+    h, inter = c.hidden_size, c.intermediate_size
+    hd = getattr(c, "head_dim", None) or h // c.num_attention_heads
+    q, kv = c.num_attention_heads * hd, (getattr(c, "num_key_value_heads", None) or c.num_attention_heads) * hd
+    return c.num_hidden_layers, {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                                 "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}

@@ -106,3 +106,14 @@ def test_an_example_runs_as_a_script():
                          timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "the sky:" in out.stdout
+
+
+def test_lora_adapters():
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import lora_adapters
+
+        texts, line = lora_adapters.main()
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    assert len(set(texts.values())) == 3 and isinstance(line, str)  # each adapter changes the base's answer

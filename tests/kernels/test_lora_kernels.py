@@ -98,3 +98,17 @@ def test_triton_long_segment_crosses_row_blocks():
     x, y, a, b, seg = _case(rows, {0: 16, 1: 3}, 24, (0, 16), 16, F32, seed=2)
     want = lora_delta_reference(x, y.clone(), a, b, (0, 16), seg)
     torch.testing.assert_close(lora_delta_triton(x, y.clone(), a, b, (0, 16), seg), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("row_slots,ranks,n_in,offsets,pool_rank", CASES)
+def test_native_cpu_matches_reference(row_slots, ranks, n_in, offsets, pool_rank):
+    from sglpy.kernels.lora_cpu import lora_delta_cpu, lora_lib
+
+    x, y, a, b, seg = _case(row_slots, ranks, n_in, offsets, pool_rank, F32, seed=3)
+    lib = lora_lib(x, y, a, b, len(row_slots))
+    if lib is None:
+        pytest.skip("the native CPU kernels are not built here")
+    want = lora_delta_reference(x, y.clone(), a, b, offsets, seg)
+    got = lora_delta_cpu(lib, x, y.clone(), a, b, torch.tensor(offsets), seg)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(lora_delta(x, y.clone(), a, b, offsets, seg), got)  # the wrapper takes the native path

@@ -214,3 +214,35 @@ def test_ngram_speculation_keeps_the_adapters_outputs(tmp_path):
         finally:
             eng.shutdown()
     assert outs["NGRAM"] == outs[None] and outs[None][0] != outs[None][1]
+
+
+@pytest.mark.slow
+def test_default_model_adapters_match_hf_peft(default_model_path, tmp_path):
+    """3 adapters of ranks 4, 8, 16 on the default model (float32): greedy tokens and prompt logprobs as HF + PEFT;
+    a batch mixing them with the base gives each row its own answer."""
+    from sglpy.runtime.testing.tiny_lora import module_shapes, write_random_adapter
+
+    layers, shapes = module_shapes(default_model_path)
+    specs = {"attn4": (4, ATTN), "all8": (8, ATTN + MLP), "mlp16": (16, MLP)}
+    folders = {n: write_random_adapter(tmp_path / n, layers, shapes, r, targets=t, seed=i, scale=0.05)
+               for i, (n, (r, t)) in enumerate(specs.items())}
+    eng = Engine(default_model_path, quantization="none", grammar_workers=0, max_total_tokens=4096,
+                 lora_paths=[f"{n}={p}" for n, p in folders.items()])
+    try:
+        prompt = "The three primary colors are"
+        ids = eng.tokenize([prompt])[0]
+        names = [None, *specs]
+        alone = {}
+        for n in names:
+            out = eng.generate(prompt, GREEDY, lora_path=n, return_logprob=True, logprob_start_len=0)
+            want_ids, want_lp = _hf(default_model_path, folders.get(n), ids)
+            assert out["output_ids"] == want_ids, n
+            got = [e[0] for e in out["meta_info"]["input_token_logprobs"][1:]]
+            assert max(abs(a - b) for a, b in zip(got, want_lp)) < 1e-4, n
+            alone[n] = out["output_ids"]
+        assert len({tuple(v) for v in alone.values()}) == len(names)
+        eng.flush_cache()
+        mixed = eng.generate([prompt] * len(names), GREEDY, lora_path=names)
+        assert [m["output_ids"] for m in mixed] == [alone[n] for n in names]
+    finally:
+        eng.shutdown()

@@ -1,0 +1,49 @@
+"""Native CPU segmented LoRA for a few rows (csrc/lora.cpp): every segment's shrink and expand of one projection in
+one call, rows split across threads; beside kernels/lora.py's torch reference (one matmul pair per adapter, which
+costs ~11 small torch ops per adapter per layer in a decode step)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from .cpu_native import native_lib
+
+_P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
+_SIGNATURES = {"sglpy_lora_delta": (_I64, [_P, _I64, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _P, _P, _P, _I64,
+                                           _I64, _I64, _I32])}
+NATIVE_MAX_ROWS = 64  # more adapter rows (prefill chunks) run the reference: its GEMMs beat per-row dot products
+
+
+@functools.lru_cache(maxsize=None)
+def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def lora_lib(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, n_rows: int) -> ctypes.CDLL | None:
+    """The native library when it runs this call (float32 on CPU, unit column strides, contiguous weights, a few
+    rows), else None."""
+    if x.device.type != "cpu" or n_rows > NATIVE_MAX_ROWS or any(t.dtype != torch.float32 for t in (x, y, a, b)):
+        return None
+    if x.stride(1) != 1 or y.stride(1) != 1 or not a.is_contiguous() or not b.is_contiguous():
+        return None
+    lib = native_lib()
+    return _typed(lib) if lib is not None else None
+
+
+def lora_delta_cpu(lib: ctypes.CDLL, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                   offsets: torch.Tensor, seg) -> torch.Tensor:
+    """y[rows] += the segments' LoRA deltas (kernels/lora.py's contract); offsets: int64 [slices + 1] on the CPU."""
+    n_slices = offsets.shape[0] - 1
+    rc = lib.sglpy_lora_delta(x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), a.data_ptr(), b.data_ptr(),
+                              x.shape[1], b.shape[2], n_slices, offsets.data_ptr(), seg.rows.data_ptr(),
+                              seg.indptr.data_ptr(), seg.slots.data_ptr(), seg.ranks.data_ptr(), len(seg.host_slots),
+                              a.shape[0], x.shape[0], torch.get_num_threads())
+    if rc != 0:
+        raise ValueError("LoRA segments name a row, slot or rank outside the tensors")
+    return y
