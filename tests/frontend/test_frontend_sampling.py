@@ -20,8 +20,8 @@ def test_gen_keywords_are_the_sampling_fields_plus_the_frontend_options():
     keywords = set(inspect.signature(sgl.gen).parameters) - {"name", "choices_method", "tools", "tool_choice",
                                                              "parallel_tool_calls"}
     as_fields = {GEN_ALIASES.get(k, k) for k in keywords}
-    assert as_fields == FIELDS | set(GenParams.OPTIONS)
-    assert set(GenParams.OPTIONS) == set(LogprobOptions.field_names()) | {"dtype"}
+    assert as_fields == FIELDS | set(GenParams.OPTIONS) - {"lora_path"}  # a program's adapter: run(lora_path=...)
+    assert set(GenParams.OPTIONS) == set(LogprobOptions.field_names()) | {"dtype", "lora_path"}
     assert set(GEN_ALIASES.values()) <= FIELDS
 
 
@@ -38,7 +38,7 @@ def test_typed_gens_take_gens_keywords_without_repeating_them():
 
 
 def test_run_keywords_and_wire_keys_are_checked_against_the_fields():
-    assert PROGRAM_SAMPLING_KEYS == FIELDS | set(LogprobOptions.field_names())
+    assert PROGRAM_SAMPLING_KEYS == FIELDS | set(LogprobOptions.field_names()) | {"lora_path"}
     assert set(SGLANG_FRONTEND_KEYS) <= FIELDS
     wire = wire_sampling_params(SamplingParams())
     assert set(wire) == set(SGLANG_FRONTEND_KEYS)  # an SGLang server sees its frontend's usual body
