@@ -15,6 +15,7 @@ from PIL import Image, ImageDraw
 
 import sglpy as sgl
 
+AMOUNT = r"^\d{1,4}\.\d{2}$"  # amounts as printed (bounded, so even a random model's answer ends)
 RECEIPT_SCHEMA = {
     "type": "object",
     "properties": {
@@ -22,9 +23,9 @@ RECEIPT_SCHEMA = {
         "date": {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$"},
         "items": {"type": "array", "maxItems": 4, "items": {
             "type": "object",
-            "properties": {"name": {"type": "string", "maxLength": 16}, "price": {"type": "number"}},
+            "properties": {"name": {"type": "string", "maxLength": 16}, "price": {"type": "string", "pattern": AMOUNT}},
             "required": ["name", "price"], "additionalProperties": False}},
-        "total": {"type": "number"},
+        "total": {"type": "string", "pattern": AMOUNT},
     },
     "required": ["store", "date", "items", "total"],
     "additionalProperties": False,
@@ -52,7 +53,7 @@ def draw_receipt() -> Image.Image:
 @sgl.function
 def read_receipt(s, receipt):
     s += sgl.user(sgl.image(receipt) + "Extract the store, date, items and total of this receipt as JSON.")
-    s += sgl.assistant(sgl.gen("receipt", json_schema=RECEIPT_SCHEMA, max_tokens=160, temperature=0))
+    s += sgl.assistant(sgl.gen("receipt", json_schema=RECEIPT_SCHEMA, max_tokens=320, temperature=0))
 
 
 def backend_from_args():

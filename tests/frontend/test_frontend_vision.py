@@ -81,3 +81,18 @@ def test_text_only_backends_refuse_sgl_image_by_name():
         prog.run(backend=FakeBackend(responses=["x"]))["a"]
     with pytest.raises(TypeError, match="sgl.image takes"):
         sgl.image(12)
+
+
+def test_receipt_example_gives_schema_valid_json(backend):
+    import pathlib
+    import re
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
+    try:
+        import receipt_extraction
+    finally:
+        sys.path.pop(0)
+    obj = receipt_extraction.main(backend)
+    assert set(obj) == {"store", "date", "items", "total"}
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", obj["date"]) and re.fullmatch(r"\d{1,4}\.\d{2}", obj["total"])

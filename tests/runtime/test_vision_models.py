@@ -155,3 +155,11 @@ def test_llava_with_a_siglip_tower_equals_transformers(tmp_path):
     finally:
         eng.shutdown()
     assert got["output_ids"] == ref and got["meta_info"]["prompt_tokens"] == n_prompt
+
+
+def test_streaming_with_an_image_ends_with_the_whole_answer(family):
+    name, path, ph, eng = family
+    sp = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    whole = eng.generate(f"{ph} Tell me.", sp, image_data=IMAGES[1])
+    chunks = list(eng.generate(f"{ph} Tell me.", sp, image_data=IMAGES[1], stream=True))
+    assert chunks[-1]["text"] == whole["text"] and chunks[-1]["output_ids"] == whole["output_ids"]
