@@ -34,7 +34,8 @@ FAMILIES = {
     "Qwen3MoeForCausalLM": Family("qwen3_moe", qk_norm=True, moe=True, window_all_layers=True),
 }
 # vision-language models (runtime/model/vlm.py): their decoder is one of the above; what they refuse, and why
-VISION_ARCHITECTURES = ("LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration")
+VISION_ARCHITECTURES = ("LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration",
+                        "Qwen2_5_VLForConditionalGeneration")
 VISION_UNSUPPORTED = {"tp": "the vision encoder runs whole on rank 0's device (no sharded encoder yet)"}
 SUPPORTED_ARCHITECTURES = LLAMA_ARCHITECTURES + tuple(FAMILIES) + VISION_ARCHITECTURES
 

@@ -20,6 +20,7 @@ from .mrope import MRopePositions, mrope_positions
 PLACEHOLDERS = {
     "LlavaForConditionalGeneration": "<image>",
     "Qwen2VLForConditionalGeneration": "<|vision_start|><|image_pad|><|vision_end|>",
+    "Qwen2_5_VLForConditionalGeneration": "<|vision_start|><|image_pad|><|vision_end|>",
 }
 
 
@@ -73,7 +74,7 @@ class VisionProcessor:
         self.placeholder = PLACEHOLDERS[self.arch]
         self.image_token_id = int(getattr(config, "image_token_id", None) if getattr(config, "image_token_id", None)
                                   is not None else config.image_token_index)
-        self.qwen = self.arch == "Qwen2VLForConditionalGeneration"
+        self.qwen = self.arch in ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
         self.merge = config.vision_config.spatial_merge_size if self.qwen else 1
         self.tokens_per_image = tokens_per_image
         # the PIL backend: no torchvision needed, and it is the reference transformers tests its fast path against

@@ -10,15 +10,14 @@ import torch
 from torch import nn
 
 from .decoder import FamilyForCausalLM, FamilyModel
-from .families import Family
+from .families import VISION_ARCHITECTURES, Family
 from .forward_batch import ForwardBatch
 from .llama import LlamaForCausalLM
 from .mrope import mrope_rows, mrope_sections
 from .rope import RopeRows, gather_rows
-from .vision_qwen2 import Qwen2VisionEncoder
+from .vision_qwen2 import Qwen25VisionEncoder, Qwen2VisionEncoder
 from .vision_vit import LlavaEncoder
 
-VISION_ARCHITECTURES = ("LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration")
 
 
 def is_vision_config(config) -> bool:
@@ -72,14 +71,16 @@ class LlavaForConditionalGeneration(VisionEmbedding, LlamaForCausalLM):
 
 
 class Qwen2VLForConditionalGeneration(VisionEmbedding, FamilyForCausalLM):
-    """Qwen2-VL: dynamic-resolution vision encoder before a Qwen2 decoder rotated by multimodal positions."""
+    """Qwen2-VL and Qwen2.5-VL: dynamic-resolution vision encoder before a Qwen2 decoder rotated by multimodal
+    positions."""
 
     mrope = True
     tokens_per_image = None  # dynamic: from each image's grid
 
     def __init__(self, config, shard=None):
         super().__init__(text_config_of(config), shard)
-        self.vision = Qwen2VisionEncoder(config.vision_config)
+        v25 = config.architectures[0] == "Qwen2_5_VLForConditionalGeneration"  # windowed encoder, same decoder
+        self.vision = (Qwen25VisionEncoder if v25 else Qwen2VisionEncoder)(config.vision_config)
         params = getattr(self.config, "rope_parameters", None) or getattr(self.config, "rope_scaling", None) or {}
         self.mrope_section = list(params.get("mrope_section", [16, 24, 24]))
         mrope_sections(self.mrope_section, self.head_dim // 2)  # checked here; built on the device by init_rope
@@ -112,7 +113,8 @@ class Qwen2VLForConditionalGeneration(VisionEmbedding, FamilyForCausalLM):
 def build_vlm(config, shard=None) -> LlamaForCausalLM:
     """Our model for a vision-language config (tensor parallelism is refused by the loader)."""
     cls = {"LlavaForConditionalGeneration": LlavaForConditionalGeneration,
-           "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration}[config.architectures[0]]
+           "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
+           "Qwen2_5_VLForConditionalGeneration": Qwen2VLForConditionalGeneration}[config.architectures[0]]
     return cls(config, shard)
 
 

@@ -82,11 +82,12 @@ def make_tiny_llava(path: str | os.PathLike, seed: int = 0, tower: str = "clip",
     return _write(LlavaForConditionalGeneration(config).float(), path, proc, 0.08)
 
 
-def make_tiny_qwen2_vl(path: str | os.PathLike, seed: int = 0) -> str:
+def make_tiny_qwen2_vl(path: str | os.PathLike, seed: int = 0, v25: bool = False) -> str:
     """A Qwen2-VL folder: 14-pixel patches merged 2x2, M-RoPE sections (2, 3, 3) of a 16-wide head; images resized
-    to between 4 and 64 merged tokens."""
+    to between 4 and 64 merged tokens. v25: Qwen2.5-VL (windows of 2x2 merged tokens, full attention in block 1)."""
     import torch
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig,
+                              Qwen2VLForConditionalGeneration)
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     path = pathlib.Path(path)
@@ -94,14 +95,19 @@ def make_tiny_qwen2_vl(path: str | os.PathLike, seed: int = 0) -> str:
         return str(path)
     ids = {t: VOCAB - 8 + i for i, t in enumerate(IMAGE_TOKENS)}
     text = {**TEXT, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
-    config = Qwen2VLConfig(text_config=text, vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2,
-                                                                mlp_ratio=2, patch_size=14, spatial_merge_size=2,
-                                                                temporal_patch_size=2),
+    vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2)
+    if v25:
+        vision = dict(depth=3, hidden_size=32, out_hidden_size=64, intermediate_size=48, num_heads=2, patch_size=14,
+                      spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1])
+    cfg_cls, model_cls = (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration) if v25 else \
+        (Qwen2VLConfig, Qwen2VLForConditionalGeneration)
+    config = cfg_cls(text_config=text, vision_config=vision,
                            image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
                            vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
                            tie_word_embeddings=False)
-    config.architectures = ["Qwen2VLForConditionalGeneration"]
+    config.architectures = [model_cls.__name__]
     proc = Qwen2VLImageProcessorPil(size={"shortest_edge": 4 * 28 * 28, "longest_edge": 64 * 28 * 28},
                                     patch_size=14, merge_size=2, temporal_patch_size=2)
     torch.manual_seed(seed)
-    return _write(Qwen2VLForConditionalGeneration(config).float(), path, proc, 0.08)
+    return _write(model_cls(config).float(), path, proc, 0.08)

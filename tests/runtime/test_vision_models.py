@@ -38,9 +38,10 @@ def family(request, tmp_path_factory):
 def hf_reference(name: str, path: str, prompt: str, images: list, n: int):
     """transformers' greedy ids and first-step log-probabilities for the prompt with its placeholders expanded."""
     from transformers import (AutoImageProcessor, AutoTokenizer, LlavaForConditionalGeneration,
-                              Qwen2VLForConditionalGeneration)
+                              Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration)
 
-    cls = LlavaForConditionalGeneration if name == "llava" else Qwen2VLForConditionalGeneration
+    cls = {"llava": LlavaForConditionalGeneration, "qwen2_vl": Qwen2VLForConditionalGeneration,
+           "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration}[name]
     model = cls.from_pretrained(path, dtype=torch.float32).eval()
     pv = AutoImageProcessor.from_pretrained(path, backend="pil")(images=images, return_tensors="pt")
     tid = model.config.image_token_id
@@ -163,3 +164,22 @@ def test_streaming_with_an_image_ends_with_the_whole_answer(family):
     whole = eng.generate(f"{ph} Tell me.", sp, image_data=IMAGES[1])
     chunks = list(eng.generate(f"{ph} Tell me.", sp, image_data=IMAGES[1], stream=True))
     assert chunks[-1]["text"] == whole["text"] and chunks[-1]["output_ids"] == whole["output_ids"]
+
+
+def test_qwen2_5_vl_windowed_encoder_equals_transformers(tmp_path):
+    """Qwen2.5-VL: windows of 2x2 merged tokens (several per image), full attention in one block, RMSNorm, SwiGLU."""
+    from sglpy.runtime.engine import Engine
+
+    path = make_tiny_qwen2_vl(tmp_path / "qwen25", v25=True)
+    eng = Engine(path, quantization="none", max_total_tokens=2048)
+    try:
+        for k in (1, 2):
+            prompt = "See " + " and ".join([QWEN_PH] * k) + " now?"
+            ref, logprobs, n_prompt = hf_reference("qwen2_5_vl", path, prompt, IMAGES[:k], N)
+            got = eng.generate(prompt, {"max_new_tokens": N, "temperature": 0, "ignore_eos": True},
+                               image_data=IMAGES[:k], return_logprob=True, top_logprobs_num=3)
+            assert got["output_ids"] == ref and got["meta_info"]["prompt_tokens"] == n_prompt
+            for lp, tok, _ in got["meta_info"]["output_top_logprobs"][0]:
+                assert abs(lp - float(logprobs[tok])) < 1e-4
+    finally:
+        eng.shutdown()
