@@ -183,3 +183,13 @@ def test_qwen2_5_vl_windowed_encoder_equals_transformers(tmp_path):
                 assert abs(lp - float(logprobs[tok])) < 1e-4
     finally:
         eng.shutdown()
+
+
+def test_eight_requests_over_one_image_run_the_encoder_once(family):
+    name, path, ph, eng = family
+    eng.flush_cache()
+    before = eng.get_server_info()["vision"]["images_encoded"]
+    img = picture(11, 50, 50)
+    outs = eng.generate([f"{ph} Question {i}?" for i in range(8)], [{"max_new_tokens": 2}] * 8, image_data=[img] * 8)
+    assert len(outs) == 8
+    assert eng.get_server_info()["vision"]["images_encoded"] == before + 1
