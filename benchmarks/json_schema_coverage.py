@@ -251,11 +251,12 @@ def run_bench(folder: str, per_split: int, engines: list[str], walks: int, max_s
 
     from sglpy.grammar import TokenizerInfo
     from sglpy.grammar.json.vocab import detect_draft
+    from sglpy.kernels.trie_walk import native_trie_walker
     from sglpy.runtime.model.loader import resolve_model_path
     from benchmarks.grammar_peers import ENGINES, load_bench, walk
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path(None))
-    info = TokenizerInfo.from_hf(tok)
+    info = TokenizerInfo.from_hf(tok, walker=native_trie_walker())  # masks as the engine computes them (native)
     built = {name: ENGINES[name](tok, info) for name in engines}
     records = []
     for i, (split, name, schema) in enumerate(load_bench(folder, per_split)):
@@ -330,10 +331,11 @@ def _real_tokenizer_info():
     from transformers import AutoTokenizer
 
     from sglpy.grammar import TokenizerInfo
+    from sglpy.kernels.trie_walk import native_trie_walker
     from sglpy.runtime.model.loader import resolve_model_path
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path(None))  # the default model's tokenizer
-    return TokenizerInfo.from_hf(tok)
+    return TokenizerInfo.from_hf(tok, walker=native_trie_walker())  # masks as the engine computes them (native)
 
 
 def main() -> None:
