@@ -57,6 +57,7 @@ SIGNATURES = {
     "sglpy_gemv_int8": (_I64, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I32]),
     "sglpy_gemv_int4": (_I64, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I32]),
     "sglpy_gemv_f32": (_I64, [_P, _I64, _I64, _P, _P, _P, _I64, _I32]),
+    "sglpy_dequant_rows": (_I64, [_I32, _P, _P, _I64, _I64, _I64, _P, _I32, _I32]),
     "sglpy_gemv_int8_activations": (_I32, []),
     "sglpy_gemv_int8_weight_act_max": (_I32, []),
     "sglpy_moe_experts": (_I64, [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _I32, _P, _P, _P, _P, _P, _I32]),

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from ._checks import FLOAT_DTYPES, check_dim, check_tensor
 from .cpu_native import native_lib
 from .quant_linear_cpu import (NATIVE_MAX_ROWS, int4_from_native, int4_to_native, native_layout_fits,
-                               quant_linear_cpu)
+                               quant_linear_cpu, tiled_linear_cpu)
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's packed int4 CPU kernel accepts
 # Above this many rows a dense copy of the dequantized weights (when one was kept) runs as a plain GEMM: the packed
@@ -23,6 +23,7 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's packed int4 CPU kernel acc
 # 0.60 vs 0.50, M=64 1.5 vs 0.92, M=512 14.9 vs 6.2; packed int4 vs bf16 dense (AMX): M=8 0.19 vs 0.13, M=16
 # 0.38 vs 0.17, M=64 1.47 vs 0.27, M=512 12.0 vs 0.96 (float32 is the copy on CPUs without native bf16).
 PACKED_MAX_ROWS = {torch.float32: 16, torch.bfloat16: 8}
+PACK_ROWS = 4096  # output rows quantized per slice (a multiple of the native int4 scale tile, 8)
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,15 @@ class PackedLinear:
     dense: torch.Tensor | None = None  # float32 or bf16 [N, K]: the same dequantized weights, for many-row calls
     bias: torch.Tensor | None = None  # float32 [N]
     native: bool = False  # qweight/scales in the native CPU kernels' layout
+    # native layout without a dense copy: many-row calls dequantize tiles of W in this dtype (float32 or bf16) into
+    # one reused buffer and run a GEMM on each (tiled_linear_cpu); None: the packed kernels for every row count
+    tiles: torch.dtype | None = None
 
     def __post_init__(self):
         if self.kind not in ("int8", "int4"):
             raise ValueError(f"kind must be 'int8' or 'int4', got {self.kind!r}")
+        if self.tiles not in (None, torch.float32, torch.bfloat16) or (self.tiles is not None and not self.native):
+            raise ValueError(f"tiles must be None, or float32/bfloat16 with the native layout, got {self.tiles}")
 
     @property
     def nbytes(self) -> int:
@@ -95,10 +101,12 @@ def dequantize_int4(codes: torch.Tensor, scales_and_zeros: torch.Tensor, group_s
 
 
 def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None, kind: str, group_size: int = 32,
-                dense: torch.dtype | None = None, native: bool | None = None) -> PackedLinear:
+                dense: torch.dtype | None = None, native: bool | None = None,
+                tiles: torch.dtype | None = None) -> PackedLinear:
     """Quantize an fp32 [N, K] weight into a kernel layout; `dense` (float32 or bfloat16) also keeps a copy of the
     dequantized weights in that dtype for many-row calls. native: the native kernels' layout (None = when the native
-    library is built and can hold this shape), else torch's packed layout."""
+    library is built and can hold this shape), else torch's packed layout. tiles (native layout only, ignored
+    otherwise): many-row calls dequantize tiles in that dtype per call instead of keeping a copy."""
     if dense not in (None, torch.float32, torch.bfloat16):
         raise ValueError(f"dense must be None, torch.float32 or torch.bfloat16, got {dense}")
     if kind not in ("int8", "int4"):
@@ -109,9 +117,15 @@ def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None, kind: str, grou
         native = native_lib() is not None and native_layout_fits(kind, n, k, group_size)
     elif native and not native_layout_fits(kind, n, k, group_size):
         raise ValueError(f"the native layout cannot hold {kind} [{n}, {k}] with group_size {group_size}")
+    if native and dense is None and n > PACK_ROWS:  # a large weight (an lm_head) in slices: bounded temporaries
+        parts = [pack_linear(weight[i:i + PACK_ROWS], None, kind, group_size, None, True, tiles)
+                 for i in range(0, n, PACK_ROWS)]
+        b = None if bias is None else bias.detach().to(torch.float32).contiguous()
+        return PackedLinear(kind, n, k, torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]),
+                            parts[0].group_size, None, b, True, parts[0].tiles)
     if kind == "int8":
         q, scales = quantize_int8(weight)
-        deq = dequantize_int8(q, scales)
+        deq = dequantize_int8(q, scales) if dense is not None else None
         packed, group_size = q.contiguous(), k
         if native:
             scales = scales.to(torch.float32)  # exact: the kernel multiplies by a float32
@@ -119,14 +133,15 @@ def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None, kind: str, grou
         if n % 16 and not native:  # torch's packed CPU layout interleaves 16 output rows
             raise ValueError(f"int4 needs out_features divisible by 16, got {n}")
         codes, scales = quantize_int4(weight, group_size)
-        deq = dequantize_int4(codes, scales, group_size)
+        deq = dequantize_int4(codes, scales, group_size) if dense is not None else None
         if native:
             packed, scales = int4_to_native(codes, scales)
         else:
             packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
     return PackedLinear(kind, n, k, packed, scales, group_size,
-                        deq.to(dense).contiguous() if dense is not None else None, b, native)
+                        deq.to(dense).contiguous() if dense is not None else None, b, native,
+                        tiles if native and dense is None else None)
 
 
 def dequantize(p: PackedLinear) -> torch.Tensor:
@@ -172,6 +187,9 @@ def quant_linear_unchecked(x: torch.Tensor, p: PackedLinear) -> torch.Tensor:
         lib = native_lib()
         if lib is None:  # the library was disabled after packing (SGLPY_DISABLE_CPU_KERNELS): correct, not fast
             return quant_linear_reference(x, p)
+        if p.tiles is not None and rows > NATIVE_MAX_ROWS:
+            y = tiled_linear_cpu(lib, x, p.kind, p.qweight, p.scales, p.bias, p.out_features, p.tiles)
+            return y if x.dtype == torch.float32 else y.to(x.dtype)
         y = quant_linear_cpu(lib, x, p.kind, p.qweight, p.scales, p.bias, p.out_features)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
     xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)  # (a no-op .to still costs ~1 us)

@@ -98,3 +98,42 @@ def native_error_bound(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, 
         d = (pad.amax(-1) / qmax).repeat_interleave(32, 1)[:, :k]  # [M, K]
         tol = tol + (d / 2) @ weight.abs().t() * 1.0001
     return tol
+
+
+# Output rows dequantized per GEMM of the many-row path: a bf16 tile of 256 x 2048 is 1 MiB (stays in L2 while the
+# GEMM reads it); fewer, larger tiles only add Python calls' worth of savings (~20 us each).
+TILE_BYTES = 1 << 20
+
+
+def dequantize_rows_cpu(lib: ctypes.CDLL, kind: str, qweight: torch.Tensor, scales: torch.Tensor, n0: int, n1: int,
+                        dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows n0 .. n1 - 1 of a natively packed weight as float32 or bf16 [n1 - n0, K] (csrc/dequant.cpp)."""
+    k = qweight.shape[1] if kind == "int8" else qweight.shape[1] * NATIVE_GROUP
+    if out is None:
+        out = torch.empty((n1 - n0, k), dtype=dtype)
+    code = {torch.float32: 0, torch.bfloat16: 1}[dtype]
+    rc = lib.sglpy_dequant_rows(0 if kind == "int8" else 1, qweight.data_ptr(), scales.data_ptr(), k, n0, n1,
+                                out.data_ptr(), code, torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"sglpy_dequant_rows refused {kind} rows {n0}..{n1} of K={k} as {dtype}")
+    return out
+
+
+def tiled_linear_cpu(lib: ctypes.CDLL, x: torch.Tensor, kind: str, qweight: torch.Tensor, scales: torch.Tensor,
+                     bias: torch.Tensor | None, out_features: int, dtype: torch.dtype) -> torch.Tensor:
+    """x @ W^T (+ bias) for many rows without a dense copy of W: each tile of output rows is dequantized into one
+    reused buffer (`dtype`: bf16 where the CPU multiplies it natively) and multiplied by torch's GEMM.
+    x [M, K] float -> [M, N] float32."""
+    # x: [M, K] -> yT: [N, M] (a tile's rows land contiguous), returned transposed as [M, N]
+    m, k = x.shape
+    xt = x.to(dtype).t()  # [K, M]
+    yt = torch.empty((out_features, m), dtype=dtype)
+    rows = max(SCALE_TILE, TILE_BYTES // (k * (4 if dtype == torch.float32 else 2)) // SCALE_TILE * SCALE_TILE)
+    buf = torch.empty((min(rows, out_features), k), dtype=dtype)
+    for n0 in range(0, out_features, rows):
+        n1 = min(out_features, n0 + rows)
+        w = dequantize_rows_cpu(lib, kind, qweight, scales, n0, n1, dtype, buf[: n1 - n0])
+        torch.mm(w, xt, out=yt[n0:n1])
+    y = torch.empty((m, out_features), dtype=torch.float32)
+    y.copy_(yt.t())
+    return y if bias is None else y.add_(bias)

@@ -11,10 +11,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 # weight-only, quantized at load (runtime/model/quantization.py); auto = on CPU int4 for weights already on a 4-bit
 # grid, else int8 (both pass benchmarks/quality_gate.py and are faster), none elsewhere (see resolve_quantization)
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
-KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16")  # auto = the model dtype
+# auto = bf16 for a quantized model on CPU (native attention kernels), else the model dtype (memory/kv_pool.py)
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "bf16", "float16", "fp16")
 JUMP_MIN_TOKENS_GRAPHS = 8  # auto jump_forward_min_tokens under CUDA graphs (benchmarks/json_decode.py --jump-min-tokens)
 SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")  # SGLang's names; EAGLE/MTP need trained heads we do not have
-CPU_MAX_TOTAL_TOKENS = 65536  # KV pool size on CPU when max_total_tokens is not given
+CPU_MAX_TOTAL_TOKENS = 65536  # the most KV pool tokens on CPU when max_total_tokens is not given (memory/sizing.py)
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,8 @@ class EngineConfig:
     model: str | None = None  # HF folder or .gguf; None = embedded default model
     dtype: str = "float32"  # float32 on CPU: measured far faster than bf16 on this class of CPU
     device: str = "auto"  # auto = cuda when available, else cpu
-    max_total_tokens: int | None = None  # KV pool size in tokens; None: 65536 on CPU, from free memory on CUDA
-    mem_fraction_static: float = 0.85  # CUDA: share of total GPU memory for weights + KV pool (SGLang's name)
+    max_total_tokens: int | None = None  # KV pool size in tokens; None: from free memory (at most 65536 on CPU)
+    mem_fraction_static: float = 0.85  # share of total device (CPU: machine) memory for weights + KV pool (SGLang's)
     max_running_requests: int = 128
     max_prefill_tokens: int = 4096  # token budget of one prefill step
     chunked_prefill_size: int = 1024  # a longer uncached prompt is prefilled in chunks of this size
@@ -41,7 +42,7 @@ class EngineConfig:
     seed: int = 0
     debug_invariants: bool = False  # check KV accounting after every step (tests)
     quantization: str = "auto"  # weight-only quantization at load: auto (= none for now), none, int8, int4
-    kv_cache_dtype: str = "auto"  # KV pool storage; 16-bit storage is converted to float32 while reading
+    kv_cache_dtype: str = "auto"  # KV pool storage (auto: bf16 for quantized CPU models); converted while reading
     grammar_workers: int = 2  # compile worker processes; 0 = compile on a thread of the engine (holds its GIL)
     grammar_compile_timeout: float = 5.0  # compile budget: CPU seconds (= sglpy.grammar.budget.COMPILE_TIME_S)
     grammar_max_states: int = 20_000  # largest automaton one constraint (or EBNF terminal) may compile to

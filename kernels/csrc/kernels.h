@@ -38,6 +38,8 @@ int64_t sglpy_rotary_store(float* qkv, int64_t M, int64_t row_stride, int64_t H,
                            void* v_cache, int32_t kv_dtype, int64_t num_slots, int64_t kv_row, const int64_t* loc,
                            int32_t nthreads);
 int64_t sglpy_silu_mul(const float* gate_up, int64_t M, int64_t I, float* out, int32_t nthreads);
+int64_t sglpy_dequant_rows(int32_t kind, const void* q, const void* scales, int64_t K, int64_t n0, int64_t n1,
+                           void* out, int32_t out_dtype, int32_t nthreads);
 int32_t sglpy_gemv_int8_activations();
 int32_t sglpy_gemv_int8_weight_act_max();
 }

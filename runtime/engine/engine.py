@@ -23,9 +23,9 @@ import torch
 from ..config import CPU_MAX_TOTAL_TOKENS, EngineConfig
 from ..core import EngineProgress, OutputSink, Req
 from ..memory.kv_manager import KVManager
-from ..memory.kv_pool import KVPool, ReqToTokenPool, kv_cache_torch_dtype
+from ..memory.kv_pool import KVPool, ReqToTokenPool
 from ..memory.radix_cache import RadixCache
-from ..memory.sizing import MemoryPlan, kv_bytes_per_token, plan_cuda_kv_pool
+from ..memory.sizing import CPU_MIN_TOTAL_TOKENS, MemoryPlan, kv_bytes_per_token, plan_cpu_kv_pool, plan_cuda_kv_pool
 from ..messages import AbortReq, EngineInfo, FlushCacheReq, GenerateReq, GenerateReqInput, GetServerInfoReq, ShutdownReq
 from ..model.image_processor import VisionProcessor, attach_images
 from ..model.loader import resolve_model_path
@@ -114,7 +114,7 @@ class Engine(OfflineAPI):
     def _build_around(self, cfg: EngineConfig, r: ModelRunner) -> None:
         """KV memory, scheduler, constrained decoding and the output processor around a loaded runner."""
         self.max_context = r.max_context
-        kv_dtype = kv_cache_torch_dtype(cfg.kv_cache_dtype, r.dtype)
+        kv_dtype = r.kv_dtype(cfg.kv_cache_dtype)
         self.memory_plan, total = self._pool_size(kv_bytes_per_token(r.num_layers, r.num_kv_heads, r.head_dim,
                                                                      torch.empty((), dtype=kv_dtype).element_size()))
         self.kv = KVManager(KVPool(r.num_layers, total, r.num_kv_heads, r.head_dim, kv_dtype, r.device),
@@ -174,11 +174,14 @@ class Engine(OfflineAPI):
         cfg = self.config
         if cfg.max_total_tokens is not None:
             return None, cfg.max_total_tokens
-        if self.runner.device.type != "cuda" or cfg.tp_size > 1:
+        if cfg.tp_size > 1:
             # every rank sizes its pool alike: under tensor parallelism the pool is not planned from one rank's
             # free memory (pass --max-total-tokens on CUDA)
             return None, CPU_MAX_TOTAL_TOKENS
-        plan = plan_cuda_kv_pool(self.runner.device, cfg.mem_fraction_static, per_token)
+        if self.runner.device.type == "cpu":
+            plan = plan_cpu_kv_pool(cfg.mem_fraction_static, per_token, CPU_MAX_TOTAL_TOKENS)
+        else:
+            plan = plan_cuda_kv_pool(self.runner.device, cfg.mem_fraction_static, per_token)
         print(f"sglpy: {plan.describe()}", file=sys.stderr, flush=True)
         return plan, plan.max_total_tokens
 

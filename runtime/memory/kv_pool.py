@@ -13,16 +13,29 @@ import torch
 from ..config import KV_CACHE_DTYPES
 from ..device_io import copy_to, to_device
 
-_KV_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+_KV_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+              "float32": torch.float32}
 
 
-def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
-    """Storage dtype of the KV pool (EngineConfig.kv_cache_dtype): the model dtype for 'auto', else 16-bit."""
+def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype, compact: bool = False) -> torch.dtype:
+    """Storage dtype of the KV pool (EngineConfig.kv_cache_dtype). 'auto': bf16 when `compact` (a quantized model
+    on CPU whose native attention kernels read bf16 K/V: half the bytes per token, within the quality gate), else
+    the model dtype (float32 mode keeps HF-equal outputs)."""
     if kv_cache_dtype == "auto":
-        return model_dtype
+        return torch.bfloat16 if compact and model_dtype == torch.float32 else model_dtype
     if kv_cache_dtype not in _KV_DTYPES:
         raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
     return _KV_DTYPES[kv_cache_dtype]
+
+
+def cpu_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor on CPU whose pages are committed only when written (calloc): a pool sized for the machine
+    costs resident memory as requests fill it, not at start."""
+    n = 1
+    for d in shape:
+        n *= d
+    return torch.from_numpy(np.zeros(n * torch.empty((), dtype=dtype).element_size(), dtype=np.uint8)) \
+        .view(dtype).view(shape)
 
 
 @dataclass(frozen=True)
@@ -50,8 +63,12 @@ class KVPool:
         # one slot past the pool is never handed out: padded decode rows (CUDA-graph buckets) write their K/V there
         self.padding_slot = num_slots
         # k_buffer, v_buffer: [layers, slots + 1, kv_heads, head_dim]
-        self.k_buffer = torch.zeros(num_layers, num_slots + 1, kv_heads, head_dim, dtype=dtype, device=device)
-        self.v_buffer = torch.zeros_like(self.k_buffer)
+        shape = (num_layers, num_slots + 1, kv_heads, head_dim)
+        if torch.device(device).type == "cpu":
+            self.k_buffer, self.v_buffer = cpu_zeros(shape, dtype), cpu_zeros(shape, dtype)
+        else:
+            self.k_buffer = torch.zeros(shape, dtype=dtype, device=device)
+            self.v_buffer = torch.zeros_like(self.k_buffer)
         # the Triton decode kernel reads slots through req_to_token at any layout: placement only pays on CPU
         self.contiguous = (torch.device(device).type == "cpu") if contiguous is None else contiguous
         self._all_free()

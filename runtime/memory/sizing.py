@@ -1,10 +1,12 @@
-"""KV pool sizing: max_total_tokens from device memory (mem_fraction_static), a pure function plus its CUDA probe."""
+"""KV pool sizing: max_total_tokens from device memory (mem_fraction_static), a pure function plus its CUDA and CPU
+probes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 GIB = 1 << 30
+CPU_MIN_TOTAL_TOKENS = 4096  # a CPU pool never plans below this: its pages are committed only as requests fill it
 
 
 @dataclass(frozen=True)
@@ -58,3 +60,36 @@ def plan_cuda_kv_pool(device, mem_fraction_static: float, per_token: int) -> Mem
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     return plan_kv_pool(total, free, mem_fraction_static, per_token)
+
+
+def cpu_memory() -> tuple[int, int]:
+    """(total, available) bytes of this machine's memory for the process: /proc/meminfo's MemTotal and MemAvailable,
+    lowered to a cgroup v2 memory.max (and its headroom) when one is set."""
+    info = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            info[key] = int(rest.split()[0]) * 1024
+    total, available = info["MemTotal"], info.get("MemAvailable", info["MemFree"])
+    try:
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        used = int(open("/sys/fs/cgroup/memory.current").read().strip())
+        if limit != "max" and int(limit) < total:
+            total, available = int(limit), min(available, max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return total, available
+
+
+def plan_cpu_kv_pool(mem_fraction_static: float, per_token: int, max_tokens: int) -> MemoryPlan:
+    """plan_kv_pool from the machine's memory (call after the weights are loaded), at most max_tokens. The CPU pool
+    commits pages as it fills (memory/kv_pool.py: cpu_zeros), so an idle pool costs address space, not memory."""
+    total, available = cpu_memory()
+    reserved = int(total * (1 - mem_fraction_static))
+    floor = min(max_tokens, CPU_MIN_TOTAL_TOKENS)
+    if (available - reserved) // per_token < floor:  # a busy machine: start small rather than refuse
+        return MemoryPlan(total, available, reserved, per_token, floor)
+    plan = plan_kv_pool(total, available, mem_fraction_static, per_token)
+    if plan.max_total_tokens > max_tokens:
+        plan = MemoryPlan(plan.total_bytes, plan.free_bytes, plan.reserved_bytes, per_token, max_tokens)
+    return plan

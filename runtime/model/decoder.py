@@ -134,11 +134,9 @@ class FamilyForCausalLM(LlamaForCausalLM):
         self.rope_tables = {}
         return FamilyModel(config, self.family, shard)
 
-    def fuse_projections(self) -> None:
-        """Fuse projections, stack experts, and fold Gemma's (1 + w) into the norm weights (once, after loading)."""
-        for layer in self.model.layers:
-            layer.self_attn.fuse()
-            layer.mlp.fuse()
+    def finish_fusing(self) -> None:
+        """Fold Gemma's (1 + w) into the norm weights (once, after every layer's projections and experts are
+        fused by fuse_layer)."""
         if self.family.gemma_norms:
             with torch.no_grad():
                 for name, mod in self.model.named_modules():

@@ -83,11 +83,11 @@ def _metadata(reader) -> dict:
     return {k: f.contents() for k, f in reader.fields.items() if k not in big}
 
 
-def gguf_hf_architecture(path: str | pathlib.Path) -> str | None:
+def gguf_hf_architecture(path: str | pathlib.Path, reader=None) -> str | None:
     """The HF architecture this module converts the file to, or None (the file goes to transformers' reader)."""
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
+    reader = reader or gguf.GGUFReader(str(path))
     arch = reader.fields["general.architecture"].contents()
     if arch == "llama" and f"{arch}.expert_count" in reader.fields and reader.fields[f"{arch}.expert_count"].contents():
         return "MixtralForCausalLM"
@@ -179,50 +179,59 @@ def _torch(w):
     import numpy as np
     import torch
 
+    if isinstance(w, np.ndarray) and w.flags.writeable and not isinstance(w, np.memmap):
+        return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))  # our own array: no second copy
     return torch.from_numpy(np.array(w, dtype=np.float32))  # a copy: the reader's arrays are read-only maps
 
 
 def _hf_state(arch: str, hf_arch: str, tensors: dict, config) -> dict:
     """HF checkpoint tensors (torch, float32) from the file's dequantized arrays."""
+    out = {}
+    for name, w in tensors.items():
+        out.update(hf_tensors(arch, hf_arch, name, w, config))
+    return out
+
+
+def hf_tensors(arch: str, hf_arch: str | None, name: str, w, config: dict):
+    """(HF name, float32 torch tensor) pairs for one GGUF tensor `name` (dequantized array `w`): one pair, one per
+    expert of a stacked expert tensor, or none (rope factors, read into the config). hf_arch None: a Llama-family
+    file (llama, mistral, qwen2), whose `llama` q/k rows llama.cpp permuted (undone here, as transformers does)."""
     names = dict(_LAYER_NAMES)
     if arch in ("gemma2", "gemma3"):
         names.update(_GEMMA_NAMES)
     if arch == "phi3":
         names.update(_PHI3_NAMES)
     moe_key = "mixtral" if hf_arch == "MixtralForCausalLM" else arch
-    out = {}
-    for name, w in tensors.items():
-        if name.startswith("rope_factors_"):
-            continue  # read into the config (LongRoPE)
-        if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
-            w = w - 1.0  # llama.cpp stores Gemma's (1 + w) norm scales with the 1 added
-        m = re.fullmatch(r"blk\.(\d+)\.(\w+?)(?:\.(\d+))?\.weight", name)
-        if m is None:
-            if name not in _TOP_NAMES:
-                raise ValueError(f"GGUF tensor {name!r} has no HF counterpart for {hf_arch}")
-            out[_TOP_NAMES[name]] = _torch(w)
-            continue
-        layer, short, expert = m.group(1), m.group(2), m.group(3)
-        prefix = f"model.layers.{layer}."
-        em = re.fullmatch(r"ffn_(gate|up|down)_exps", short) or (
-            re.fullmatch(r"ffn_(gate|up|down)", short) if expert is not None else None)
-        if moe_key in _MOE_NAMES and (em or short == "ffn_gate_inp"):
-            block, proj = _MOE_NAMES[moe_key]
-            if short == "ffn_gate_inp":
-                out[prefix + block + ".gate.weight"] = _torch(w)
-                continue
-            stacked = w[None] if expert is not None else w  # older Mixtral files: one tensor per expert
-            first = int(expert or 0)
-            for e in range(stacked.shape[0]):
-                key = f"{prefix}{block}.experts.{first + e}.{proj[em.group(1)]}.weight"
-                out[key] = _torch(stacked[e])
-            continue
-        if short not in names:
-            raise ValueError(f"GGUF tensor {name!r} has no HF counterpart for {hf_arch}")
-        if hf_arch == "MixtralForCausalLM" and short in ("attn_q", "attn_k"):
-            w = _unpermute(w, config["num_attention_heads"] if short == "attn_q" else config["num_key_value_heads"])
-        out[prefix + names[short] + ".weight"] = _torch(w)
-    return out
+    if name.startswith(("rope_factors_", "rope_freqs")):
+        return  # LongRoPE factors are read into the config; llama3's rope_freqs restate its rope_scaling
+    if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
+        w = w - 1.0  # llama.cpp stores Gemma's (1 + w) norm scales with the 1 added
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+?)(?:\.(\d+))?\.(weight|bias)", name)
+    if m is None:
+        if name not in _TOP_NAMES:
+            raise ValueError(f"GGUF tensor {name!r} has no HF counterpart for {hf_arch or arch}")
+        yield _TOP_NAMES[name], _torch(w)
+        return
+    layer, short, expert, kind = m.group(1), m.group(2), m.group(3), m.group(4)
+    prefix = f"model.layers.{layer}."
+    em = re.fullmatch(r"ffn_(gate|up|down)_exps", short) or (
+        re.fullmatch(r"ffn_(gate|up|down)", short) if expert is not None else None)
+    if moe_key in _MOE_NAMES and (em or short == "ffn_gate_inp"):
+        block, proj = _MOE_NAMES[moe_key]
+        if short == "ffn_gate_inp":
+            yield prefix + block + ".gate.weight", _torch(w)
+            return
+        stacked = w[None] if expert is not None else w  # older Mixtral files: one tensor per expert
+        first = int(expert or 0)
+        for e in range(stacked.shape[0]):
+            yield f"{prefix}{block}.experts.{first + e}.{proj[em.group(1)]}.weight", _torch(stacked[e])
+        return
+    if short not in names:
+        raise ValueError(f"GGUF tensor {name!r} has no HF counterpart for {hf_arch or arch}")
+    if (hf_arch == "MixtralForCausalLM" or (hf_arch is None and arch == "llama")) and short in ("attn_q", "attn_k"):
+        heads = config["num_attention_heads"]
+        w = _unpermute(w, heads if short == "attn_q" else config.get("num_key_value_heads") or heads)
+    yield prefix + names[short] + "." + kind, _torch(w)
 
 
 def _save_tokenizer(path: pathlib.Path, out_dir: pathlib.Path) -> None:
@@ -236,9 +245,11 @@ def _save_tokenizer(path: pathlib.Path, out_dir: pathlib.Path) -> None:
     tok.save_pretrained(out_dir)
 
 
-def convert_family_gguf(path: str | pathlib.Path, out_dir: str | pathlib.Path) -> pathlib.Path:
-    """Write config.json, model.safetensors and the tokenizer of a family GGUF into out_dir (dequantized)."""
+def convert_family_gguf(path: str | pathlib.Path, out_dir: str | pathlib.Path, weights: bool = True) -> pathlib.Path:
+    """Write config.json, model.safetensors (dequantized; weights=False: none, the loader reads the GGUF itself)
+    and the tokenizer of a family GGUF into out_dir."""
     import gguf
+    import numpy as np
     import transformers
     from safetensors.torch import save_file
 
@@ -249,16 +260,19 @@ def convert_family_gguf(path: str | pathlib.Path, out_dir: str | pathlib.Path) -
     reader = gguf.GGUFReader(str(path))
     meta = _metadata(reader)
     arch = meta["general.architecture"]
-    # dequantize every tensor to float32 numpy in HF's [out, in] order (the reader gives GGUF's reversed dims)
-    tensors = {t.name: gguf.dequantize(t.data, t.tensor_type) for t in reader.tensors}
+    # dequantize every tensor to float32 numpy in HF's [out, in] order (the reader gives GGUF's reversed dims);
+    # without weights only the rope factors are read (the config needs their values, the others' shapes)
+    tensors = {t.name: gguf.dequantize(t.data, t.tensor_type) if weights or t.name.startswith("rope_factors_")
+               else np.broadcast_to(np.float32(0), tuple(int(d) for d in reversed(t.shape))) for t in reader.tensors}
     fields = _config_fields(meta, arch, tensors, hf_arch)
-    state = _hf_state(arch, hf_arch, tensors, fields)
     config = getattr(transformers, _CONFIG_CLASSES[hf_arch])(**fields)
     config.architectures = [hf_arch]
     out_dir.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(out_dir)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / "model.safetensors"),
-              metadata={"format": "pt"})
+    if weights:
+        state = _hf_state(arch, hf_arch, tensors, fields)
+        save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / "model.safetensors"),
+                  metadata={"format": "pt"})
     _save_tokenizer(path, out_dir)
     (out_dir / "sglpy_source.json").write_text(json.dumps({"gguf": str(path), "architecture": hf_arch}))
     return out_dir

@@ -181,8 +181,16 @@ class LlamaForCausalLM(nn.Module):
     def fuse_projections(self) -> None:
         """Fuse q/k/v and gate/up weights once the HF-named weights are loaded."""
         for layer in self.model.layers:
-            layer.self_attn.fuse()
-            layer.mlp.fuse()
+            self.fuse_layer(layer)
+        self.finish_fusing()
+
+    def fuse_layer(self, layer: nn.Module) -> None:
+        """Fuse one layer's projections once its weights are loaded (the loader streams layer by layer)."""
+        layer.self_attn.fuse()
+        layer.mlp.fuse()
+
+    def finish_fusing(self) -> None:
+        """What fusing does once every layer is fused (nothing for the Llama family)."""
 
     def lm_head_weight(self) -> torch.Tensor:
         """The output projection's weight [vocab, hidden]: the embedding's when tied."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import importlib.util
 import json
@@ -12,6 +11,7 @@ import pathlib
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -57,20 +57,43 @@ def is_hf_folder(path: pathlib.Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
-def convert_gguf(gguf: pathlib.Path, out_dir: pathlib.Path) -> pathlib.Path:
-    """Convert a GGUF (dequantized) to an HF safetensors folder: the non-Llama families through
-    runtime/model/gguf_convert.py, the Llama family through transformers."""
+# GGUFs whose float32 weights fit in this many bytes are also written as safetensors into the converted folder, so
+# that transformers reads it too (tests compare with HF); the engine reads the GGUF itself either way.
+HF_COPY_MAX_BYTES = 1 << 30
+
+
+def gguf_float_bytes(gguf: pathlib.Path) -> int:
+    """Bytes of the file's weights in float32."""
+    import gguf as gguf_lib
+
+    return 4 * sum(int(t.n_elements) for t in gguf_lib.GGUFReader(str(gguf)).tensors)
+
+
+def convert_gguf(gguf: pathlib.Path, out_dir: pathlib.Path, hf_copy: bool | None = None) -> pathlib.Path:
+    """Convert a GGUF's metadata to an HF folder (config, tokenizer, and sglpy_source.json pointing the loader at the
+    GGUF's weights): the non-Llama families through runtime/model/gguf_convert.py, the Llama family through
+    transformers. hf_copy (None: when the float32 weights fit HF_COPY_MAX_BYTES) also writes them as safetensors."""
     from .gguf_convert import check_tensor_types, convert_family_gguf, gguf_hf_architecture
 
     check_tensor_types(gguf)  # a type the gguf package cannot read is named before any work
-    logger.info("converting %s -> %s (one-time, ~20 s)", gguf.name, out_dir)
+    if hf_copy is None:
+        hf_copy = gguf_float_bytes(gguf) <= HF_COPY_MAX_BYTES
+    logger.info("converting %s -> %s (one-time)", gguf.name, out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp", dir=out_dir.parent))
     try:
-        if gguf_hf_architecture(gguf) is not None:
-            convert_family_gguf(gguf, tmp)
-        else:
+        arch = gguf_hf_architecture(gguf)
+        if arch is not None:
+            convert_family_gguf(gguf, tmp, weights=hf_copy)
+        elif hf_copy:
             _convert_with_transformers(gguf, tmp)
+        else:
+            _convert_metadata_with_transformers(gguf, tmp)
+        meta = json.loads((tmp / "sglpy_source.json").read_text()) if (tmp / "sglpy_source.json").exists() else {}
+        from .gguf_weights import tensor_index
+
+        source = {**meta, "gguf": str(gguf.resolve()), "weights": "gguf", "index": tensor_index(gguf)}
+        (tmp / "sglpy_source.json").write_text(json.dumps(source))
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)  # atomic: a half-written cache is never visible
@@ -92,7 +115,23 @@ def _convert_with_transformers(gguf: pathlib.Path, tmp: pathlib.Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
-    (tmp / "sglpy_source.json").write_text(json.dumps({"gguf": str(gguf)}))
+
+
+def _convert_metadata_with_transformers(gguf: pathlib.Path, tmp: pathlib.Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+
+
+def is_converted_folder(path: pathlib.Path) -> bool:
+    """True when `path` is a finished conversion whose loader reads the GGUF's weights."""
+    from .gguf_weights import gguf_weights_of
+
+    return (path / "config.json").is_file() and gguf_weights_of(path) is not None
 
 
 def resolve_model_path(model: str | os.PathLike | None = None) -> str:
@@ -101,7 +140,7 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> str:
         gguf = default_gguf_file()
     else:
         path = pathlib.Path(model).expanduser()
-        if path.is_dir() and is_hf_folder(path):
+        if path.is_dir() and (is_hf_folder(path) or is_converted_folder(path)):
             return str(path)
         if path.is_file() and path.suffix == ".gguf":
             gguf = path
@@ -111,20 +150,27 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> str:
             raise ValueError(f"model path {path} does not exist (no model hub is used: give a local folder)")
     out_dir = cache_root() / f"{gguf.stem}-{_file_key(gguf)}"
     with _convert_lock:
-        if not is_hf_folder(out_dir):
+        if not is_converted_folder(out_dir):
             convert_gguf(gguf, out_dir)
     return str(out_dir)
 
 
-def load_model(path: str, dtype: torch.dtype, device: torch.device, group: TPGroup | None = None) -> LlamaForCausalLM:
-    """Build our model for the HF folder at `path` and load its safetensors weights (one rank's shard with `group`)."""
+def load_model(path: str, dtype: torch.dtype, device: torch.device, group: TPGroup | None = None,
+               on_layer: Callable[[LlamaForCausalLM, int], None] | None = None) -> LlamaForCausalLM:
+    """Build our model for the folder at `path` and load its weights (one rank's shard with `group`): safetensors,
+    or the GGUF a converted folder points at, read one decoder layer at a time.
+
+    Without `group` each layer is fused as soon as its weights are in and handed to on_layer(model, index) (the
+    runner packs it there, so no float copy of the whole model is ever held); the top-level tensors (embedding,
+    final norm, head) come first, as on_layer(model, None), then the layers: first, last, then the rest
+    (weight_files.layer_order)."""
     import torch  # here, not at the top: finding folders must stay light (the fake engine imports this module)
-    from safetensors.torch import load_file
     from transformers import AutoConfig
 
     from .decoder import build_model
     from .families import check_feature, remap_checkpoint
     from .vlm import build_vlm, is_vision_config, remap_vision_checkpoint
+    from .weight_files import layer_order, open_weights
 
     config = AutoConfig.from_pretrained(path)
     shard = None
@@ -136,26 +182,43 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device, group: TPGro
     vision = is_vision_config(config)
     with torch.device("meta"):
         model = build_vlm(config) if vision else build_model(config, shard)
-    state: dict[str, torch.Tensor] = {}
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise ValueError(f"no *.safetensors in {path}")
-    for f in files:
-        state.update(load_file(f))
-    state = {k: v for k, v in state.items() if "rotary_emb" not in k}
-    state = remap_vision_checkpoint(model, state) if vision else remap_checkpoint(config, state)
-    if model.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    if group is not None:
-        from .parallel import shard_state
+    weights = open_weights(path, config)
+    groups = weights.groups()
+    if vision:  # a vision-language checkpoint's names are remapped as a whole: one group, packed by the caller
+        groups = {None: [x for g in groups.values() for x in g]}
+    unexpected: list[str] = []
+    layers = [] if vision else layer_order(len(model.model.layers))
+    stray = sorted(k for k in groups if k is not None and k not in layers)
+    for i in [None, *stray, *layers]:
+        state = {k: v for k, v in weights.tensors(groups.get(i, [])) if "rotary_emb" not in k}
+        state = remap_vision_checkpoint(model, state) if vision else remap_checkpoint(config, state)
+        if model.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        if group is not None:
+            from .parallel import shard_state
 
-        state = shard_state(state, config, group)
-    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+            state = shard_state(state, config, group)
+        state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+        unexpected += model.load_state_dict(state, strict=False, assign=True).unexpected_keys
+        del state
+        if i is None and group is None and on_layer is not None and not vision:
+            on_layer(model, None)
+        if i is None or group is not None or i in stray:
+            continue
+        layer = model.model.layers[i]
+        if any(p.is_meta for p in layer.parameters()):
+            break  # reported below, by name
+        model.fuse_layer(layer)
+        if on_layer is not None:
+            on_layer(model, i)
+    if group is not None or vision:
+        model.fuse_projections()
+    missing = [k for k, v in model.state_dict().items() if v.is_meta]
     if missing or unexpected:
         raise ValueError(f"weights of {path} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    model.fuse_projections()
-    if group is not None:
+    if group is None and not vision:
+        model.finish_fusing()
+    elif group is not None:
         from .parallel import parallelize
 
         parallelize(model, group)

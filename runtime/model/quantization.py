@@ -50,9 +50,13 @@ def int4_loses_nothing(model: nn.Module) -> bool:
     int4 then only re-rounds the block scales, ~0.4% relative error vs int8's ~0.9%); ordinary float weights
     lose ~10% to int4 and stay with int8.
     """
+    return int4_loses_nothing_in([model.model.layers[0], model.model.layers[-1]])
+
+
+def int4_loses_nothing_in(layers: list[nn.Module]) -> bool:
+    """int4_loses_nothing over these (float, fused) decoder layers."""
     with torch.no_grad():
-        layers = model.model.layers
-        for lin in _projections(layers[0]) + _projections(layers[-1]):
+        for lin in [getattr(p, "inner", p) for layer in layers for p in _projections(layer)]:  # unwrapped
             w = lin.weight.detach().to(torch.float32)
             n, k = w.shape
             if n % 16 or k % INT4_GROUP_SIZE:
@@ -87,8 +91,11 @@ class QuantizedLinear(nn.Module):
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
-                    dense: torch.dtype | None) -> "QuantizedLinear":
-        """Quantize an fp32 [out, in] weight per `mode` ('int8' or 'int4'); `dense`: dtype of a many-row copy."""
+                    dense: torch.dtype | None, keep_dense: bool = True) -> "QuantizedLinear":
+        """Quantize an fp32 [out, in] weight per `mode` ('int8' or 'int4'); `dense`: dtype of many-row calls' weights,
+        kept as a copy (keep_dense, or where the native kernels do not run) or dequantized per call in tiles."""
+        if not keep_dense and native_lib() is not None:
+            return cls(pack_linear(weight, bias, mode, INT4_GROUP_SIZE, tiles=dense))
         return cls(pack_linear(weight, bias, mode, INT4_GROUP_SIZE, dense=dense))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -304,28 +311,90 @@ def make_batch_invariant(model: nn.Module) -> int:
     return count
 
 
-def _replace(parent: nn.Module, name: str, mode: str, dense: torch.dtype | None) -> int:
+def _replace(parent: nn.Module, name: str, mode: str, dense: torch.dtype | None, keep_dense: bool) -> int:
     lin = getattr(parent, name)
     if hasattr(lin, "linear"):  # a tensor-parallel RowParallel wrapper: quantize this rank's shard inside it
         parent, name, lin = lin, "linear", lin.linear
-    q = QuantizedLinear.from_weight(lin.weight, lin.bias, mode, dense)
+    q = QuantizedLinear.from_weight(lin.weight, lin.bias, mode, dense, keep_dense)
     setattr(parent, name, q)
     return q.packed.nbytes
 
 
-def quantize_model(model: nn.Module, mode: str, dense: bool = True, batch_invariant: bool = False) -> int:
+def quantize_layer(layer: nn.Module, mode: str, keep_dense: bool = False) -> int:
+    """Pack one fused decoder layer's projections (its experts, for a mixture of experts); returns packed bytes."""
+    dense = dense_copy_dtype()
+    total = 0
+    with torch.no_grad():
+        for name in ("qkv_proj", "o_proj"):
+            total += _replace(layer.self_attn, name, mode, dense, keep_dense)
+        if hasattr(layer.mlp, "quantize_experts"):  # a mixture of experts packs each expert (moe.py)
+            return total + layer.mlp.quantize_experts(mode)
+        for name in ("gate_up_proj", "down_proj"):
+            total += _replace(layer.mlp, name, mode, dense, keep_dense)
+    return total
+
+
+def quantize_head(model: nn.Module, keep_dense: bool = False, embedding: bool = False) -> int:
+    """The lm_head's own int8 copy (see quantize_model); returns its bytes. embedding: the token lookups then read
+    int8 rows too (PackedEmbedding: the tied head's copy, else the embedding's own), freeing the float table."""
+    with torch.no_grad():
+        vocab_parallel = model.logits_head is not None and hasattr(model.logits_head, "inner")
+        head_weight = model.logits_head.inner.weight if vocab_parallel else model.lm_head_weight()
+        head = QuantizedLinear.from_weight(head_weight, None, "int8", dense_copy_dtype(), keep_dense)
+        del head_weight
+        if vocab_parallel:
+            model.logits_head.inner = head  # this rank's vocabulary slice
+        else:
+            model.set_lm_head(head)
+        if embedding and not vocab_parallel:
+            emb = model.model.embed_tokens
+            if model.tie_word_embeddings and head.packed.kind == "int8":
+                model.model.embed_tokens = PackedEmbedding(head.packed.qweight, head.packed.scales)
+            else:
+                model.model.embed_tokens = PackedEmbedding.from_weight(emb.weight)
+            del emb
+    return head.packed.nbytes
+
+
+class PackedEmbedding(nn.Module):
+    """Token embedding lookups from an int8 table with one scale per row, each gathered row dequantized: no float
+    copy of the vocabulary is kept (for a tied model the table is the lm_head's own int8 copy)."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor):
+        super().__init__()
+        self.qweight, self.scales = qweight, scales  # int8 [vocab, hidden], [vocab] float32 or bf16
+        self.weight = qweight  # where the table lives (device checks); its values are qweight * scales
+        self.num_embeddings, self.embedding_dim = qweight.shape
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor) -> "PackedEmbedding":
+        """Quantize a float [vocab, hidden] table per row (in slices: bounded temporaries)."""
+        parts = [quantize_int8(weight[i:i + 4096]) for i in range(0, weight.shape[0], 4096)]
+        return cls(torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts]).to(torch.float32))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # ids: [tokens] -> [tokens, hidden] float32
+        return self.qweight[ids].to(torch.float32) * self.scales[ids].to(torch.float32)[:, None]
+
+
+def quantize_model(model: nn.Module, mode: str, dense: bool = False, batch_invariant: bool = False,
+                   skip_layers: bool = False) -> int:
     """Replace every projection of a loaded, fused LlamaForCausalLM by its quantized form; returns weight bytes.
 
     The lm_head gets its own quantized copy (int8 per channel in both modes: the embedded model's
-    embedding is Q8_0, and 4 bits lose 15 points of top-1 agreement); the embedding lookup stays exact.
-    dense=True also keeps the dequantized weights in dense_copy_dtype() for many-row calls (prefill chunks and
-    batches: bf16 above 8 rows where the CPU multiplies bf16 natively, 5-12x faster than the packed kernels
-    there; float32 above 16 rows elsewhere); dense=False keeps only the packed weights.
+    embedding is Q8_0, and 4 bits lose 15 points of top-1 agreement); while loading (LayerPacker) the embedding
+    lookups read int8 rows as well (PackedEmbedding), here they stay exact.
+    Many-row calls (prefill chunks and batches) multiply weights in dense_copy_dtype() (bf16 above 8 rows where the
+    CPU multiplies bf16 natively, 5-12x faster than the packed kernels there; float32 above 16 rows elsewhere):
+    dequantized per call, a tile of output rows at a time (kernels/quant_linear_cpu.py: tiled_linear_cpu), so only
+    the packed weights stay in memory. dense=True keeps a dequantized copy of every weight instead (deterministic
+    inference's fixed 64-row tiles read it; also where the native kernels do not run).
     Under tensor parallelism each rank quantizes its own shards: per output channel, a column-parallel shard
     gets exactly the numbers of tp=1; a row-parallel shard's channel scale covers its own input columns.
     batch_invariant=True (deterministic inference) wraps every linear layer in RowByRowLinear (make_batch_invariant):
     decode rows run the native GEMV at any row count, prefill rows the dense copy in fixed 64-row tiles. Otherwise
     mode none on CPU runs forwards of up to 16 rows on the native float32 GEMV (route_decode_rows).
+    skip_layers: the decoder layers and the head were packed while loading (LayerPacker).
     """
     if mode not in ("none", "int8", "int4"):
         raise ValueError(f"quantize_model takes none, int8 or int4 (resolve 'auto' first), got {mode!r}")
@@ -335,25 +404,40 @@ def quantize_model(model: nn.Module, mode: str, dense: bool = True, batch_invari
         else:
             route_decode_rows(model)
         return 0
-    dense = dense_copy_dtype() if dense else None
-    total = 0
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for name in ("qkv_proj", "o_proj"):
-                total += _replace(layer.self_attn, name, mode, dense)
-            if hasattr(layer.mlp, "quantize_experts"):  # a mixture of experts packs each expert (moe.py)
-                total += layer.mlp.quantize_experts(mode)
-                continue
-            for name in ("gate_up_proj", "down_proj"):
-                total += _replace(layer.mlp, name, mode, dense)
-        vocab_parallel = model.logits_head is not None and hasattr(model.logits_head, "inner")
-        head_weight = model.logits_head.inner.weight if vocab_parallel else model.lm_head_weight()
-        head = QuantizedLinear.from_weight(head_weight, None, "int8", dense)
-        if vocab_parallel:
-            model.logits_head.inner = head  # this rank's vocabulary slice
-        else:
-            model.set_lm_head(head)
-        total += head.packed.nbytes
+    if skip_layers:
+        total = 0
+    else:
+        total = sum(quantize_layer(layer, mode, dense) for layer in model.model.layers) + quantize_head(model, dense)
     if batch_invariant:
         make_batch_invariant(model)
     return total
+
+
+class LayerPacker:
+    """Packs each decoder layer as the loader finishes it (loader.load_model's on_layer), so the float weights of at
+    most two layers are ever held. Quantization 'auto' is decided on the first and the last layer, which the loader
+    hands over first (int4_loses_nothing); `mode` is what runs once decided."""
+
+    def __init__(self, requested: str, device: torch.device, keep_dense: bool = False):
+        self.requested, self.device, self.keep_dense = requested, device, keep_dense
+        self.mode: str | None = None if requested == "auto" else resolve_quantization(requested, device)
+        self.pending: list[nn.Module] = []
+        self.used = False  # the loader streamed the model through it (not a vision-language checkpoint)
+
+    def __call__(self, model: nn.Module, index: int | None) -> None:
+        self.used = True
+        if index is None:  # the embedding, final norm and head came first: the head is int8 in every mode
+            if self.mode != "none" and (self.mode is not None or self.device.type == "cpu"):
+                quantize_head(model, self.keep_dense, embedding=not self.keep_dense)
+            return
+        self.pending.append(model.model.layers[index])
+        last = len(model.model.layers) - 1
+        if self.mode is None:
+            if len(self.pending) < 2 and index != last:
+                return  # the last layer comes next
+            four = self.device.type == "cpu" and int4_loses_nothing_in(self.pending)
+            self.mode = resolve_quantization("auto", self.device) if not four else "int4"
+        if self.mode != "none":
+            for layer in self.pending:
+                quantize_layer(layer, self.mode, self.keep_dense)
+        self.pending = []

@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from sglpy.kernels.cpu_native import native_status
+from sglpy.kernels.cpu_native import native_lib, native_status
 
 from ..config import CPU_MAX_TOTAL_TOKENS, EngineConfig
 from ..core import BatchEntry, ForwardOutput
@@ -20,7 +20,7 @@ from .families import check_feature, determinism_blocker, fit_quantization
 from .loader import load_model
 from .mm_batch import EncoderCache, build_mm_batch
 from .parallel import TPGroup, TPGroupError
-from .quantization import quantize_model, resolve_quantization
+from .quantization import LayerPacker, quantize_model, resolve_quantization
 
 logger = logging.getLogger(__name__)
 
@@ -58,19 +58,32 @@ class ModelRunner:
     def _load(self, cfg: EngineConfig, model_path: str) -> None:
         if self.group is not None and self.group.device.type == "cuda":
             self.device = self.group.device
-        self.model = load_model(model_path, self.dtype, self.device, self.group)
+        # deterministic inference: one kernel path per row count and fixed attention blocks (docs/determinism.md);
+        # the fused decode layer then runs its attention as one-token extends (the per-op path's kernel), and prompt
+        # rows read a dense copy of the quantized weights in fixed tiles
+        det = cfg.enable_deterministic_inference
+        packer = None
+        if self.group is None:  # each layer is packed as it loads (what runs: none, int8 or int4; auto judges the
+            from transformers import AutoConfig  # first and last layers' weights)
+
+            from .vlm import is_vision_config
+
+            config = AutoConfig.from_pretrained(model_path)
+            if not is_vision_config(config):
+                packer = LayerPacker(fit_quantization(config, cfg.quantization), self.device, keep_dense=det)
+        self.model = load_model(model_path, self.dtype, self.device, self.group, packer)
         blocker = determinism_blocker(self.model.config, self.device.type)
         if cfg.enable_deterministic_inference and blocker is not None:
             raise ValueError(f"enable_deterministic_inference is not supported with {type(self.model).__name__}: "
                              f"{blocker}, outside the batch-invariant kernels "
                              "(docs/determinism.md); unset the flag for this model")
-        # what runs: none, int8 or int4 (auto looks at the loaded weights)
-        mode = fit_quantization(self.model.config, cfg.quantization)  # a family that cannot quantize: none
-        self.quantization = resolve_quantization(mode, self.device, self.model, self.group is not None)
-        # deterministic inference: one kernel path per row count and fixed attention blocks (docs/determinism.md);
-        # the fused decode layer then runs its attention as one-token extends (the per-op path's kernel)
-        det = cfg.enable_deterministic_inference
-        quantize_model(self.model, self.quantization, batch_invariant=det)
+        streamed = packer is not None and packer.used
+        if streamed:
+            self.quantization = packer.mode or resolve_quantization("auto", self.device)
+        else:  # tensor parallel (every rank packs its loaded shard), or a vision-language model loaded whole
+            mode = fit_quantization(self.model.config, cfg.quantization)
+            self.quantization = resolve_quantization(mode, self.device, self.model, self.group is not None)
+        quantize_model(self.model, self.quantization, dense=det, batch_invariant=det, skip_layers=streamed)
         self.model.batch_invariant = det
         self.model.prepare_native_decode()
         self.lora = None  # runtime/lora/manager.LoraManager when LoRA adapters are served (wraps the projections)
@@ -95,6 +108,12 @@ class ModelRunner:
         # vision models: encoder outputs by image hash; forwards with image tokens (or M-RoPE) run eagerly
         self.vision = hasattr(self.model, "vision")
         self.encoder_cache = EncoderCache(cfg.vision_cache_tokens) if self.vision else None
+
+    def kv_dtype(self, kv_cache_dtype: str) -> torch.dtype:
+        """The KV pool's storage dtype for this model (kv_pool.kv_cache_torch_dtype): 'auto' is bf16 for a quantized
+        model on CPU whose native attention kernels read it, else the model dtype."""
+        compact = self.device.type == "cpu" and self.quantization != "none" and native_lib() is not None
+        return kv_cache_torch_dtype(kv_cache_dtype, self.dtype, compact)
 
     def _start_group(self, cfg: EngineConfig, model_path: str) -> None:
         """Rank 0: check the split, start this node's other ranks, and join the group."""
@@ -331,7 +350,7 @@ def refuse_nondeterministic(cfg: EngineConfig, device: torch.device) -> None:
 def kv_buffers_for(runner: ModelRunner, cfg: EngineConfig) -> KVBuffers:
     """A worker rank's own KV pool (its heads) and its mirror of rank 0's request-to-token table."""
     pool = KVPool(runner.num_layers, cfg.max_total_tokens or CPU_MAX_TOTAL_TOKENS, runner.num_kv_heads, runner.head_dim,
-                  kv_cache_torch_dtype(cfg.kv_cache_dtype, runner.dtype), runner.device)
+                  runner.kv_dtype(cfg.kv_cache_dtype), runner.device)
     mirror = torch.zeros(cfg.max_running_requests, runner.max_context, dtype=torch.int32, device=runner.device)
     return KVBuffers(pool.k_buffer, pool.v_buffer, mirror)
 

@@ -20,10 +20,10 @@ ENGINE_FLAG_HELP = {
     "default: the embedded SmolLM2-135M-Instruct",
     "dtype": "weight/activation dtype",
     "device": "auto (cuda when available, else cpu), cpu, or cuda[:N]",
-    "max_total_tokens": "KV pool size in tokens; default: 65536 on CPU, on CUDA what --mem-fraction-static "
-    "leaves after the weights",
-    "mem_fraction_static": "CUDA: share of the GPU's total memory for weights + KV pool; the pool gets what "
-    "remains of it after loading the weights (printed at start)",
+    "max_total_tokens": "KV pool size in tokens; default: what --mem-fraction-static leaves after the weights "
+    "(on CPU at most 65536)",
+    "mem_fraction_static": "share of the device's total memory (CPU: the machine's, or the cgroup limit) for "
+    "weights + KV pool; the pool gets what remains of it after loading the weights (printed at start)",
     "max_running_requests": "most requests decoded together in one batch",
     "max_prefill_tokens": "token budget of one prefill step",
     "chunked_prefill_size": "a longer uncached prompt is prefilled in chunks of this many tokens",
@@ -37,8 +37,8 @@ ENGINE_FLAG_HELP = {
     "quantization": "weight-only quantization at load: auto (CPU: int4 when the weights already sit on a 4-bit "
     "grid, else int8; GPU: none), none (fp32, exact HF equality), int8 (per output channel) or int4 (per group of "
     "32); the lm_head gets an int8 copy, the embedding stays exact",
-    "kv_cache_dtype": "KV cache storage: auto (the model dtype), bfloat16/bf16 or float16/fp16 (converted "
-    "to float32 while attention reads it)",
+    "kv_cache_dtype": "KV cache storage: auto (bf16 for a quantized model on CPU, else the model dtype), "
+    "bfloat16/bf16, float16/fp16 (converted to float32 while attention reads it) or float32",
     "grammar_workers": "constraint compile worker processes (0: compile on a thread of the engine process, "
     "which stalls the step loop while it runs)",
     "grammar_compile_timeout": "CPU seconds one regex / json_schema / ebnf / choices compile may use before it "

@@ -1,0 +1,82 @@
+"""Loading without a float copy of the model: GGUF weights read straight from the file, each layer packed as it
+loads, many-row calls through dequantized tiles instead of a dense copy."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import torch
+
+from sglpy.runtime.testing import make_tiny_model
+from sglpy.runtime.testing.tiny_model import make_family_model
+
+from test_engine_model import _hf, hf_logits, make_runner, our_logits
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_gguf_weights_load_from_the_file_and_match_hf(tmp_path, arch):
+    """A converted folder without safetensors (config + tokenizer + the file's tensor index): the loader reads the
+    GGUF's tensors itself (a `llama` file's q/k permutation undone, Qwen2's biases) and matches the HF model."""
+    from sglpy.runtime.model.loader import convert_gguf, resolve_model_path
+    from sglpy.runtime.testing.tiny_gguf import write_family_gguf
+
+    if arch == "qwen3":
+        hf = make_family_model(tmp_path / "hf", "qwen3", extra=dict(vocab_size=512))
+    else:
+        hf = make_tiny_model(tmp_path / "hf", arch=arch, extra=dict(vocab_size=512),
+                             tie_word_embeddings=arch == "llama")
+    gguf_file = pathlib.Path(write_family_gguf(hf, tmp_path / f"tiny-{arch}.gguf"))
+    folder = convert_gguf(gguf_file, tmp_path / "converted", hf_copy=False)
+    assert not list(folder.glob("*.safetensors"))
+    assert resolve_model_path(folder) == str(folder)
+    prompts = [[1, 5, 9, 200, 300], list(range(100, 137))]
+    for a, b in zip(our_logits(make_runner(str(folder), max_total_tokens=128), prompts),
+                    hf_logits(_hf(hf), prompts)):
+        assert (a - b).abs().max().item() <= 2e-5
+
+
+def test_layers_are_packed_while_loading(tmp_path, monkeypatch):
+    """At most two layers (the first and the last, which quantization auto judges) are ever float at once, and no
+    packed layer keeps a dense copy."""
+    from sglpy.kernels.cpu_native import native_lib
+    from sglpy.runtime.model import quantization
+
+    if native_lib() is None:
+        pytest.skip("the native kernels are not built here")
+    path = make_tiny_model(tmp_path / "m", num_layers=4)
+    most = []
+    real = quantization.LayerPacker.__call__
+
+    def spy(self, model, index):
+        real(self, model, index)
+        floats = sum(isinstance(layer.self_attn.qkv_proj, torch.nn.Linear) for layer in model.model.layers
+                     if not any(p.is_meta for p in layer.parameters()))
+        most.append(floats)
+
+    monkeypatch.setattr(quantization.LayerPacker, "__call__", spy)
+    runner = make_runner(path, quantization="auto", max_total_tokens=64)
+    assert runner.quantization == "int8" and max(most) <= 2 and most[-1] == 0
+    for layer in runner.model.model.layers:
+        p = layer.mlp.gate_up_proj.packed
+        assert p.dense is None and p.tiles in (torch.float32, torch.bfloat16)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("tiles", [torch.float32, torch.bfloat16])
+def test_many_rows_through_dequantized_tiles(kind, tiles):
+    """Past NATIVE_MAX_ROWS rows a tiled layer dequantizes tiles of its rows per call: the same product as the
+    reference over the dequantized weights (bf16 tiles: within bf16 rounding of the activations)."""
+    from sglpy.kernels.cpu_native import native_lib
+    from sglpy.kernels.quant_linear import pack_linear, quant_linear, quant_linear_reference
+
+    if native_lib() is None:
+        pytest.skip("the native kernels are not built here")
+    g = torch.Generator().manual_seed(0)
+    w, bias = torch.randn(1000, 2048, generator=g), torch.randn(1000, generator=g)  # 1000: a partial last tile
+    p = pack_linear(w, bias, kind, 32, tiles=tiles)
+    assert p.tiles == tiles and p.dense is None
+    x = torch.randn(40, 2048, generator=g)
+    y, ref = quant_linear(x, p), quant_linear_reference(x, p)
+    tol = 1e-3 if tiles == torch.float32 else 2e-2
+    assert (y - ref).abs().max().item() <= tol * ref.abs().max().item()
