@@ -12,13 +12,13 @@ import pathlib
 # HF architecture -> llama.cpp architecture name (Mixtral is written as `llama` with experts, as llama.cpp does)
 GGUF_ARCH = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe", "Gemma2ForCausalLM": "gemma2",
              "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3", "MixtralForCausalLM": "llama",
-             "LlamaForCausalLM": "llama"}  # a plain `llama` file goes to transformers' GGUF reader
+             "LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}  # llama/qwen2: transformers reads the metadata
 
 
-def _add_tokenizer(writer, vocab: int) -> None:
+def _add_tokenizer(writer, vocab: int, pad: bool = False) -> None:
     """The default model's BPE tokenizer (its tokenizer.json) cut to the first `vocab` tokens and the merges among
     them, as llama.cpp's gpt2-style tokenizer fields (reading a 49k-token vocabulary back costs transformers
-    seconds)."""
+    seconds); pad: a larger vocab is filled up with tokens no merge reaches (real models' vocabulary sizes)."""
     from .tiny_model import tokenizer_source
 
     tj = json.loads((tokenizer_source() / "tokenizer.json").read_text())
@@ -28,6 +28,9 @@ def _add_tokenizer(writer, vocab: int) -> None:
     special = {a["id"] for a in tj.get("added_tokens", []) if a.get("special")}
     merges = [" ".join(m) if isinstance(m, list) else m for m in tj["model"]["merges"]]
     merges = [m for m in merges if all(p in kept for p in m.split(" ")) and m.replace(" ", "") in kept]
+    if pad and vocab > len(tokens):
+        by_id += [(i, f"[unused{i}]") for i in range(len(tokens), vocab)]
+        tokens = [t for _, t in by_id]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("smollm")
     writer.add_token_list(tokens)
@@ -112,10 +115,11 @@ def _gguf_tensors(state: dict, cfg: dict, arch: str, rope: dict) -> dict:
         if arch == "llama" and (".q_proj." in hf_name or ".k_proj." in hf_name):
             heads = cfg["num_attention_heads"] if ".q_proj." in hf_name else cfg["num_key_value_heads"]
             t = torch.from_numpy(_permute(t.numpy(), heads))
-        name = names.get_name(hf_name.removesuffix(".weight"))
+        base, suffix = hf_name.rsplit(".", 1)  # weight, or bias (Qwen2's q/k/v)
+        name = names.get_name(base)
         if name is None:
             raise ValueError(f"no llama.cpp name for {hf_name}")
-        out[name + ".weight"] = t.numpy()
+        out[f"{name}.{suffix}"] = t.numpy()
     for key, per in experts.items():
         name = names.get_name(key)
         if name is None:

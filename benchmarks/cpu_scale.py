@@ -1,0 +1,275 @@
+"""CPU at the sizes people run: random-weight GGUFs with real configs, per ISA level, against the machine's bandwidth.
+
+python benchmarks/cpu_scale.py [--models qwen2.5-0.5b,llama-3.2-1b,qwen3-1.7b] [--quants Q4_1,Q8_0]
+                               [--levels avx512,avx2,baseline] [--rounds 3] [--threads 2] [--quick]
+                               [--dir DIR] [--json out.json]
+python benchmarks/cpu_scale.py --memory llama-3.2-3b:Q4_1 [--memory llama-3.1-8b:Q4_0]
+
+Models: runtime/testing/random_gguf.py writes each config (Qwen2.5-0.5B, Llama-3.2-1B, Qwen3-1.7B; Llama-3.2-3B and
+Llama-3.1-8B for --memory) as a GGUF of random Q4_0/Q4_1/Q8_0 blocks (the default tokenizer stands in, padded to the
+real vocabulary); the engine loads that file as it is (weights read from the GGUF, packed layer by layer). Q4_x runs
+--quantization int4, Q8_0 int8.
+
+Each round, interleaved: a STREAM-like probe of this machine's memory bandwidth (2 threads: read = sum of 1 GiB,
+copy, triad), then per model, quant and level one child process (SGLPY_CPU_ISA forced, torch capped as
+benchmarks/isa_matrix.py does) measuring: one request's decode tok/s at 128 and 2,048 tokens of context (tokens
+after the first over their time), pp512 (one 512-token prompt, prompt tok/s), a batch of 8 requests (128-token
+prompts) against one of them alone, 32 mixed requests (prompts 64-512, outputs 16-64 tokens: output tok/s), and the
+child's peak RSS. The roofline: decode tok/s <= read bandwidth / (packed weight bytes + K/V bytes read per token).
+The table gives the median and min-max over rounds. --quick: one round, Llama-3.2-1B Q4_1, avx512/avx2 (or the levels
+this CPU runs), fewer tokens.
+
+--memory NAME:QUANT (one at a time): write the file, load it at the best level, decode 16 tokens; print the file size,
+the KV pool, the peak RSS, and the target (peak <= 1.15 x (file + KV pool)).
+
+llama.cpp is not run here: llama-cpp-python (built from source) is not installed in this environment; where it is,
+benchmarks/llamacpp_peer.py measures it on the same GGUF.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+DEFAULT_MODELS = "qwen2.5-0.5b,llama-3.2-1b,qwen3-1.7b"
+MODES = {"Q4_0": "int4", "Q4_1": "int4", "Q8_0": "int8"}
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory in bytes (VmHWM)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def bandwidth(gib: float) -> dict:
+    """GB/s of a read (sum), a copy and a triad (a = b + s * c) over `gib` GiB arrays, best of 3 each."""
+    import torch
+
+    n = int(gib * (1 << 30)) // 4
+    a, b, c = torch.ones(n), torch.ones(n), torch.ones(n)
+
+    def best(fn) -> float:
+        runs = []
+        for _ in range(3):
+            t = time.perf_counter()
+            fn()
+            runs.append(time.perf_counter() - t)
+        return min(runs)
+
+    size = n * 4 / 1e9
+    return {"read_gbs": size / best(a.sum), "copy_gbs": 2 * size / best(lambda: b.copy_(a)),
+            "triad_gbs": 3 * size / best(lambda: torch.add(b, c, alpha=3.0, out=a))}
+
+
+def weight_bytes(model) -> int:
+    """Bytes a decode step reads of the weights: every packed projection and the head (not the embedding table)."""
+    from sglpy.runtime.model.quantization import QuantizedLinear
+
+    total = sum(m.packed.nbytes for m in model.modules() if isinstance(m, QuantizedLinear))
+    return total + sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed" not in n)
+
+
+def child(path: str, mode: str, threads: int, quick: bool, memory_only: bool) -> dict:
+    """The sglpy measurements of one process (its ISA level comes from the environment)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    from sglpy.runtime.engine import Engine
+
+    rng = random.Random(0)
+    t0 = time.perf_counter()
+    eng = Engine(path, device="cpu", num_threads=threads, quantization=mode)
+    out = {"load_s": time.perf_counter() - t0, "rss_after_load": peak_rss()}
+    r = eng.runner
+    k = eng.kv.buffers.k_buffer  # [layers, slots + 1, kv_heads, head_dim]
+    kv_token = 2 * r.num_layers * r.num_kv_heads * r.head_dim * k.element_size()
+    out.update(weight_bytes=weight_bytes(r.model), kv_bytes_per_token=kv_token, quantization=r.quantization,
+               kv_pool_bytes=kv_token * (k.shape[1] - 1), cpu_kernels=eng.get_server_info()["cpu_kernels"])
+    gen = 16 if quick or memory_only else 64
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(1000, 40000) for _ in range(n)]
+
+    def decode_rate(ctx: int) -> float:
+        eng.flush_cache()
+        o = eng.generate(input_ids=ids(ctx), sampling_params={"max_new_tokens": gen, "temperature": 0,
+                                                              "ignore_eos": True})["meta_info"]
+        return (o["completion_tokens"] - 1) / (o["e2e_latency"] - o["ttft"])
+
+    decode_rate(32)  # warm-up
+    out["decode128_tok_s"] = decode_rate(128)
+    if not memory_only:
+        out["decode2048_tok_s"] = decode_rate(2048)
+        eng.flush_cache()
+        t = time.perf_counter()
+        eng.generate(input_ids=ids(512), sampling_params={"max_new_tokens": 1})
+        out["pp512_tok_s"] = 512 / (time.perf_counter() - t)
+        prompts = [ids(128) for _ in range(8)]
+        sp = {"max_new_tokens": gen, "temperature": 0, "ignore_eos": True}
+        eng.flush_cache()
+        t = time.perf_counter()
+        eng.generate(input_ids=prompts[0], sampling_params=sp)
+        single = gen / (time.perf_counter() - t)
+        eng.flush_cache()
+        t = time.perf_counter()
+        eng.generate(input_ids=prompts, sampling_params=[sp] * 8)
+        out["batch8_tok_s"], out["single_tok_s"] = 8 * gen / (time.perf_counter() - t), single
+        out["batch8_ratio"] = out["batch8_tok_s"] / single
+        n_mixed = 16 if quick else 32
+        work = [(ids(rng.randrange(64, 513)), rng.randrange(16, 65)) for _ in range(n_mixed)]
+        eng.flush_cache()
+        t = time.perf_counter()
+        outs = eng.generate(input_ids=[w[0] for w in work],
+                            sampling_params=[{"max_new_tokens": w[1], "temperature": 0, "ignore_eos": True}
+                                             for w in work])
+        out["mixed_tok_s"] = sum(o["meta_info"]["completion_tokens"] for o in outs) / (time.perf_counter() - t)
+        out["mixed_requests"] = n_mixed
+    out["peak_rss"] = peak_rss()
+    eng.shutdown()
+    return out
+
+
+def run_child(path: str, mode: str, level: str | None, args, memory_only: bool = False) -> dict:
+    sys.path.insert(0, str(HERE))
+    from isa_matrix import TORCH_CAPS
+
+    env = dict(os.environ, **({"SGLPY_CPU_ISA": level, **TORCH_CAPS.get(level, {})} if level else {}))
+    cmd = [sys.executable, __file__, "--child", path, "--mode", mode, "--threads", str(args.threads)]
+    cmd += (["--quick"] if args.quick else []) + (["--memory-only"] if memory_only else [])
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    if r.returncode != 0 or not line:
+        raise RuntimeError(f"sglpy child ({path}, {mode}, {level}) failed: {r.stderr[-3000:]}")
+    return json.loads(line[-1][7:])
+
+
+def model_file(name: str, quant: str, folder: pathlib.Path) -> str:
+    from sglpy.runtime.testing.random_gguf import write_random_gguf
+
+    path = folder / f"{name}.{quant}.gguf"
+    return str(path) if path.exists() else write_random_gguf(name, quant, path)
+
+
+def levels_here(quick: bool) -> list[str]:
+    from sglpy.kernels.cpu_isa import read_cpu_flags, runnable_levels
+
+    runs = runnable_levels(read_cpu_flags())
+    return runs[:2] if quick else runs
+
+
+def summarize(rows: list[dict], bw: list[dict]) -> str:
+    """Median (min-max) per model/quant/level over rounds, and the roofline from the same run's read bandwidth."""
+    read = statistics.median(b["read_gbs"] for b in bw)
+    lines = [f"read bandwidth {read:.1f} GB/s median (rounds: {', '.join(f'{b['read_gbs']:.1f}' for b in bw)}); "
+             f"triad {statistics.median(b['triad_gbs'] for b in bw):.1f} GB/s",
+             "| model | file | level | decode@128 tok/s (roofline %) | decode@2048 (roofline %) | pp512 tok/s | "
+             "batch8 / one | mixed tok/s | peak RSS / (file + KV pool) |", "|---|---|---|---|---|---|---|---|---|"]
+    keys = sorted({(r["model"], r["quant"], r["level"]) for r in rows})
+
+    def cell(vals: list[float], fmt: str = "{:.1f}") -> str:
+        return f"{fmt.format(statistics.median(vals))} ({fmt.format(min(vals))}-{fmt.format(max(vals))})"
+
+    for key in keys:
+        rs = [r for r in rows if (r["model"], r["quant"], r["level"]) == key]
+        w = rs[0]["weight_bytes"]
+        roof = {c: read * 1e9 / (w + rs[0]["kv_bytes_per_token"] * c) for c in (128, 2048)}
+        pct = {c: statistics.median(r[f"decode{c}_tok_s"] for r in rs) / roof[c] * 100 for c in (128, 2048)}
+        mem = statistics.median(r["peak_rss"] / (r["file_bytes"] + r["kv_pool_bytes"]) for r in rs)
+        lines.append(f"| {key[0]} | {key[1]} ({rs[0]['file_bytes'] / 1e9:.2f} GB) | {key[2]} | "
+                     f"{cell([r['decode128_tok_s'] for r in rs])} ({pct[128]:.0f}%) | "
+                     f"{cell([r['decode2048_tok_s'] for r in rs])} ({pct[2048]:.0f}%) | "
+                     f"{cell([r['pp512_tok_s'] for r in rs])} | {cell([r['batch8_ratio'] for r in rs], '{:.2f}')}x | "
+                     f"{cell([r['mixed_tok_s'] for r in rs])} | {rs[0]['peak_rss'] / 1e9:.2f} GB ({mem:.2f}x) |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=DEFAULT_MODELS)
+    ap.add_argument("--quants", default="Q4_1,Q8_0")
+    ap.add_argument("--levels", default=None, help="default: every level this CPU runs")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dir", default=str(pathlib.Path(tempfile.gettempdir()) / "sglpy-cpu-scale"))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--memory", action="append", default=[], help="NAME:QUANT, e.g. llama-3.1-8b:Q4_0")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", default="int4", help=argparse.SUPPRESS)
+    ap.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--bandwidth", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child, args.mode, args.threads, args.quick, args.memory_only)))
+        return 0
+    if args.bandwidth:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        print("RESULT " + json.dumps(bandwidth(0.25 if args.quick else 1.0)))
+        return 0
+    folder = pathlib.Path(args.dir)
+    info = {"cpu": _lscpu(), "load_at_start": os.getloadavg()}
+    print(f"{info['cpu']}; load average {info['load_at_start']}", flush=True)
+    if args.memory:
+        for spec in args.memory:
+            name, quant = spec.split(":")
+            path = model_file(name, quant, folder)
+            r = run_child(path, MODES[quant], None, args, memory_only=True)
+            size = os.path.getsize(path)
+            target = 1.15 * (size + r["kv_pool_bytes"])
+            print(f"{name} {quant}: file {size / 1e9:.2f} GB, KV pool {r['kv_pool_bytes'] / 1e9:.2f} GB, peak RSS "
+                  f"{r['peak_rss'] / 1e9:.2f} GB (after load {r['rss_after_load'] / 1e9:.2f}), target <= "
+                  f"{target / 1e9:.2f} GB: {'met' if r['peak_rss'] <= target else 'MISSED'}; decode@128 "
+                  f"{r['decode128_tok_s']:.2f} tok/s; load {r['load_s']:.0f} s; {r['cpu_kernels']}", flush=True)
+        return 0
+    models = ["llama-3.2-1b"] if args.quick and args.models == DEFAULT_MODELS else args.models.split(",")
+    quants = ["Q4_1"] if args.quick and args.quants == "Q4_1,Q8_0" else args.quants.split(",")
+    levels = args.levels.split(",") if args.levels else levels_here(args.quick)
+    rounds = 1 if args.quick else args.rounds
+    files = {(m, q): model_file(m, q, folder) for m in models for q in quants}
+    rows, bws = [], []
+    for rnd in range(rounds):
+        r = subprocess.run([sys.executable, __file__, "--bandwidth", "--threads", str(args.threads)]
+                           + (["--quick"] if args.quick else []), capture_output=True, text=True, timeout=600)
+        bws.append(json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:]))
+        print(f"round {rnd + 1}: bandwidth {bws[-1]}", flush=True)
+        for (m, q), path in files.items():
+            for level in levels:
+                row = run_child(path, MODES[q], level, args)
+                row.update(model=m, quant=q, level=level, round=rnd, file_bytes=os.path.getsize(path))
+                rows.append(row)
+                print(f"  {m} {q} {level}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()
+                                                          if isinstance(v, float)), flush=True)
+    info["load_at_end"] = os.getloadavg()
+    print(summarize(rows, bws))
+    print(f"load average at the end {info['load_at_end']}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"info": info, "bandwidth": bws, "rows": rows}, indent=1))
+    return 0
+
+
+def _lscpu() -> str:
+    """The CPU model and the flags the kernels care about."""
+    from sglpy.kernels.cpu_isa import read_cpu_flags
+
+    model = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    flags = read_cpu_flags()
+    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8",
+              "asimddp")
+    return f"{model}, {os.cpu_count()} CPUs, flags: {' '.join(f for f in wanted if f in flags)}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
