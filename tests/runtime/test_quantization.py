@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from test_engine_model import make_runner, our_logits
+from sglpy.kernels.cpu_native import native_lib
 from sglpy.runtime.config import EngineConfig
 
 MODES = [("int8", "auto"), ("int4", "auto"), ("none", "bf16"), ("none", "fp16"), ("int8", "bfloat16"),
@@ -45,6 +46,7 @@ def test_auto_is_int8_on_cpu_int4_for_weights_on_a_4bit_grid_and_none_elsewhere(
     with torch.no_grad():  # what a Q4_1 GGUF's weights are: every group of 32 on a 16-level grid
         for layer in model.model.layers:
             for lin in _projections(layer):
+                lin = getattr(lin, "inner", lin)  # quantization none on CPU wraps the float layers (DecodeRowsLinear)
                 lin.weight.copy_(dequantize_int4(*quantize_int4(lin.weight, 32), 32))
     assert int4_loses_nothing(model)
     assert resolve_quantization("auto", cpu, model) == "int4"
@@ -73,7 +75,11 @@ def test_tiny_model_logits_stay_close_to_float32(tiny_model_path, quantization, 
     if quantization != "none":
         kinds = {type(m).__name__ for m in runner.model.modules()}
         assert "QuantizedLinear" in kinds and "Linear" not in kinds  # every projection, and the lm_head
-        assert runner.model.model.embed_tokens.weight.dtype == torch.float32  # the lookup stays exact
+        emb = runner.model.model.embed_tokens  # lookups read the tied head's int8 rows: no float table is kept
+        head = runner.model.logits_head.packed.qweight
+        assert emb.qweight.dtype == torch.int8 and emb.qweight.data_ptr() == head.data_ptr()
+        ids = torch.tensor([0, 5, 300])
+        torch.testing.assert_close(emb(ids), emb.qweight[ids].float() * emb.scales[ids].float()[:, None])
     ours = our_logits(runner, prompts, kv_cache_dtype)
     # Measured mean |error| / logit std here: int8 ~0.015, bf16 KV ~0.002, fp16 KV ~0.0002, int4 ~0.10-0.16
     # (random normal weights sit on no 4-bit grid; the real model's do, see benchmarks/quality_gate.py).
@@ -96,7 +102,10 @@ def test_constrained_outputs_stay_valid(tiny_model_path, quantization, kv_cache_
                                                    {"max_new_tokens": 24, "temperature": 0.8, "seed": 3,
                                                     "regex": r"(yes|no)-[0-9]{2}"}])
         info = eng.get_server_info()
-        assert eng.kv.buffers.k_buffer.dtype == KV_TORCH[kv_cache_dtype]  # the pool stores what was asked
+        # the pool stores what was asked; auto: bf16 for a quantized model with the native kernels, else float32
+        compact = quantization != "none" and native_lib() is not None
+        expected = torch.bfloat16 if kv_cache_dtype == "auto" and compact else KV_TORCH[kv_cache_dtype]
+        assert eng.kv.buffers.k_buffer.dtype == expected
     obj = json.loads(outs[0]["text"])
     assert set(obj) == {"name", "age"} and 0 <= obj["age"] <= 120
     import re
