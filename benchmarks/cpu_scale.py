@@ -171,7 +171,8 @@ def levels_here(quick: bool) -> list[str]:
 def summarize(rows: list[dict], bw: list[dict]) -> str:
     """Median (min-max) per model/quant/level over rounds, and the roofline from the same run's read bandwidth."""
     read = statistics.median(b["read_gbs"] for b in bw)
-    lines = [f"read bandwidth {read:.1f} GB/s median (rounds: {', '.join(f'{b['read_gbs']:.1f}' for b in bw)}); "
+    per_round = ", ".join(f"{b['read_gbs']:.1f}" for b in bw)
+    lines = [f"read bandwidth {read:.1f} GB/s median (rounds: {per_round}); "
              f"triad {statistics.median(b['triad_gbs'] for b in bw):.1f} GB/s",
              "| model | file | level | decode@128 tok/s (roofline %) | decode@2048 (roofline %) | pp512 tok/s | "
              "batch8 / one | mixed tok/s | peak RSS / (file + KV pool) |", "|---|---|---|---|---|---|---|---|---|"]
