@@ -71,7 +71,7 @@ def text_ids(tokenizer, n_tokens: int) -> list[int]:
 def teacher_forced_scores(runner, ids: list[int], decode_tokens: int, kv_cache_dtype: str = "auto") -> Scores:
     """Score every next token of ids: a prefill of the first part, then one decode step per token."""
     from sglpy.runtime.core import BatchEntry, Req
-    from sglpy.runtime.sampling_params import SamplingParams
+    from sglpy.runtime.sampling_params import LogprobOptions, SamplingParams
     from sglpy.runtime.testing.runner_kv import runner_kv
 
     n = len(ids)
@@ -80,7 +80,7 @@ def teacher_forced_scores(runner, ids: list[int], decode_tokens: int, kv_cache_d
         raise ValueError(f"decode_tokens must be in [0, {n - 2}], got {decode_tokens}")
     kv = runner_kv(runner, n, 1, kv_cache_dtype)
     req = Req(rid="gate", input_ids=list(ids[:p]), sampling=SamplingParams(max_new_tokens=1),
-              return_logprob=True, logprob_start_len=0)
+              logprob=LogprobOptions(return_logprob=True, logprob_start_len=0))
     if not (kv.assign_row(req) and kv.grow(req, p)):
         raise ValueError("the runner has no room for the text: raise max_context_len")
     target = torch.tensor(ids[1:])
@@ -97,7 +97,7 @@ def teacher_forced_scores(runner, ids: list[int], decode_tokens: int, kv_cache_d
     try:
         out = runner.forward([BatchEntry(req, 0, p, sample=True)], 0, kv.buffers)
         score(out.logits[list(out.input_rows[0]) + [out.sample_row[0]]], 0)
-        req.return_logprob = False
+        req.logprob = LogprobOptions()  # the prompt is scored; teacher-forced steps need only their logits
         for t in range(p, n - 1):
             req.output_ids.append(ids[t])  # teacher forcing: the text's token, not a sampled one
             assert kv.grow(req, 1)

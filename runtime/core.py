@@ -6,13 +6,22 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 from .messages import EngineInfo, EngineProgress, GenerateReq, GenerateReqInput, StepOutputs  # noqa: F401
-from .sampling_params import SamplingParams
+from .sampling_params import LogprobOptions, SamplingParams
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the types of Req's engine-side state (annotations only: core imports no engine module)
     import torch
+
+    from .engine.constrained import GuideState
+    from .engine.detokenizer import IncrementalDetokenizer
+    from .engine.penalties import RowState
+    from .engine.request_trace import RequestTrace
+    from .engine.spec.ngram import SpecState
+    from .lora.adapter import LoraAdapter
+    from .memory.radix_cache import TreeNode
+    from .model.image_processor import MultimodalInputs
 
 _arrival = itertools.count()
 
@@ -60,10 +69,7 @@ class Req:
     rid: str
     input_ids: list[int]
     sampling: SamplingParams
-    return_logprob: bool = False
-    logprob_start_len: int = -1  # -1 = output logprobs only
-    top_logprobs_num: int = 0
-    return_text_in_logprobs: bool = False
+    logprob: LogprobOptions = field(default_factory=LogprobOptions)
     extra_key: str | None = None
     sink: OutputSink | None = None  # receives this request's outputs (grouped per step with others of the sink)
     stream: bool = False  # an output after every step; otherwise only the final one
@@ -78,7 +84,7 @@ class Req:
     # KV state
     slots: list[int] = field(default_factory=list)  # KV slots of all_ids[:kv_len]
     row: int | None = None  # row in ReqToTokenPool
-    cache_node: Any = None  # locked radix node covering slots[:cached_len_locked]
+    cache_node: TreeNode | None = None  # locked radix node covering slots[:cached_len_locked]
     locked_len: int = 0  # tokens of `slots` owned by the radix cache (not freed by us)
     cached_tokens: int = 0  # prompt tokens served from the cache (reported)
     num_preemptions: int = 0
@@ -89,16 +95,16 @@ class Req:
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     # output text
-    detok: Any = None  # IncrementalDetokenizer
+    detok: IncrementalDetokenizer | None = None
     text: str = ""  # output text so far (stop strings trimmed at finish)
     num_jumped_tokens: int = 0  # tokens appended by jump-forward (no model step)
-    trace: Any = None  # engine/request_trace.RequestTrace when the request asked for a trace; None: nothing recorded
-    grammar: Any = None  # per-request guide state holder (constrained decoding)
-    generator: Any = None  # torch.Generator of a seeded request (created on first sample)
-    sampler_state: Any = None  # engine/penalties.RowState: the sampler's per-request arrays (built on first sample)
-    spec: Any = None  # engine/spec/ngram.SpecState under speculative decoding (draft length, counters); else None
-    lora: Any = None  # runtime/lora/adapter.LoraAdapter the request runs with; None = the base model
-    mm: Any = None  # model/image_processor.MultimodalInputs: the prompt's images (vision models); else None
+    trace: RequestTrace | None = None  # when the request asked for a trace; None: nothing recorded
+    grammar: GuideState | None = None  # the request's guide and its state (constrained decoding)
+    generator: torch.Generator | None = None  # torch.Generator of a seeded request (created on first sample)
+    sampler_state: RowState | None = None  # the sampler's per-request arrays (built on first sample)
+    spec: SpecState | None = None  # under speculative decoding (draft length, counters); else None
+    lora: LoraAdapter | None = None  # the adapter the request runs with; None = the base model
+    mm: MultimodalInputs | None = None  # the prompt's images (vision models); else None
 
     @property
     def all_ids(self) -> list[int]:
@@ -127,14 +133,16 @@ class Req:
 
     def wants_input_logprobs(self) -> bool:
         """Prompt-token logprobs still to compute: some entry from logprob_start_len on carries a value."""
-        return (self.return_logprob and 0 <= self.logprob_start_len < len(self.input_ids)
-                and (self.logprob_start_len > 0 or len(self.input_ids) > 1) and not self.input_logprobs_done)
+        start = self.logprob.logprob_start_len
+        return (self.logprob.return_logprob and 0 <= start < len(self.input_ids)
+                and (start > 0 or len(self.input_ids) > 1) and not self.input_logprobs_done)
 
     def input_logprob_start(self) -> int:
         """First prompt position with an input_token_logprobs entry: logprob_start_len, or for -1 the last
         prompt token (the pre-0.5 SGLang rule its frontend's select relies on; docs/server.md). Only the entry
         of position 0 and the single entry of -1 carry no logprob."""
-        return self.logprob_start_len if self.logprob_start_len >= 0 else len(self.input_ids) - 1
+        start = self.logprob.logprob_start_len
+        return start if start >= 0 else len(self.input_ids) - 1
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,13 @@ re-validated when unpickled, so a request validated once in the server stays val
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from .sampling_params import LogprobOptions, SamplingParams
+
+if TYPE_CHECKING:
+    from .model.image_processor import MultimodalInputs
 
 
 # ---------------------------------------------------------------- requests (to the engine)
@@ -64,11 +68,11 @@ class GenerateReq:
     extra_key: str | None
     stream: bool
     # the constraint's compile: a concurrent.futures.Future of its grammar Guide (None without a constraint)
-    guide: Any = field(default=None, repr=False, compare=False)
+    guide: Future | None = field(default=None, repr=False, compare=False)
     trace: str | None = None  # GenerateReqInput.trace
     max_thinking_tokens: int | None = None  # GenerateReqInput.max_thinking_tokens
     lora_path: str | None = None  # GenerateReqInput.lora_path
-    mm: Any = None  # model/image_processor.MultimodalInputs of a prompt with images (its ids then hold image ids)
+    mm: MultimodalInputs | None = None  # of a prompt with images (its ids then hold image ids)
 
 
 @dataclass(frozen=True)
@@ -223,12 +227,15 @@ class Failed:
     status: int
 
 
+CallValue = bool | str | dict | list | None  # what a CallRequest is answered with (its docstring says which)
+
+
 @dataclass(frozen=True)
 class CallResult:
     """The answer to a Call."""
 
     call_id: int
-    value: Any = None
+    value: CallValue = None
     error: str | None = None
     status: int = 200
 

@@ -155,7 +155,7 @@ class ConstrainedDecoding:
         res = g.guide.jump_tokens(g.state, [], forced, tokenizer=self.tokenizer)
         if res.new_token_ids and len(res.new_token_ids) < req.sampling.max_new_tokens:
             req.output_ids.extend(res.new_token_ids)
-            if req.return_logprob:
+            if req.logprob.return_logprob:
                 req.output_logprobs.extend(TokenLogprob(None, t) for t in res.new_token_ids)
             req.num_jumped_tokens += len(res.new_token_ids)
             if req.trace is not None:
@@ -216,7 +216,7 @@ class ConstrainedDecoding:
         del req.output_ids[keep:]
         del req.output_logprobs[keep:]
         req.output_ids.extend(res.new_token_ids)
-        if req.return_logprob:
+        if req.logprob.return_logprob:
             req.output_logprobs.extend(TokenLogprob(None, t) for t in res.new_token_ids)
         req.num_jumped_tokens += len(res.new_token_ids)
         if req.trace is not None:

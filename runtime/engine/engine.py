@@ -128,9 +128,8 @@ class Engine(OfflineAPI):
 
         self.vision = VisionProcessor(self.model_path, AutoConfig.from_pretrained(self.model_path),
                                       r.model.tokens_per_image) if r.vision else None
-        self.scheduler = Scheduler(cfg, self.kv, self.max_context)
-        if r.extend_graphs is not None:
-            self.scheduler.span_cap = cfg.cuda_graph_extend_tokens
+        self.scheduler = Scheduler(cfg, self.kv, self.max_context,
+                                   span_cap=cfg.cuda_graph_extend_tokens if r.extend_graphs is not None else None)
         self.eos_ids = self._eos_ids()
         drafter = make_drafter(cfg, self.eos_ids, self.tokenizer, r.vocab_size, self.max_context, total)
         from .constrained import ConstrainedDecoding, jump_min_tokens
@@ -245,7 +244,7 @@ class Engine(OfflineAPI):
         key = req.extra_key if adapter is None else f"{req.extra_key or ''}\x00lora:{adapter.uid}"
         r = Req(rid=req.rid, input_ids=req.input_ids, sampling=req.sampling, extra_key=key, lora=adapter, sink=sink,
                 stream=req.stream, trace=RequestTrace(live=req.trace == "live") if req.trace else None, mm=req.mm,
-                **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})
+                logprob=req.logprob)
         s = req.sampling
         r.detok = IncrementalDetokenizer(self.tokenizer, req.input_ids, s.skip_special_tokens,
                                          s.spaces_between_special_tokens)

@@ -24,7 +24,7 @@ def sync_text(req: Req) -> None:
 def build_output(req: Req, tokenizer) -> ReqOutput:
     """The request's cumulative output so far (SGLang's /generate object), final once it finished."""
     sync_text(req)
-    return_text_in_logprobs = req.return_text_in_logprobs
+    return_text_in_logprobs = req.logprob.return_text_in_logprobs
     meta = {
         "id": req.rid,
         "finish_reason": req.finish_reason.to_json() if req.finish_reason else None,
@@ -38,16 +38,16 @@ def build_output(req: Req, tokenizer) -> ReqOutput:
     }
     if req.spec is not None:  # speculative decoding: its verify forwards (SGLang's name)
         meta["spec_verify_ct"] = req.spec.verify_ct
-    if req.return_logprob:
+    if req.logprob.return_logprob:
         # one entry per prompt position from the start on (the rule SGLang's frontend select was written for):
         # position 0 has nothing to be scored against, and -1 gives one null entry for the last prompt token
         start = req.input_logprob_start()
-        nulls = [TokenLogprob(None, req.input_ids[start])] if start == 0 or req.logprob_start_len < 0 else []
+        nulls = [TokenLogprob(None, req.input_ids[start])] if start == 0 or req.logprob.logprob_start_len < 0 else []
         inp = nulls + req.input_logprobs
         meta["input_token_logprobs"] = _triples(inp, tokenizer, return_text_in_logprobs)
         meta["output_token_logprobs"] = _triples(req.output_logprobs, tokenizer, return_text_in_logprobs)
         meta["output_token_logprobs_length"] = len(req.output_logprobs)
-        if req.top_logprobs_num > 0:
+        if req.logprob.top_logprobs_num > 0:
             def tops(recs):
                 return [None if r.logprob is None else
                         [[lp, t, tokenizer.decode([t]) if return_text_in_logprobs else None] for lp, t in r.top]

@@ -23,7 +23,7 @@ from .stops import append_text, check_token_stop
 
 logger = logging.getLogger(__name__)
 
-_return_logprob = operator.attrgetter("return_logprob")
+_return_logprob = operator.attrgetter("logprob.return_logprob")
 _finish_reason = operator.attrgetter("finish_reason")
 
 
@@ -41,7 +41,7 @@ def record_input_logprobs(e: BatchEntry, out: ForwardOutput, i: int) -> None:
         lp = torch.log_softmax(out.logits[rows.start:rows.stop], dim=-1)  # [rows, vocab]
         first = out.input_first_pos[i]
         ids = r.input_ids[first:first + len(rows)]
-        r.input_logprobs.extend(token_logprobs(lp, ids, [r.top_logprobs_num] * len(ids)))
+        r.input_logprobs.extend(token_logprobs(lp, ids, [r.logprob.top_logprobs_num] * len(ids)))
     if r.wants_input_logprobs() and e.prefix_len + e.extend_len >= len(r.input_ids):
         r.input_logprobs_done = True
 
@@ -83,7 +83,7 @@ class OutputProcessor:
         finished: list[Req] = []
         hook = self.iso.hook is not None
         for i, e in enumerate(entries):
-            if not hook and not e.req.return_logprob and not len(out.input_rows[i]):
+            if not hook and not e.req.logprob.return_logprob and not len(out.input_rows[i]):
                 continue  # nothing to record (record_input_logprobs would do nothing)
             try:
                 self.iso.probe("input logprobs", e.req)
@@ -109,7 +109,7 @@ class OutputProcessor:
                       if sample_row[i] is not None and not r.finished and (valid is None or valid[i])]
             rows, reqs = [p[0] for p in picked], [p[1] for p in picked]
         failed: list[Req] = []
-        lp_index = [j for j, r in enumerate(reqs) if r.return_logprob] if any(map(_return_logprob, reqs)) else []
+        lp_index = [j for j, r in enumerate(reqs) if r.logprob.return_logprob] if any(map(_return_logprob, reqs)) else []
         # a copy, before sampling changes rows in place; the logits may be a CUDA-graph output that the next
         # replay overwrites
         lp_logits = take_rows(out.logits, [rows[j] for j in lp_index]) if lp_index else None
@@ -215,7 +215,7 @@ class OutputProcessor:
         try:
             self._probe_all(("output logprobs",), [reqs[j] for _, j in want])
             lp = torch.log_softmax(launch.lp_logits[[k for k, _ in want]], dim=-1)  # [n, vocab]
-            recs = token_logprobs(lp, [tokens[j] for _, j in want], [reqs[j].top_logprobs_num for _, j in want])
+            recs = token_logprobs(lp, [tokens[j] for _, j in want], [reqs[j].logprob.top_logprobs_num for _, j in want])
             for (_, j), rec in zip(want, recs):
                 lps[j] = rec
             return lps
@@ -226,7 +226,7 @@ class OutputProcessor:
             try:
                 self.iso.probe("output logprobs", r)
                 lp = torch.log_softmax(launch.lp_logits[[k]], dim=-1)  # [1, vocab]
-                lps[j] = token_logprobs(lp, [tokens[j]], [r.top_logprobs_num])[0]
+                lps[j] = token_logprobs(lp, [tokens[j]], [r.logprob.top_logprobs_num])[0]
             except Exception as exc:  # noqa: BLE001
                 self._fail(r, "output logprobs", exc, finished)
         return lps

@@ -65,7 +65,7 @@ class RunningSet:
 class Scheduler:
     """Owns the waiting queue and the running set; asks the KV manager for every slot a request needs."""
 
-    def __init__(self, cfg: EngineConfig, kv: KVManager, max_context: int):
+    def __init__(self, cfg: EngineConfig, kv: KVManager, max_context: int, span_cap: int | None = None):
         self.cfg = cfg
         self.kv = kv
         self.max_context = max_context
@@ -73,9 +73,9 @@ class Scheduler:
         self.running = RunningSet()
         self.total_retractions = 0
         # the most generated tokens (a jump-forward span) a running request extends by in one step: the multi-token
-        # graph step's T when the runner has one (set by the engine), so a long span rides captured steps in pieces
+        # graph step's T when the runner has one (None: no cap), so a long span rides captured steps in pieces
         # instead of taking the whole batch through an eager forward (the H100 spent 0.52 of 0.64 s there)
-        self.span_cap: int | None = None
+        self.span_cap = span_cap
 
     # -------------------------------------------------------------- queue ops
     def add(self, req: Req) -> None:
@@ -102,7 +102,7 @@ class Scheduler:
         """Reuse the longest cached prefix; always recompute the last token (its logits are needed)."""
         limit = req.seq_len - 1
         if req.wants_input_logprobs():  # the logits from position logprob_start_len - 1 on are needed
-            limit = min(limit, max(req.logprob_start_len - 1, 0))
+            limit = min(limit, max(req.logprob.logprob_start_len - 1, 0))
         matched = self.kv.match_prefix(req, req.all_ids[:limit])
         if req.num_preemptions == 0:
             req.cached_tokens = matched

@@ -99,7 +99,7 @@ def build_host_batch(entries, num_decode_entries: int | None = None) -> HostBatc
             offset += n
             num_decode += n
             continue
-        if e.extend_len == 1 and not (r.return_logprob and r.wants_input_logprobs()):
+        if e.extend_len == 1 and not (r.logprob.return_logprob and r.wants_input_logprobs()):
             n = len(r.input_ids)
             ids.append(r.input_ids[p] if p < n else r.output_ids[p - n])
             pos.append(p)
@@ -133,7 +133,7 @@ def build_host_batch(entries, num_decode_entries: int | None = None) -> HostBatc
         # no logit before it: its entry is null)
         lo = hi = 0
         if r.wants_input_logprobs():
-            lo = max(max(r.logprob_start_len, 1) - 1, p)
+            lo = max(max(r.logprob.logprob_start_len, 1) - 1, p)
             hi = min(len(r.input_ids) - 1, end)
         n_in = max(hi - lo, 0)
         rows.extend(range(offset + lo - p, offset + lo - p + n_in))

@@ -106,9 +106,9 @@ class FakeEngine:
                on_error: Callable[[Exception], None] | None = None) -> None:  # no constraints here: nothing fails
         r = Req(rid=req.rid, input_ids=req.input_ids, sampling=req.sampling, extra_key=req.extra_key, sink=sink,
                 stream=req.stream, trace=RequestTrace(live=req.trace == "live") if req.trace else None,
-                **{k: getattr(req.logprob, k) for k in req.logprob.field_names()})
-        if r.logprob_start_len >= 0:  # every prompt token from the start on is "scored" -1.0 (position 0: null)
-            r.input_logprobs = [TokenLogprob(-1.0, t) for t in r.input_ids[max(r.logprob_start_len, 1):]]
+                logprob=req.logprob)
+        if r.logprob.logprob_start_len >= 0:  # every prompt token from the start on is "scored" -1.0 (position 0: null)
+            r.input_logprobs = [TokenLogprob(-1.0, t) for t in r.input_ids[max(r.logprob.logprob_start_len, 1):]]
         with self._lock:
             if req.rid in self._running:
                 raise ValueError(f"duplicate rid {req.rid}")
@@ -185,9 +185,9 @@ class FakeEngine:
         self._used += 1
         if r.first_token_time is None:
             r.first_token_time = time.perf_counter()
-        if r.return_logprob:
+        if r.logprob.return_logprob:
             r.output_logprobs.append(TokenLogprob(-0.5, token, tuple((-0.5 - k, token + k)
-                                                                     for k in range(r.top_logprobs_num))))
+                                                                     for k in range(r.logprob.top_logprobs_num))))
         reason = check_token_stop(r, token, {EOS_ID}, self.context_len)
         reason = append_text(r, self.tokenizer.decode([token])) or reason
         if reason is not None:

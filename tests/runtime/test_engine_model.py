@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sglpy.runtime.config import EngineConfig
-from sglpy.runtime.sampling_params import SamplingParams
+from sglpy.runtime.sampling_params import LogprobOptions, SamplingParams
 from sglpy.runtime.core import BatchEntry, Req
 from sglpy.runtime.model.runner import ModelRunner
 from sglpy.runtime.testing.runner_kv import runner_kv
@@ -16,7 +16,7 @@ def our_logits(runner: ModelRunner, prompts: list[list[int]], kv_cache_dtype: st
     entries = []
     for i, ids in enumerate(prompts):
         req = Req(rid=str(i), input_ids=list(ids), sampling=SamplingParams(max_new_tokens=1),
-                  return_logprob=True, logprob_start_len=0)
+                  logprob=LogprobOptions(return_logprob=True, logprob_start_len=0))
         assert kv.assign_row(req) and kv.grow(req, len(ids))
         entries.append(BatchEntry(req, 0, len(ids), sample=True))
     out = runner.forward(entries, 0, kv.buffers)

@@ -136,6 +136,6 @@ class Verifier:
             r = e.req
             draw = lambda: self.sampler.draw_uniforms([r])[0]  # noqa: E731 - the request's own draws when seeded
             tokens.append(judge(p[k], r.spec.q[j].to(p.device), e.draft[j], draw(), draw).token)
-        lp_index = [k for k, r in enumerate(reqs) if r.return_logprob]
+        lp_index = [k for k, r in enumerate(reqs) if r.logprob.return_logprob]
         lp_logits = take_rows(out.logits, [rows[k] for k in lp_index]) if lp_index else None
         return SampleLaunch(reqs, tokens, lp_index, lp_logits, []), tokens
