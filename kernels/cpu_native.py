@@ -73,6 +73,14 @@ class NativeBuild:
     isa: str = ""  # the instruction-set level it was built for (kernels/cpu_isa.py)
 
 
+def bind_signatures(lib: ctypes.CDLL, signatures: dict) -> ctypes.CDLL:
+    """Set restype/argtypes of the entry points `signatures` names ({name: (restype, argtypes)}) on lib; returns lib."""
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
 def pool_readable(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether the native kernels read a layer's K/V pool [slots, kv_heads, head_dim] as it is: on CPU, a dtype they
     convert, K and V alike, each slot's [kv_heads, head_dim] contiguous (slots may sit any stride apart)."""

@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from .cpu_native import native_lib
+from .cpu_native import bind_signatures, native_lib
 
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 _SIGNATURES = {"sglpy_lora_delta": (_I64, [_P, _I64, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _P, _P, _P, _I64,
@@ -19,10 +19,7 @@ NATIVE_MAX_ROWS = 64  # more adapter rows (prefill chunks) run the reference: it
 
 @functools.lru_cache(maxsize=None)
 def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib
+    return bind_signatures(lib, _SIGNATURES)
 
 
 def lora_lib(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, n_rows: int) -> ctypes.CDLL | None:

@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from .cpu_native import native_lib
+from .cpu_native import bind_signatures, native_lib
 
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 # typed here, on first use, rather than in cpu_native.SIGNATURES: the entry points only this module calls
@@ -29,10 +29,7 @@ _SIGNATURES = {
 
 @functools.lru_cache(maxsize=None)
 def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib
+    return bind_signatures(lib, _SIGNATURES)
 
 
 def select_lib(x: torch.Tensor) -> ctypes.CDLL | None:
