@@ -239,7 +239,8 @@ async def serve(config: ServerConfig) -> int:
         await stopper
         state.draining = True  # no restart from here on
         supervisor.cancel()
-        await asyncio.gather(supervisor, return_exceptions=True)
+        # bounded: a restart under way ends at its next await (supervisor.py checks draining after each)
+        await asyncio.wait({supervisor}, timeout=5.0)
     logger.info("shutting down")
     start.cancel()
     await site.stop()  # stop accepting connections; open ones get 503 while draining

@@ -91,6 +91,8 @@ class EngineClient:
     async def start(self, timeout: float) -> EngineInfo:
         """Spawn the engine process and wait until its model is loaded; return the engine info."""
         loop = asyncio.get_running_loop()
+        if self._stopping:
+            raise RuntimeError("the server is shutting down")
         if self.died is None:
             self.died = asyncio.Event()
         self.died.clear()

@@ -4,8 +4,12 @@ When the engine process dies, EngineClient fails its in-flight requests at once 
 `supervise` then starts a new process right away, and after a failed start retries up to
 `engine_restart_attempts` times, waiting `engine_restart_backoff` seconds doubled per failure (at most
 30 s). An engine that dies again within a minute of a restart also backs off, so a crash loop does not
-spin. `stall_reason` is what /health reports when the step loop has work and made no progress for
-`health_stall_timeout` seconds, or when the engine process stopped sending heartbeats.
+spin. Once shutdown began (`state.draining`) it starts no engine: a SIGTERM sent to the process group
+during a restart kills the engine being started, and that failure can reach the supervisor before its
+cancellation does (asyncio.wait_for then raises the start's error, not CancelledError), so the flag is
+checked after every wait rather than trusted to the cancel alone. `stall_reason` is what /health reports
+when the step loop has work and made no progress for `health_stall_timeout` seconds, or when the engine
+process stopped sending heartbeats.
 """
 
 from __future__ import annotations
@@ -49,11 +53,17 @@ async def supervise(state: ServerState) -> None:
         delay = 0.0 if crashes == 1 else min(cfg.engine_restart_backoff * 2 ** (crashes - 2), MAX_BACKOFF_S)
         reason = engine.dead_reason
         for attempt in range(1, cfg.engine_restart_attempts + 1):
+            if state.draining:
+                state.restarting = None
+                return
             state.restarting = f"restarting the engine (attempt {attempt} of {cfg.engine_restart_attempts}) " \
                                f"after: {reason}"
             if delay:
                 logger.warning("engine restart in %.1f s (attempt %d)", delay, attempt)
                 await asyncio.sleep(delay)
+                if state.draining:
+                    state.restarting = None
+                    return
             t0 = time.monotonic()
             try:
                 await engine.start(cfg.engine_startup_timeout)
@@ -62,6 +72,8 @@ async def supervise(state: ServerState) -> None:
                 delay = min(max(delay * 2, cfg.engine_restart_backoff), MAX_BACKOFF_S)
                 continue
             state.restarting = None
+            if state.draining:  # came up as shutdown began: serve() stops it
+                return
             state.engine_started_at = time.monotonic()
             state.metrics.engine_restarts.inc()
             state.engine_restarts += 1

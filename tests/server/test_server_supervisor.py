@@ -1,9 +1,16 @@
 """Engine supervision and liveness against the fake engine: restarts after death, bounded retries, stall detection."""
 
+import asyncio
+import os
 import re
+import signal
+import subprocess
 import threading
 import time
+import types
 
+from sglpy.runtime.server.metrics import ServerMetrics
+from sglpy.runtime.server.supervisor import supervise
 from sglpy.runtime.testing.server_harness import FAKE, run_server
 
 ENV = {"SGLPY_FAKE_TOKEN_DELAY": "0.01"}
@@ -105,3 +112,45 @@ def test_health_reports_a_stuck_step_loop_but_not_an_idle_one():
         assert "no progress" in r.json()["error"]["message"]
         assert metric(s.get("/metrics").text, "sglpy:engine_stalled") == 1.0
         s.proc.kill()  # a stuck engine cannot drain; not what this test is about
+
+
+def test_no_engine_is_started_once_shutdown_began():
+    # SIGTERM to the process group during a restart kills the engine being started; that failure can reach the
+    # supervisor before its cancellation does (wait_for then raises the start's error), so it must not retry.
+    starts = []
+
+    async def run():
+        died = asyncio.Event()
+        cfg = types.SimpleNamespace(engine_restart_attempts=3, engine_restart_backoff=0.01, engine_startup_timeout=5)
+
+        async def start(timeout):
+            starts.append(timeout)
+            state.draining = True  # the SIGTERM arrived meanwhile
+            raise RuntimeError("engine failed to start: engine process exited (exit code -15)")
+
+        engine = types.SimpleNamespace(died=died, dead_reason="exit code -9", start=start)
+        state = types.SimpleNamespace(config=cfg, engine=engine, draining=False, engine_started_at=0.0,
+                                      restarting=None, engine_restarts=0, metrics=ServerMetrics("m"))
+        died.set()
+        await asyncio.wait_for(supervise(state), 5)
+        assert state.restarting is None
+
+    asyncio.run(run())
+    assert len(starts) == 1
+
+
+def test_sigterm_to_the_group_during_a_restart_ends_every_process():
+    env = {**ENV, "SGLPY_FAKE_STARTUP_DELAY": "2"}
+    with run_server("--engine-factory", FAKE, "--graceful-shutdown-timeout", "2", env=env, new_session=True) as s:
+        os.kill(s.get("/get_server_info").json()["engine_pid"], signal.SIGKILL)
+        assert "restarting" in wait_health(s, 503, timeout=10).text or "exit code -9" in s.get("/health").text
+        time.sleep(0.3)  # the new engine is loading
+        t0 = time.monotonic()
+        os.killpg(s.proc.pid, signal.SIGTERM)
+        assert s.proc.wait(2 + 5) == 0
+        assert time.monotonic() - t0 < 2 + 5
+        deadline = time.monotonic() + 3
+        while subprocess.run(["pgrep", "-g", str(s.proc.pid)], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, "a process of the server's group outlived it"
+            time.sleep(0.1)
+    assert "engine restarted" not in s.log()
