@@ -9,7 +9,8 @@ against a compile that does not stop by itself, a job that uses more than `backs
 time (read from /proc; elsewhere wall time) or `WALL_FACTOR * timeout_s + 10` seconds of wall time (a starved
 worker on a busy box) fails with a GrammarError naming the budget, and its worker is cancelled, then killed
 and replaced if it does not stop within `GRACE_S`. A job whose waiters are all cancelled (client gone) is
-stopped the same way. A worker that crashes fails only the job it was running. Results are kept in an
+stopped the same way. A worker that crashes fails only the job it was running, with a CompileServiceError
+(the server's fault, not the constraint's: a server answers 503 and the client may retry). Results are kept in an
 LRU cache bounded by entries and bytes. workers=0 compiles on a thread of this process instead (no
 isolation: the compile holds the GIL; kept for comparison and for hosts that cannot start processes).
 """
@@ -52,6 +53,12 @@ WALL_FACTOR = 10.0  # a starved worker (busy box) still gets budget * 10 + 10 s 
 # CPU past the budget before the service stops a worker itself: the compiler's checks overshoot by up to ~0.3 s
 # and packing a large guide takes a fraction of a second, neither of which may turn an answer into a refusal
 BACKSTOP_FACTOR, BACKSTOP_MIN_S = 0.5, 1.0
+
+
+class CompileServiceError(RuntimeError):
+    """A compile failed for a reason of the service (a worker died, workers cannot start), not of the constraint."""
+
+
 _CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -254,7 +261,7 @@ class GrammarService:
         w.kill()
         if job is not None and not job.over:
             self.stats["crashes"] += 1
-            self._finish(job, error=message)
+            self._finish(job, error=message, error_type=CompileServiceError)
 
     def _dispatch(self) -> None:
         for w in self._workers:
@@ -295,7 +302,8 @@ class GrammarService:
             try:
                 guide = unpack_guide(msg.payload, self.info)
             except Exception as e:  # noqa: BLE001
-                self._finish(job, error=f"the compiled guide could not be read: {type(e).__name__}: {e}")
+                self._finish(job, error=f"the compiled guide could not be read: {type(e).__name__}: {e}",
+                             error_type=CompileServiceError)
                 return
             self._finish(job, guide=guide, nbytes=len(msg.payload))
 
@@ -335,7 +343,7 @@ class GrammarService:
             pass
 
     def _finish(self, job: _Job, guide: Guide | None = None, nbytes: int = 0, error: str | None = None,
-                error_type: type[GrammarError] = GrammarError) -> None:
+                error_type: type[Exception] = GrammarError) -> None:
         """Answer every waiter of a job once; a guide also enters the cache."""
         with self._lock:
             if job.over:
@@ -371,4 +379,4 @@ class GrammarService:
             jobs = list(self._jobs.values())
             self._queue.clear()
         for job in jobs:
-            self._finish(job, error=message)
+            self._finish(job, error=message, error_type=CompileServiceError)

@@ -107,8 +107,13 @@ class EngineProcess:
             self.sender(StepOutputs([aborted_output(inp.rid, len(req.input_ids), "aborted before start")]))
 
     def _reject(self, rid: str, e: Exception) -> None:
+        from ..engine.grammar_service import CompileServiceError  # here: the server process never loads grammar
+
         if isinstance(e, ValueError):  # GrammarError included: the request's own constraint is at fault
             self.sender.send(Failed(rid, str(e), 400))
+        elif isinstance(e, CompileServiceError):  # a compile worker died under it: the server's fault, retryable
+            logger.warning("request %s: %s", rid, e)
+            self.sender.send(Failed(rid, str(e), 503))
         else:
             logger.error("request %s failed in the engine", rid, exc_info=(type(e), e, e.__traceback__))
             self.sender.send(Failed(rid, f"engine error: {type(e).__name__}: {e}", 500))

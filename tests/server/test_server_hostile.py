@@ -107,6 +107,32 @@ def test_a_client_leaving_during_a_compile_cancels_it(srv, expected):
     wait_idle(srv)
 
 
+def test_a_compile_worker_killed_mid_compile_is_a_retryable_server_error(srv, expected):
+    import os
+    import signal
+    import subprocess
+
+    engine = srv.get("/get_server_info").json()["engine_pid"]
+    t, box = in_thread(lambda: srv.post("/generate", {"text": "x", "sampling_params": {
+        "max_new_tokens": 8, "regex": WORST_REGEXES[0] + "c"}}))
+    time.sleep(0.8)  # compiling: its budget is 2 s of CPU
+    assert t.is_alive()
+    workers = subprocess.run(["pgrep", "-P", str(engine), "-f", "grammar_worker"], capture_output=True,
+                             text=True).stdout.split()
+    assert workers, "no compile worker found"
+    for pid in workers:
+        os.kill(int(pid), signal.SIGKILL)
+    t.join(60)
+    r = box["resp"]
+    assert r.status_code == 503, r.text  # the server's fault: the client may retry, never a 400
+    err = r.json()["error"]
+    assert err["type"] == "service_unavailable" and "compile worker died" in err["message"], err
+    ok = srv.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4, "regex": "[0-9]{4}"}})
+    assert ok.status_code == 200 and len(ok.json()["text"]) == 4, ok.text  # the workers came back
+    assert_normal(srv, expected, "Hello there")
+    wait_idle(srv)
+
+
 @pytest.mark.parametrize("grammar", ["%import etc.passwd (X)\nstart: X", "%import .etc.passwd (X)\nstart: X",
                                      "%import common (NUMBER)\nstart: NUMBER  // the decoy ./common.lark too"])
 def test_ebnf_imports_never_reach_the_filesystem(srv, grammar):
