@@ -75,13 +75,19 @@ def test_generate_n_expands_to_a_list(srv):
 
 
 def test_seeded_n_samples_differ_and_reproduce(srv, client):
-    """n samples of one seeded request are independent draws (OpenAI, vLLM), and the whole set reproduces."""
+    """n samples of one seeded request are independent draws (OpenAI, vLLM), and the whole set reproduces from the
+    same cache state (without deterministic inference a cached prompt prefix can change the last bits of the logits,
+    and a sampled draw can move with them: docs/runtime.md, "Quantization and the KV cache dtype")."""
     body = {"text": "Tell me a story", "sampling_params": {"max_new_tokens": 12, "n": 3, "seed": 11,
                                                              "temperature": 1.0, "ignore_eos": True}}
-    runs = [[o["text"] for o in srv.post("/generate", body).json()] for _ in range(2)]
+    def generate():
+        assert srv.post("/flush_cache", {}).status_code == 200
+        return [o["text"] for o in srv.post("/generate", body).json()]
+    runs = [generate() for _ in range(2)]
     assert len(set(runs[0])) == 3 and runs[0] == runs[1]
 
     def chat():
+        assert srv.post("/flush_cache", {}).status_code == 200  # the same cache state each time: see the docstring
         out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Tell me a story"}],
                                              max_tokens=12, n=3, seed=11, temperature=1.0,
                                              extra_body={"ignore_eos": True})
