@@ -92,11 +92,11 @@ class FamilyMLP(LlamaMLP):
 
 class FamilyDecoderLayer(nn.Module):
     def __init__(self, config, fam: Family, layer_id: int, window: int | None, rope_key: str | None, moe: bool,
-                 shard=None):
+                 shard=None, batch_invariant: bool = False):
         super().__init__()
         eps = config.rms_norm_eps
         self.self_attn = FamilyAttention(config, fam, layer_id, window, rope_key, shard)
-        self.mlp = MoEBlock(config, fam.name, shard) if moe else FamilyMLP(config, fam.act, shard)
+        self.mlp = MoEBlock(config, fam.name, shard, batch_invariant) if moe else FamilyMLP(config, fam.act, shard)
         self.input_layernorm = RMSNorm(config.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
         self.sandwich = fam.gemma_norms
@@ -116,11 +116,12 @@ class FamilyDecoderLayer(nn.Module):
 
 
 class FamilyModel(nn.Module):
-    def __init__(self, config, fam: Family, shard=None):
+    def __init__(self, config, fam: Family, shard=None, batch_invariant: bool = False):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         windows, keys, moe = layer_windows(config), layer_rope_keys(config), moe_layers(config)
-        self.layers = nn.ModuleList(FamilyDecoderLayer(config, fam, i, windows[i], keys[i], fam.moe and moe[i], shard)
+        self.layers = nn.ModuleList(FamilyDecoderLayer(config, fam, i, windows[i], keys[i], fam.moe and moe[i], shard,
+                                                       batch_invariant)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -132,7 +133,7 @@ class FamilyForCausalLM(LlamaForCausalLM):
         self.family = family_of(config)
         self.final_softcap = getattr(config, "final_logit_softcapping", None) or None
         self.rope_tables = {}
-        return FamilyModel(config, self.family, shard)
+        return FamilyModel(config, self.family, shard, self.batch_invariant)
 
     def finish_fusing(self) -> None:
         """Fold Gemma's (1 + w) into the norm weights (once, after every layer's projections and experts are
@@ -188,6 +189,7 @@ class FamilyForCausalLM(LlamaForCausalLM):
         return logits
 
 
-def build_model(config, shard=None) -> LlamaForCausalLM:
+def build_model(config, shard=None, batch_invariant: bool = False, row_split=None) -> LlamaForCausalLM:
     """Our model for `config`: LlamaForCausalLM for the Llama family, FamilyForCausalLM for the others."""
-    return (LlamaForCausalLM if family_of(config) is None else FamilyForCausalLM)(config, shard)
+    cls = LlamaForCausalLM if family_of(config) is None else FamilyForCausalLM
+    return cls(config, shard, batch_invariant, row_split)

@@ -151,15 +151,17 @@ class LlamaForCausalLM(nn.Module):
     """The model. forward() returns logits only for fb.logits_indices.
 
     `shard` (a model/parallel.py ShardShape) sizes one tensor-parallel rank's layers; None = the whole model.
+    `batch_invariant` / `row_split`: deterministic inference (loader.load_model passes them; quantization.py).
     Other families (runtime/model/decoder.py) subclass it through build_decoder and forward.
     """
 
-    batch_invariant = False  # deterministic inference: attention in fixed key blocks (set by the runner)
-    row_split = None  # deterministic inference, quantized on CPU: the per-forward RowSplit of its linear layers
-
-    def __init__(self, config, shard=None):
+    def __init__(self, config, shard=None, batch_invariant: bool = False, row_split=None):
         super().__init__()
         self.config = config
+        # deterministic inference (docs/determinism.md): attention in fixed key blocks, MoE experts row by row, and
+        # on CPU the RowSplit (quantization.py) that routes each forward's rows of the linear layers by kind
+        self.batch_invariant = batch_invariant
+        self.row_split = row_split
         self.model = self.build_decoder(config, shard)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:

@@ -156,19 +156,21 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> str:
 
 
 def load_model(path: str, dtype: torch.dtype, device: torch.device, group: TPGroup | None = None,
-               on_layer: Callable[[LlamaForCausalLM, int], None] | None = None) -> LlamaForCausalLM:
+               on_layer: Callable[[LlamaForCausalLM, int], None] | None = None,
+               batch_invariant: bool = False) -> LlamaForCausalLM:
     """Build our model for the folder at `path` and load its weights (one rank's shard with `group`): safetensors,
     or the GGUF a converted folder points at, read one decoder layer at a time.
 
     Without `group` each layer is fused as soon as its weights are in and handed to on_layer(model, index) (the
     runner packs it there, so no float copy of the whole model is ever held); the top-level tensors (embedding,
     final norm, head) come first, as on_layer(model, None), then the layers: first, last, then the rest
-    (weight_files.layer_order)."""
+    (weight_files.layer_order). batch_invariant: built for deterministic inference (docs/determinism.md)."""
     import torch  # here, not at the top: finding folders must stay light (the fake engine imports this module)
     from transformers import AutoConfig
 
     from .decoder import build_model
     from .families import check_feature, remap_checkpoint
+    from .quantization import RowSplit
     from .vlm import build_vlm, is_vision_config, remap_vision_checkpoint
     from .weight_files import layer_order, open_weights
 
@@ -180,8 +182,9 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device, group: TPGro
 
         shard = shard_shape(config, group.size, group.rank)
     vision = is_vision_config(config)
+    split = RowSplit() if batch_invariant and device.type == "cpu" else None  # the CPU linear layers' row kinds
     with torch.device("meta"):
-        model = build_vlm(config) if vision else build_model(config, shard)
+        model = (build_vlm if vision else build_model)(config, shard, batch_invariant, split)
     weights = open_weights(path, config)
     groups = weights.groups()
     if vision:  # a vision-language checkpoint's names are remapped as a whole: one group, packed by the caller

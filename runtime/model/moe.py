@@ -99,7 +99,7 @@ class MoEBlock(nn.Module):
     Under tensor parallelism (`shard`) each rank holds every expert's slice of the intermediate dimension and the
     router whole: its output is a partial sum that `group` (set by parallel.parallelize) all-reduces."""
 
-    def __init__(self, config, family: str, shard=None):
+    def __init__(self, config, family: str, shard=None, batch_invariant: bool = False):
         super().__init__()
         self.num_experts = getattr(config, "num_local_experts", None) or config.num_experts
         self.top_k = config.num_experts_per_tok
@@ -108,7 +108,7 @@ class MoEBlock(nn.Module):
         self.renormalize = True if family == "mixtral" else bool(getattr(config, "norm_topk_prob", False))
         self.gate = nn.Linear(config.hidden_size, self.num_experts, bias=False)
         self._native: NativeExperts | None = None  # pointer tables for csrc/moe.cpp, built on first CPU decode
-        self.batch_invariant = False  # deterministic inference (set by quantization.make_batch_invariant)
+        self.batch_invariant = batch_invariant  # deterministic inference: experts row by row at any row count
         self.experts = nn.ModuleList(Expert(config.hidden_size, inter) for _ in range(self.num_experts))
 
     def fuse(self) -> None:

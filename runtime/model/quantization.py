@@ -277,8 +277,9 @@ def route_decode_rows(model: nn.Module) -> int:
 
 
 def make_batch_invariant(model: nn.Module) -> int:
-    """Route every linear layer of a loaded (and quantized) model through RowByRowLinear, the lm_head included,
-    so that no row's logits depend on the other rows of its forward; returns how many were wrapped."""
+    """Route every linear layer of a loaded (and quantized) model built batch-invariant through RowByRowLinear, the
+    lm_head included, so that no row's logits depend on the other rows of its forward; returns how many were
+    wrapped. On CPU the wrappers share the model's RowSplit (given at build time: loader.load_model)."""
     if model.model.embed_tokens.weight.device.type not in ("cpu", "cuda"):
         return 0
     def needs_wrap(m: nn.Module) -> bool:
@@ -286,14 +287,12 @@ def make_batch_invariant(model: nn.Module) -> int:
             return not (m.packed.native and m.packed.dense is None and native_lib() is not None)
         return isinstance(m, nn.Linear)
 
-    split = RowSplit() if model.model.embed_tokens.weight.device.type == "cpu" else None
+    split = model.row_split
     count = 0
     with torch.no_grad():
         for layer in model.model.layers:
             for parent in list(layer.modules()):
                 moe = hasattr(parent, "batch_invariant") and hasattr(parent, "top_k")  # a MoEBlock (moe.py)
-                if moe:  # its experts' rows take the native call at any row count
-                    parent.batch_invariant = True
                 for name, child in list(parent.named_children()):
                     if needs_wrap(child):
                         # a router is a few columns: the native GEMV for every row, never the dense 64-row tiles
@@ -307,7 +306,6 @@ def make_batch_invariant(model: nn.Module) -> int:
         elif needs_wrap(head):
             model.logits_head = RowByRowLinear(head, split, head=True)
             count += 1
-    model.row_split = split
     return count
 
 
@@ -377,8 +375,7 @@ class PackedEmbedding(nn.Module):
         return self.qweight[ids].to(torch.float32) * self.scales[ids].to(torch.float32)[:, None]
 
 
-def quantize_model(model: nn.Module, mode: str, dense: bool = False, batch_invariant: bool = False,
-                   skip_layers: bool = False) -> int:
+def quantize_model(model: nn.Module, mode: str, dense: bool = False, skip_layers: bool = False) -> int:
     """Replace every projection of a loaded, fused LlamaForCausalLM by its quantized form; returns weight bytes.
 
     The lm_head gets its own quantized copy (int8 per channel in both modes: the embedded model's
@@ -391,15 +388,15 @@ def quantize_model(model: nn.Module, mode: str, dense: bool = False, batch_invar
     inference's fixed 64-row tiles read it; also where the native kernels do not run).
     Under tensor parallelism each rank quantizes its own shards: per output channel, a column-parallel shard
     gets exactly the numbers of tp=1; a row-parallel shard's channel scale covers its own input columns.
-    batch_invariant=True (deterministic inference) wraps every linear layer in RowByRowLinear (make_batch_invariant):
-    decode rows run the native GEMV at any row count, prefill rows the dense copy in fixed 64-row tiles. Otherwise
-    mode none on CPU runs forwards of up to 16 rows on the native float32 GEMV (route_decode_rows).
+    A model built batch_invariant (deterministic inference) gets every linear layer wrapped in RowByRowLinear
+    (make_batch_invariant): decode rows run the native GEMV at any row count, prefill rows the dense copy in fixed
+    64-row tiles. Otherwise mode none on CPU runs forwards of up to 16 rows on the native float32 GEMV (route_decode_rows).
     skip_layers: the decoder layers and the head were packed while loading (LayerPacker).
     """
     if mode not in ("none", "int8", "int4"):
         raise ValueError(f"quantize_model takes none, int8 or int4 (resolve 'auto' first), got {mode!r}")
     if mode == "none":
-        if batch_invariant:
+        if model.batch_invariant:
             make_batch_invariant(model)
         else:
             route_decode_rows(model)
@@ -408,7 +405,7 @@ def quantize_model(model: nn.Module, mode: str, dense: bool = False, batch_invar
         total = 0
     else:
         total = sum(quantize_layer(layer, mode, dense) for layer in model.model.layers) + quantize_head(model, dense)
-    if batch_invariant:
+    if model.batch_invariant:
         make_batch_invariant(model)
     return total
 

@@ -71,7 +71,7 @@ class ModelRunner:
             config = AutoConfig.from_pretrained(model_path)
             if not is_vision_config(config):
                 packer = LayerPacker(fit_quantization(config, cfg.quantization), self.device, keep_dense=det)
-        self.model = load_model(model_path, self.dtype, self.device, self.group, packer)
+        self.model = load_model(model_path, self.dtype, self.device, self.group, packer, batch_invariant=det)
         blocker = determinism_blocker(self.model.config, self.device.type)
         if cfg.enable_deterministic_inference and blocker is not None:
             raise ValueError(f"enable_deterministic_inference is not supported with {type(self.model).__name__}: "
@@ -83,8 +83,7 @@ class ModelRunner:
         else:  # tensor parallel (every rank packs its loaded shard), or a vision-language model loaded whole
             mode = fit_quantization(self.model.config, cfg.quantization)
             self.quantization = resolve_quantization(mode, self.device, self.model, self.group is not None)
-        quantize_model(self.model, self.quantization, dense=det, batch_invariant=det, skip_layers=streamed)
-        self.model.batch_invariant = det
+        quantize_model(self.model, self.quantization, dense=det, skip_layers=streamed)
         self.model.prepare_native_decode()
         self.lora = None  # runtime/lora/manager.LoraManager when LoRA adapters are served (wraps the projections)
         if cfg.lora_enabled:

@@ -57,8 +57,8 @@ class LlavaForConditionalGeneration(VisionEmbedding, LlamaForCausalLM):
 
     mrope = False
 
-    def __init__(self, config, shard=None):
-        super().__init__(text_config_of(config), shard)
+    def __init__(self, config, shard=None, batch_invariant: bool = False, row_split=None):
+        super().__init__(text_config_of(config), shard, batch_invariant, row_split)
         self.vision = LlavaEncoder(config)
         self.tokens_per_image = self.vision.tokens_per_image
 
@@ -77,8 +77,8 @@ class Qwen2VLForConditionalGeneration(VisionEmbedding, FamilyForCausalLM):
     mrope = True
     tokens_per_image = None  # dynamic: from each image's grid
 
-    def __init__(self, config, shard=None):
-        super().__init__(text_config_of(config), shard)
+    def __init__(self, config, shard=None, batch_invariant: bool = False, row_split=None):
+        super().__init__(text_config_of(config), shard, batch_invariant, row_split)
         v25 = config.architectures[0] == "Qwen2_5_VLForConditionalGeneration"  # windowed encoder, same decoder
         self.vision = (Qwen25VisionEncoder if v25 else Qwen2VisionEncoder)(config.vision_config)
         params = getattr(self.config, "rope_parameters", None) or getattr(self.config, "rope_scaling", None) or {}
@@ -94,7 +94,7 @@ class Qwen2VLForConditionalGeneration(VisionEmbedding, FamilyForCausalLM):
         self.family = Family("qwen2_vl")
         self.final_softcap = None
         self.rope_tables = {}
-        return FamilyModel(config, self.family, shard)
+        return FamilyModel(config, self.family, shard, self.batch_invariant)
 
     def rope_rows(self, fb: ForwardBatch) -> dict[str | None, RopeRows]:
         table = self.rope_tables[None]
@@ -110,12 +110,12 @@ class Qwen2VLForConditionalGeneration(VisionEmbedding, FamilyForCausalLM):
         return list(out.split([im.num_tokens for im in images]))
 
 
-def build_vlm(config, shard=None) -> LlamaForCausalLM:
+def build_vlm(config, shard=None, batch_invariant: bool = False, row_split=None) -> LlamaForCausalLM:
     """Our model for a vision-language config (tensor parallelism is refused by the loader)."""
     cls = {"LlavaForConditionalGeneration": LlavaForConditionalGeneration,
            "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
            "Qwen2_5_VLForConditionalGeneration": Qwen2VLForConditionalGeneration}[config.architectures[0]]
-    return cls(config, shard)
+    return cls(config, shard, batch_invariant, row_split)
 
 
 _PREFIXES = (  # checkpoint names (hub layout and transformers 5's in-memory layout) -> ours
