@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -149,10 +150,25 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> str:
         else:
             raise ValueError(f"model path {path} does not exist (no model hub is used: give a local folder)")
     out_dir = cache_root() / f"{gguf.stem}-{_file_key(gguf)}"
-    with _convert_lock:
+    with _convert_lock, _process_lock(out_dir.with_name(out_dir.name + ".lock")):
         if not is_converted_folder(out_dir):
             convert_gguf(gguf, out_dir)
     return str(out_dir)
+
+
+@contextlib.contextmanager
+def _process_lock(path: pathlib.Path):
+    """An exclusive lock across processes (replicas, test workers converting the same GGUF on a fresh machine): the
+    second waits for the first's conversion instead of replacing the folder the first is reading."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def load_model(path: str, dtype: torch.dtype, device: torch.device, group: TPGroup | None = None,
