@@ -8,7 +8,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -55,6 +55,7 @@ class GrammarCompiler:
         unicode_classes: bool = False,
         compile_timeout_s: float | None = COMPILE_TIME_S,
         budget_clock: str = COMPILE_CLOCK,
+        schema_documents: Mapping[str, Any] | None = None,
     ):
         """cache_dir: optional folder for compiled regex/JSON guides keyed by constraint + tokenizer hash.
 
@@ -62,6 +63,8 @@ class GrammarCompiler:
         compile_timeout_s: budget of one compile, token index included (default: the engine's, see budget.py);
         None = unlimited.
         budget_clock: "cpu" (the compiling thread's CPU time, the default on every path) or "wall".
+        schema_documents: schemas that JSON schemas' remote `$ref`s may point into, URI -> schema (pre-loaded
+        here: nothing is ever fetched; a `$ref` to any other URI is refused by name).
         """
         if not isinstance(tokenizer_info, TokenizerInfo):
             raise ValueError("GrammarCompiler needs a TokenizerInfo (use TokenizerInfo.from_hf(tokenizer))")
@@ -74,6 +77,13 @@ class GrammarCompiler:
         if budget_clock not in ("wall", "cpu"):
             raise ValueError(f"budget_clock must be 'wall' or 'cpu', got {budget_clock!r}")
         self.compile_timeout_s = compile_timeout_s
+        try:  # a private copy (later changes to the caller's mapping change nothing) and its digest for cache keys
+            docs_text = json.dumps(dict(schema_documents or {}), sort_keys=True)
+        except (TypeError, ValueError, RecursionError):
+            raise ValueError("schema_documents must map URI strings to JSON schemas") from None
+        self.schema_documents = json.loads(docs_text)
+        self._documents_key = hashlib.sha256(docs_text.encode()).hexdigest()[:16] if schema_documents else ""
+        self._documents_tag = [self._documents_key] if schema_documents else []  # in disk-cache keys
         self.budget_clock = budget_clock
         self.info = tokenizer_info
         self.max_states = max_states
@@ -211,19 +221,20 @@ class GrammarCompiler:
             text = json.dumps(norm, sort_keys=False)
         except (RecursionError, ValueError):
             raise GrammarError("json_schema is nested too deeply to compile") from None
-        key = ("json_schema", text, strict, ws, self.max_recursion_depth, self.max_states)
+        key = ("json_schema", text, strict, ws, self.max_recursion_depth, self.max_states, self._documents_key)
 
         def build() -> Guide:
             budget = self.budget(cancel, timeout_s)
 
             def make():
                 res = compile_schema(norm, whitespace_pattern=ws, strict=strict,
-                                     max_recursion_depth=self.max_recursion_depth, budget=budget)
+                                     max_recursion_depth=self.max_recursion_depth, budget=budget,
+                                     documents=self.schema_documents)
                 mod = res.module
                 auto = mod if mod.entries else ByteDFA(mod.trans, mod.accepting, mod.initial)
                 return auto, SchemaInfo(res.draft, res.ignored, res.relaxed, res.narrowed)
 
-            source = f"json_schema:{json.dumps([strict, ws, self.max_recursion_depth])}:{text}"
+            source = f"json_schema:{json.dumps([strict, ws, self.max_recursion_depth] + self._documents_tag)}:{text}"
             return self._regex_guide(source, budget, make=make)
 
         return self._cached(key, build)
@@ -241,16 +252,18 @@ class GrammarCompiler:
             budget = self.budget(cancel, timeout_s)
 
             def schema_dfa(schema, b):
-                return compile_schema(schema, whitespace_pattern=ws, strict=True,
-                                      max_recursion_depth=self.max_recursion_depth, budget=b).module
+                return compile_schema(schema, whitespace_pattern=ws, strict=True, budget=b,
+                                      max_recursion_depth=self.max_recursion_depth,
+                                      documents=self.schema_documents).module
 
             def make():
                 return structural_tag_dfa(tag, schema_dfa, self.max_states, budget), None
 
-            source = f"structural_tag:{json.dumps([ws, self.max_recursion_depth])}:{text}"
+            source = f"structural_tag:{json.dumps([ws, self.max_recursion_depth] + self._documents_tag)}:{text}"
             return self._regex_guide(source, budget, make=make)
 
-        return self._cached(("structural_tag", text, ws, self.max_recursion_depth, self.max_states), build)
+        return self._cached(("structural_tag", text, ws, self.max_recursion_depth, self.max_states, self._documents_key),
+                            build)
 
     def compile_ebnf(self, grammar: str, start: str = "start", cancel: Any = None, timeout_s: Any = ...) -> Guide:
         """Guide for a context-free grammar in lark EBNF syntax."""

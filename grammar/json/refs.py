@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import urllib.parse
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import GrammarError
 from .vocab import id_keyword, ref_overrides_siblings, subschema_slots
@@ -32,9 +32,13 @@ def _pointer(doc: Any, frag: str, ref: str) -> Any:
 
 
 class SchemaRegistry:
-    """Every schema resource of one root document, its anchors, and the base URI of each subschema."""
+    """Every schema resource of one root document (and of the documents its $refs reach), its anchors, and the
+    base URI of each subschema.
 
-    def __init__(self, root: Any, draft: str):
+    documents: pre-loaded schemas for remote references, retrieval URI -> schema (never fetched); those reached
+    from the root (transitively) are indexed as if they had been retrieved from that URI."""
+
+    def __init__(self, root: Any, draft: str, documents: Mapping[str, Any] | None = None):
         self.draft = draft
         self.resources: dict[str, Any] = {}
         self.duplicates: dict[str, list] = {}  # later resources with an $id already taken
@@ -44,12 +48,27 @@ class SchemaRegistry:
         self.base_of: dict[int, str] = {}
         self.depth = 0  # deepest subschema nesting of the document
         self.ref_count = 0  # $ref / $dynamicRef / $recursiveRef occurrences
-        self._walk(root)
+        self.loaded: list[str] = []  # documents reached from the root, in the order they were indexed
+        self._refs: list[tuple[Any, str]] = []  # (reference, base URI) met by the walks
+        self._walk(root, ROOT_URI)
+        docs = {urllib.parse.urldefrag(k)[0]: v for k, v in (documents or {}).items()}
+        for key, doc in list(docs.items()):  # a document is also found by its own root $id
+            ident = doc.get(id_keyword(draft)) if isinstance(doc, dict) else None
+            if isinstance(ident, str):
+                docs.setdefault(urllib.parse.urldefrag(_join(key, ident))[0], doc)
+        while self._refs:  # index each document a reference points into, until no new one is reached
+            ref, base = self._refs.pop()
+            uri = urllib.parse.urldefrag(_join(base, ref))[0] if isinstance(ref, str) else None
+            if uri in docs and uri not in self.resources:
+                if not isinstance(docs[uri], (dict, bool)):
+                    raise GrammarError(f"schema document {uri!r} must be an object or boolean")
+                self.loaded.append(uri)
+                self._walk(docs[uri], uri)
 
-    def _walk(self, root: Any) -> None:
+    def _walk(self, root: Any, uri: str) -> None:
         idk = id_keyword(self.draft)
-        self.resources[ROOT_URI] = root
-        stack: list[tuple[Any, str, int]] = [(root, ROOT_URI, 0)]
+        self.resources[uri] = root
+        stack: list[tuple[Any, str, int]] = [(root, uri, 0)]
         while stack:
             node, base, depth = stack.pop()
             if depth > MAX_SCHEMA_DEPTH:
@@ -57,7 +76,6 @@ class SchemaRegistry:
             if not isinstance(node, dict):
                 continue
             self.depth = max(self.depth, depth)
-            self.ref_count += sum(k in node for k in ("$ref", "$dynamicRef", "$recursiveRef"))
             ident = node.get(idk)
             if isinstance(ident, str) and not ("$ref" in node and ref_overrides_siblings(self.draft)):
                 full = _join(base, ident)
@@ -69,6 +87,10 @@ class SchemaRegistry:
                     if self.resources.setdefault(uri, node) is not node:  # an $id used twice (invalid, seen)
                         self.duplicates.setdefault(uri, []).append(node)
             self.base_of[id(node)] = base
+            for key in ("$ref", "$dynamicRef", "$recursiveRef"):
+                if key in node:
+                    self.ref_count += 1
+                    self._refs.append((node[key], base))
             for key in ("$anchor", "$dynamicAnchor"):
                 name = node.get(key)
                 if isinstance(name, str) and self.draft in ("2019-09", "2020-12"):
@@ -91,8 +113,8 @@ class SchemaRegistry:
         uri, frag = urllib.parse.urldefrag(_join(base, ref))
         doc = self.resources.get(uri)
         if doc is None:
-            raise GrammarError(f"unsupported $ref {ref!r}: remote references are not supported "
-                               "(only references into this document, by JSON pointer, $id or $anchor)")
+            raise GrammarError(f"unsupported $ref {ref!r}: remote reference to {uri!r}, which is not among the "
+                               "schema documents handed to the compiler (documents=...; nothing is fetched)")
         if not frag:
             return doc, uri
         if frag.startswith("/"):

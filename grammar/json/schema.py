@@ -12,7 +12,7 @@ import json
 import re
 import warnings
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Mapping
 
 from . import formats as F
 from ..budget import CompileBudget
@@ -70,12 +70,14 @@ def normalize_schema(schema: Any) -> Any:
 
 def compile_schema(schema: Any, whitespace_pattern: str | None = None, strict: bool = True,
                    max_recursion_depth: int = 3, budget: CompileBudget | None = None,
-                   default_draft: str = DEFAULT_DRAFT) -> CompiledSchema:
-    """Minimal DFA of the JSON texts (in the layout) valid under `schema`; GrammarError names what is refused."""
+                   default_draft: str = DEFAULT_DRAFT, documents: Mapping[str, Any] | None = None) -> CompiledSchema:
+    """Minimal DFA of the JSON texts (in the layout) valid under `schema`; GrammarError names what is refused.
+
+    documents: schemas that remote `$ref`s may point into, URI -> schema (pre-loaded by the caller; never fetched)."""
     budget = budget or CompileBudget(time_s=None)
     schema = normalize_schema(schema)
     draft = detect_draft(schema, default_draft)
-    conv = SchemaConverter(schema, draft, whitespace_pattern, strict, max_recursion_depth, budget)
+    conv = SchemaConverter(schema, draft, whitespace_pattern, strict, max_recursion_depth, budget, documents)
     try:
         regex = conv.under(Sub(schema, conv.root_ctx))
     except RecursionError:
@@ -112,11 +114,11 @@ class SchemaConverter:
     by the VALUES table."""
 
     def __init__(self, root: Any, draft: str, ws: str | None, strict: bool, max_recursion_depth: int,
-                 budget: CompileBudget):
+                 budget: CompileBudget, documents: Mapping[str, Any] | None = None):
         self.root, self.draft, self.strict, self.max_rec = root, draft, strict, max_recursion_depth
         self.budget, self.max_states = budget, budget.max_states
-        self.registry = SchemaRegistry(root, draft)
-        if _has_marker(root):
+        self.registry = SchemaRegistry(root, draft, documents)
+        if _has_marker(root) or any(_has_marker(self.registry.resources[u]) for u in self.registry.loaded):
             raise GrammarError("json_schema contains private-use characters U+F0000..U+FFFFD, which the "
                                "compiler reserves")
         # instances nest at most this deep (schema nesting, times $ref hops, capped): the universe's depth

@@ -138,7 +138,7 @@ def _serialize(data):
     "schema,match",
     [
         ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "minItems": 2}, "'uniqueItems'"),
-        ({"$ref": "http://example.com/s.json"}, "remote references"),
+        ({"$ref": "http://example.com/s.json"}, "remote reference to 'http://example.com/s.json'.*nothing is fetched"),
         ({"$ref": "#/$defs/missing"}, "does not resolve"),
         ({"type": "strnig"}, "invalid 'type'"),
         ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "admits no document"),
@@ -158,6 +158,39 @@ def test_bad_schemas(schema, match):
     with pytest.raises(GrammarError, match=match):
         COMPILER.compile_json_schema(schema)
     assert time.perf_counter() - t0 < 10.0  # fails fast, never hangs (bound generous for loaded CI)
+
+
+def test_schema_documents_serve_remote_refs():
+    """Remote $refs resolve in the documents handed to the compiler (relative to the document's own URI, through
+    its $id and anchors), transitively; any other URI is refused by name and nothing is fetched."""
+    docs = {"https://example.com/defs.json": {"$defs": {"id": {"type": "integer", "minimum": 1},
+                                                          "ref": {"$ref": "item.json"}}},
+            "https://example.com/item.json": {"$id": "https://example.com/other/item.json", "$anchor": "it",
+                                              "type": "object", "properties": {"n": {"$ref": "#/$defs/n"}},
+                                              "required": ["n"], "additionalProperties": False,
+                                              "$defs": {"n": {"enum": ["x", "y"]}}}}
+    schema = {"type": "array", "prefixItems": [{"$ref": "https://example.com/defs.json#/$defs/id"},
+                                               {"$ref": "https://example.com/defs.json#/$defs/ref"}],
+              "items": False, "minItems": 2}
+    comp = GrammarCompiler(small_vocab_info(), schema_documents=docs)
+    g = comp.compile_json_schema(schema)
+    for doc, ok in [([3, {"n": "x"}], True), ([0, {"n": "x"}], False), ([3, {"n": "z"}], False), ([3], False)]:
+        assert _accepts(g, _serialize(doc)) is ok, doc
+    anchored = comp.compile_json_schema({"$ref": "https://example.com/other/item.json#it"})
+    assert _accepts(anchored, b'{"n": "y"}') and not _accepts(anchored, b'{"n": 1}')
+    docs["https://example.com/defs.json"]["$defs"]["id"]["minimum"] = 5  # the compiler kept its own copy
+    assert _accepts(comp.compile_json_schema(schema), b'[3, {"n": "x"}]')
+    with pytest.raises(GrammarError, match="remote reference to 'https://example.com/none.json'"):
+        comp.compile_json_schema({"$ref": "https://example.com/none.json"})
+    with pytest.raises(GrammarError, match="remote reference"):  # the same schema without documents
+        COMPILER.compile_json_schema(schema)
+
+
+def _accepts(guide, data: bytes) -> bool:
+    try:
+        return guide.is_final(guide.advance_bytes(guide.initial_state, data))
+    except ValueError:
+        return False
 
 
 def test_deep_nesting_is_a_clear_error():
