@@ -52,6 +52,7 @@ SIGNATURES = {
     "sglpy_silu_mul": (_I64, [_P, _I64, _I64, _P, _I32]),
     "sglpy_decode_layer": (_I64, [_P, _P, _P, _P, _I32, _I64]),
     "sglpy_decode_layer_extend": (_I64, [_P, _P, _P, _P, _I32, _I64, _P, _P, _P]),
+    "sglpy_decode_layer_lora": (_I64, [_P, _P, _P, _P, _I32, _I64, _P, _P]),
     "sglpy_extend_attention": (_I64, [_P, _I64, _P, _P, _I32, _I64, _I64, _P, _I64, _I64, _P, _P, _P, _P, _P,
                                       _I64, _I64, _I64, _I64, _F32, _I32]),
     "sglpy_gemv_int8": (_I64, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I32]),

@@ -9,7 +9,7 @@ from ctypes import c_float, c_int32, c_int64, c_void_p
 import torch
 
 INT8, INT4 = 0, 1  # QLinear.kind
-_FIRST_STAGE, _SECOND_STAGE = 1_000_000_000, 2_000_000_000
+_FIRST_STAGE, _SECOND_STAGE, _LORA_STAGE = 1_000_000_000, 2_000_000_000, 3_000_000_000
 
 
 class QLinearC(ctypes.Structure):
@@ -37,6 +37,26 @@ class DecodeStepC(ctypes.Structure):
                 ("r2t_rows", c_int64), ("r2t_stride", c_int64), ("rows", c_void_p), ("lens", c_void_p)]
 
 
+class LoraProjC(ctypes.Structure):
+    """One fused projection's adapter pool (csrc/lora.cpp's layout: A [slots, slices * R, in], Bt [slots, R, out]);
+    a = None: the projection is not adapted."""
+
+    _fields_ = [("a", c_void_p), ("bt", c_void_p), ("offsets", c_void_p), ("n_slices", c_int64)]
+
+
+class LoraLayerC(ctypes.Structure):
+    """A layer's adapter pools (built once with the pool; the tensors must outlive it: the pool holds them)."""
+
+    _fields_ = [("qkv", LoraProjC), ("o", LoraProjC), ("gate_up", LoraProjC), ("down", LoraProjC)]
+
+
+class LoraStepC(ctypes.Structure):
+    """One forward's adapter segments (kernels/lora.py:LoraSegments) and the pool's sizes, shared by every layer."""
+
+    _fields_ = [("rows", c_void_p), ("indptr", c_void_p), ("slots", c_void_p), ("ranks", c_void_p),
+                ("n_seg", c_int64), ("num_slots", c_int64), ("pool_rank", c_int64), ("w_dtype", c_int32)]
+
+
 def qlinear(kind: str, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, n: int,
             k: int) -> QLinearC:
     """The struct for one natively packed projection."""
@@ -51,15 +71,22 @@ class DecodeLayerFailed(RuntimeError):
 
 def decode_layer_cpu(lib: ctypes.CDLL, layer: DecodeLayerC, step: DecodeStepC, x: torch.Tensor,
                      residual: torch.Tensor, first: bool,
-                     extend: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+                     extend: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                     lora: tuple[LoraLayerC, LoraStepC] | None = None) -> None:
     """Run one layer in place: x [M, hidden] -> the layer's output, residual -> the residual stream (float32,
     contiguous; first=True: residual is only written). extend = (prefix, ext, start), int64 [M] each: attention
-    as one-token extends (deterministic inference, csrc/decode_layer.cpp:sglpy_decode_layer_extend)."""
+    as one-token extends (deterministic inference, csrc/decode_layer.cpp:sglpy_decode_layer_extend). lora = (the
+    layer's adapter pools, the forward's segments): each adapted projection adds its rows' LoRA deltas
+    (sglpy_decode_layer_lora; not together with extend: deterministic inference refuses LoRA)."""
     args = (ctypes.byref(layer), ctypes.byref(step), x.data_ptr(), residual.data_ptr(), 1 if first else 0, x.shape[0])
-    if extend is None:
+    if lora is not None:
+        if extend is not None:
+            raise ValueError("the fused decode layer runs LoRA adapters only with decode attention (no extend)")
+        rc = lib.sglpy_decode_layer_lora(*args, ctypes.byref(lora[0]), ctypes.byref(lora[1]))
+    elif extend is None:
         rc = lib.sglpy_decode_layer(*args)
     else:
         rc = lib.sglpy_decode_layer_extend(*args, *(t.data_ptr() for t in extend))
     if rc != 0:
-        stage = "rotary/KV store" if rc < _SECOND_STAGE else "attention"
+        stage = "rotary/KV store" if rc < _SECOND_STAGE else "attention" if rc < _LORA_STAGE else "LoRA segments"
         raise DecodeLayerFailed(f"native decode layer {layer.layer}: {stage} rejected its input (code {rc})")

@@ -1,6 +1,6 @@
 """Native CPU segmented LoRA for a few rows (csrc/lora.cpp): every segment's shrink and expand of one projection in
-one call, rows split across threads; beside kernels/lora.py's torch reference (one matmul pair per adapter, which
-costs ~11 small torch ops per adapter per layer in a decode step)."""
+one call, split across threads; beside kernels/lora.py's torch reference (one matmul pair per adapter, which costs
+~11 small torch ops per adapter per layer in a decode step). The fused decode layer runs the same entry point."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import functools
 
 import torch
 
-from .cpu_native import bind_signatures, native_lib
+from .cpu_native import DTYPE_CODES, bind_signatures, native_lib
 
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
-_SIGNATURES = {"sglpy_lora_delta": (_I64, [_P, _I64, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _P, _P, _P, _I64,
-                                           _I64, _I64, _I32])}
+_SIGNATURES = {"sglpy_lora_delta": (_I64, [_P, _I64, _P, _I64, _P, _P, _I32, _I64, _I64, _I64, _P, _P, _P, _P, _P,
+                                           _I64, _I64, _I64, _I32])}
 NATIVE_MAX_ROWS = 64  # more adapter rows (prefill chunks) run the reference: its GEMMs beat per-row dot products
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16)  # the adapter pool's dtypes the kernel reads
 
 
 @functools.lru_cache(maxsize=None)
@@ -22,25 +23,28 @@ def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
     return bind_signatures(lib, _SIGNATURES)
 
 
-def lora_lib(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, n_rows: int) -> ctypes.CDLL | None:
-    """The native library when it runs this call (float32 on CPU, unit column strides, contiguous weights, a few
-    rows), else None."""
-    if x.device.type != "cpu" or n_rows > NATIVE_MAX_ROWS or any(t.dtype != torch.float32 for t in (x, y, a, b)):
+def lora_lib(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
+             n_rows: int) -> ctypes.CDLL | None:
+    """The native library when it runs this call (x, y float32 on CPU with unit column strides; a, bt contiguous
+    float32 or bf16; a few rows), else None."""
+    if x.device.type != "cpu" or n_rows > NATIVE_MAX_ROWS or x.dtype != torch.float32 or y.dtype != torch.float32:
         return None
-    if x.stride(1) != 1 or y.stride(1) != 1 or not a.is_contiguous() or not b.is_contiguous():
+    if a.dtype not in WEIGHT_DTYPES or bt.dtype != a.dtype:
+        return None
+    if x.stride(1) != 1 or y.stride(1) != 1 or not a.is_contiguous() or not bt.is_contiguous():
         return None
     lib = native_lib()
     return _typed(lib) if lib is not None else None
 
 
-def lora_delta_cpu(lib: ctypes.CDLL, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+def lora_delta_cpu(lib: ctypes.CDLL, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
                    offsets: torch.Tensor, seg) -> torch.Tensor:
     """y[rows] += the segments' LoRA deltas (kernels/lora.py's contract); offsets: int64 [slices + 1] on the CPU."""
     n_slices = offsets.shape[0] - 1
-    rc = lib.sglpy_lora_delta(x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), a.data_ptr(), b.data_ptr(),
-                              x.shape[1], b.shape[2], n_slices, offsets.data_ptr(), seg.rows.data_ptr(),
-                              seg.indptr.data_ptr(), seg.slots.data_ptr(), seg.ranks.data_ptr(), len(seg.host_slots),
-                              a.shape[0], x.shape[0], torch.get_num_threads())
+    rc = lib.sglpy_lora_delta(x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), a.data_ptr(), bt.data_ptr(),
+                              DTYPE_CODES[a.dtype], x.shape[1], bt.shape[1], n_slices, offsets.data_ptr(),
+                              seg.rows.data_ptr(), seg.indptr.data_ptr(), seg.slots.data_ptr(), seg.ranks.data_ptr(),
+                              len(seg.host_slots), a.shape[0], x.shape[0], torch.get_num_threads())
     if rc != 0:
         raise ValueError("LoRA segments name a row, slot or rank outside the tensors")
     return y

@@ -48,10 +48,10 @@ def _shrink_kernel(
 def _expand_kernel(
     H, B, Y, Rows, Indptr, Slots, Ranks,
     h_col0, out_col0, out_size,
-    stride_h, stride_bs, stride_bo, stride_y,
+    stride_h, stride_bs, stride_br, stride_y,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    # one program: one segment x BLOCK_N output columns of one slice; y[row] += h[pos, slice] @ B[slot, cols]^T
+    # one program: one segment x BLOCK_N output columns of one slice; y[row] += h[pos, slice] @ Bt[slot, :, cols]
     seg = tl.program_id(0)
     pid_n = tl.program_id(1)
     start = tl.load(Indptr + seg)
@@ -62,7 +62,7 @@ def _expand_kernel(
     col_ok = offs_n < out_size
     offs_r = tl.arange(0, BLOCK_R)
     r_ok = offs_r < rank
-    bb = tl.load(B + slot * stride_bs + (out_col0 + offs_n)[None, :] * stride_bo + offs_r[:, None],
+    bb = tl.load(B + slot * stride_bs + offs_r[:, None] * stride_br + (out_col0 + offs_n)[None, :],
                  mask=r_ok[:, None] & col_ok[None, :], other=0.0)  # [R, N]
     for m0 in range(start, end, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -81,11 +81,11 @@ def _block(n: int, cap: int) -> int:
     return max(16, min(cap, triton.next_power_of_2(n)))
 
 
-def lora_delta_triton(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, offsets: tuple[int, ...],
+def lora_delta_triton(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, offsets: tuple[int, ...],
                       seg: LoraSegments) -> torch.Tensor:
     """y[rows] += the segments' LoRA deltas (lora.lora_delta's contract); h lives in row-sorted order."""
     n_rows, n_in = seg.rows.shape[0], x.shape[1]
-    n_slices, pool_rank = len(offsets) - 1, b.shape[2]
+    n_slices, pool_rank = len(offsets) - 1, bt.shape[1]
     n_cols = n_slices * pool_rank
     h = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)  # [n, slices * R]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # float32 models stay float32 (no TF32 rounding)
@@ -103,9 +103,9 @@ def lora_delta_triton(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torc
         size = offsets[s + 1] - offsets[s]
         bn = _block(size, 64)
         _expand_kernel[(n_seg, triton.cdiv(size, bn))](
-            h, b, y, seg.rows, seg.indptr, seg.slots, seg.ranks,
+            h, bt, y, seg.rows, seg.indptr, seg.slots, seg.ranks,
             s * pool_rank, offsets[s], size,
-            h.stride(0), b.stride(0), b.stride(1), y.stride(0),
+            h.stride(0), bt.stride(0), bt.stride(1), y.stride(0),
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_R=br, DOT_PRECISION=precision,
         )
     return y

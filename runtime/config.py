@@ -8,6 +8,7 @@ from typing import Any
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("float32", "bfloat16", "float16")
+LORA_DTYPES = ("auto", "float32", "bfloat16")
 # weight-only, quantized at load (runtime/model/quantization.py); auto = on CPU int4 for weights already on a 4-bit
 # grid, else int8 (both pass benchmarks/quality_gate.py and are faster), none elsewhere (see resolve_quantization)
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
@@ -88,6 +89,9 @@ class EngineConfig:
     lora_eviction_policy: str = "lru"  # which pool slot a newly needed adapter overwrites: lru or fifo
     max_lora_rank: int | None = None  # the pool's rank; None = the largest startup adapter's (16 without any)
     lora_target_modules: tuple[str, ...] | None = None  # the pool's modules; None = the startup adapters' (all)
+    # the adapter pool's dtype (vLLM's lora_dtype): auto = bfloat16 under a quantized CPU base (half the bytes a decode
+    # step reads, docs/lora.md), else the model's dtype
+    lora_dtype: str = "auto"
     # vision models (docs/vision.md): what one image and one prompt may hold, checked before the engine sees them
     max_image_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 40_000_000
@@ -216,6 +220,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         if self.lora_eviction_policy not in ("lru", "fifo"):
             raise ValueError(f"lora_eviction_policy must be lru or fifo, got {self.lora_eviction_policy!r}")
+        if self.lora_dtype not in LORA_DTYPES:
+            raise ValueError(f"lora_dtype must be one of {LORA_DTYPES}, got {self.lora_dtype!r}")
         if self.lora_target_modules is not None:
             from .lora.spec import LORA_MODULES
 

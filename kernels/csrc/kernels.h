@@ -40,6 +40,10 @@ int64_t sglpy_rotary_store(float* qkv, int64_t M, int64_t row_stride, int64_t H,
 int64_t sglpy_silu_mul(const float* gate_up, int64_t M, int64_t I, float* out, int32_t nthreads);
 int64_t sglpy_dequant_rows(int32_t kind, const void* q, const void* scales, int64_t K, int64_t n0, int64_t n1,
                            void* out, int32_t out_dtype, int32_t nthreads);
+int64_t sglpy_lora_delta(const float* x, int64_t x_stride, float* y, int64_t y_stride, const void* a, const void* bt,
+                         int32_t w_dtype, int64_t n_in, int64_t pool_rank, int64_t n_slices, const int64_t* offsets,
+                         const int64_t* rows, const int64_t* indptr, const int64_t* slots, const int64_t* ranks,
+                         int64_t n_seg, int64_t num_slots, int64_t num_rows, int32_t nthreads);
 int32_t sglpy_gemv_int8_activations();
 int32_t sglpy_gemv_int8_weight_act_max();
 }

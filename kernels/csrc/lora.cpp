@@ -1,65 +1,129 @@
-// Segmented LoRA for a few rows (decode steps), float32:            oracle: kernels/lora.py:lora_delta_reference
-//   sglpy_lora_delta   y[rows[i]] += per output slice s: B_s (A_s x[rows[i]]), with A_s, B_s the slot's weights
+// Segmented LoRA for a few rows (decode steps):                     oracle: kernels/lora.py:lora_delta_reference
+//   sglpy_lora_delta   y[rows[i]] += per output slice s: (A_s x[rows[i]]) B_s, with A_s, B_s the slot's weights
 // Segment k holds rows[indptr[k] .. indptr[k + 1]) and uses pool slot slots[k] of rank ranks[k] (<= pool_rank).
-// A: [slots, n_slices * pool_rank, n_in], B: [slots, out, pool_rank] (contiguous per slot), y's slice s is the
-// columns offsets[s] .. offsets[s + 1]. Each row writes only its own y row.
+// A: [slots, n_slices * pool_rank, n_in], Bt: [slots, pool_rank, out] (B transposed: the expand adds rows of Bt,
+// scaled by h, to y), contiguous, float32 or bf16 (w_dtype); x and y float32. y's slice s is the columns
+// offsets[s] .. offsets[s + 1]. Two phases, each split across threads into work items that read disjoint weights:
+// the shrink by (segment, slice, block of rank rows), the expand by (segment, block of output columns); every
+// output element is summed by one thread in a fixed order (the result does not depend on the thread count).
+// The fused decode layer (decode_layer.cpp) calls the same entry point per projection.
 #include <vector>
 
 #include "cpu_common.h"
+#include "kernels.h"
 
 namespace sglpy {
 namespace {
 
-constexpr int64_t LORA_PARALLEL_ROWS = 2;  // fewer rows run on the calling thread
+constexpr int64_t SHRINK_ROWS = 4;   // rank rows of A per shrink work item
+constexpr int64_t EXPAND_COLS = 128;  // output columns per expand work item (Bt block: rank x 128 stays in L1)
+
+static inline float to_f32(float v) { return v; }
+static inline float to_f32(bf16_t v) {
+  const uint32_t w = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &w, sizeof f);
+  return f;
+}
+
+template <typename T>
+static inline float dot_w(const float* x, const T* w, int64_t n) {  // dot_n with the weights in T
+  vn acc = vn{};
+  int64_t j = 0;
+  for (; j + NW <= n; j += NW) acc += loadn(x + j) * loadn(w + j);
+  float s = hsumn(acc);
+  for (; j < n; ++j) s += x[j] * to_f32(w[j]);
+  return s;
+}
+
+struct Segs {
+  const int64_t* rows;
+  const int64_t* indptr;
+  const int64_t* slots;
+  const int64_t* ranks;
+  int64_t n_seg;
+};
+
+template <typename T>
+void lora_apply(const float* x, int64_t x_stride, float* y, int64_t y_stride, const T* a, const T* bt, int64_t n_in,
+                int64_t pool_rank, int64_t n_slices, const int64_t* offsets, const Segs& sg, int32_t nthreads) {
+  const int64_t n = sg.indptr[sg.n_seg], n_out = offsets[n_slices];
+  const int64_t a_slot = n_slices * pool_rank * n_in, b_slot = pool_rank * n_out, hw = n_slices * pool_rank;
+  thread_local std::vector<float> hbuf;
+  if (hbuf.size() < static_cast<size_t>(n * hw)) hbuf.resize(n * hw);
+  float* h = hbuf.data();  // [n, slices, pool_rank] in segment order (position p of rows[p])
+  const int64_t jb = (pool_rank + SHRINK_ROWS - 1) / SHRINK_ROWS;
+  const int64_t shrink_items = sg.n_seg * n_slices * jb;
+  int64_t col_blocks = 0;  // output column blocks, per slice (a block never straddles two slices)
+  for (int64_t s = 0; s < n_slices; ++s) col_blocks += (offsets[s + 1] - offsets[s] + EXPAND_COLS - 1) / EXPAND_COLS;
+  const int64_t expand_items = sg.n_seg * col_blocks;
+  const int64_t work = n * hw * (n_in + n_out / n_slices);
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1 && work >= 32768)
+  {
+#pragma omp for schedule(dynamic)
+    for (int64_t u = 0; u < shrink_items; ++u) {  // h[p, s, j] = A_s[j] . x[rows[p]]
+      const int64_t k = u / (n_slices * jb), s = (u / jb) % n_slices, j0 = (u % jb) * SHRINK_ROWS;
+      const int64_t r = sg.ranks[k], j1 = std::min(j0 + SHRINK_ROWS, r);
+      const T* as = a + sg.slots[k] * a_slot + (s * pool_rank) * n_in;
+      for (int64_t j = j0; j < j1; ++j)
+        for (int64_t p = sg.indptr[k]; p < sg.indptr[k + 1]; ++p)
+          h[p * hw + s * pool_rank + j] = dot_w(x + sg.rows[p] * x_stride, as + j * n_in, n_in);
+    }
+#pragma omp for schedule(dynamic)
+    for (int64_t u = 0; u < expand_items; ++u) {  // y[rows[p], c0:c1] += sum_j h[p, s, j] Bt[j, c0:c1]
+      const int64_t k = u / col_blocks;
+      int64_t blk = u % col_blocks, s = 0;
+      for (;; ++s) {
+        const int64_t nb = (offsets[s + 1] - offsets[s] + EXPAND_COLS - 1) / EXPAND_COLS;
+        if (blk < nb) break;
+        blk -= nb;
+      }
+      const int64_t c0 = offsets[s] + blk * EXPAND_COLS, c1 = std::min(c0 + EXPAND_COLS, offsets[s + 1]);
+      const int64_t r = sg.ranks[k];
+      const T* bs = bt + sg.slots[k] * b_slot;
+      for (int64_t p = sg.indptr[k]; p < sg.indptr[k + 1]; ++p) {
+        const float* hp = h + p * hw + s * pool_rank;
+        float* yr = y + sg.rows[p] * y_stride;
+        int64_t c = c0;
+        for (; c + W <= c1; c += W) {
+          vf acc = vf{};
+          for (int64_t j = 0; j < r; ++j) acc += splat(hp[j]) * load(bs + j * n_out + c);
+          store(yr + c, load(yr + c) + acc);
+        }
+        for (; c < c1; ++c) {
+          float acc = 0.0f;
+          for (int64_t j = 0; j < r; ++j) acc += hp[j] * to_f32(bs[j * n_out + c]);
+          yr[c] += acc;
+        }
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace sglpy
 
 using namespace sglpy;
 
-extern "C" int64_t sglpy_lora_delta(const float* x, int64_t x_stride, float* y, int64_t y_stride, const float* a,
-                                    const float* b, int64_t n_in, int64_t pool_rank, int64_t n_slices,
-                                    const int64_t* offsets, const int64_t* rows, const int64_t* indptr,
-                                    const int64_t* slots, const int64_t* ranks, int64_t n_seg, int64_t num_slots,
-                                    int64_t num_rows, int32_t nthreads) {
-  if (n_seg < 1 || n_slices < 1 || pool_rank < 1) return -1;
-  const int64_t n = indptr[n_seg];
-  std::vector<int64_t> seg_of(n);
-  for (int64_t k = 0; k < n_seg; ++k) {
+// Returns 0, or -1 (nothing written) when a segment names a row, slot or rank outside the tensors.
+extern "C" int64_t sglpy_lora_delta(const float* x, int64_t x_stride, float* y, int64_t y_stride, const void* a,
+                                    const void* bt, int32_t w_dtype, int64_t n_in, int64_t pool_rank,
+                                    int64_t n_slices, const int64_t* offsets, const int64_t* rows,
+                                    const int64_t* indptr, const int64_t* slots, const int64_t* ranks, int64_t n_seg,
+                                    int64_t num_slots, int64_t num_rows, int32_t nthreads) {
+  if (n_seg < 1 || n_slices < 1 || pool_rank < 1 || indptr[0] != 0 || (w_dtype != F32 && w_dtype != BF16))
+    return -1;
+  for (int64_t k = 0; k < n_seg; ++k)
     if (indptr[k] > indptr[k + 1] || slots[k] < 0 || slots[k] >= num_slots || ranks[k] < 0 || ranks[k] > pool_rank)
       return -1;
-    for (int64_t i = indptr[k]; i < indptr[k + 1]; ++i) seg_of[i] = k;
-  }
-  for (int64_t i = 0; i < n; ++i)
+  for (int64_t i = 0; i < indptr[n_seg]; ++i)
     if (rows[i] < 0 || rows[i] >= num_rows) return -1;
-  const int64_t n_out = offsets[n_slices];
-  const int64_t a_slot = n_slices * pool_rank * n_in, b_slot = n_out * pool_rank;
-  // One segment's rows read its adapter's A and B once (decode: 1-4 rows per adapter, the weights dominate the
-  // traffic): segments split across threads, or a lone segment's rows do.
-  const bool by_seg = n_seg >= 2;
-#pragma omp parallel num_threads(nthreads) if (nthreads > 1 && n >= LORA_PARALLEL_ROWS)
-  {
-    std::vector<float> h;
-#pragma omp for schedule(dynamic)
-    for (int64_t u = 0; u < (by_seg ? n_seg : n); ++u) {
-      const int64_t k = by_seg ? u : seg_of[u], r = ranks[k];
-      const int64_t lo = by_seg ? indptr[k] : u, hi = by_seg ? indptr[k + 1] : u + 1, m = hi - lo;
-      const float* as = a + slots[k] * a_slot;
-      const float* bs = b + slots[k] * b_slot;
-      h.assign(m * n_slices * pool_rank, 0.0f);
-      for (int64_t s = 0; s < n_slices; ++s)  // shrink: h_s = A_s x (the first r rows of the slice's pool_rank)
-        for (int64_t j = 0; j < r; ++j) {
-          const float* ar = as + (s * pool_rank + j) * n_in;
-          for (int64_t i = 0; i < m; ++i)
-            h[(i * n_slices + s) * pool_rank + j] = dot_n(x + rows[lo + i] * x_stride, ar, n_in);
-        }
-      for (int64_t s = 0; s < n_slices; ++s)  // expand: y_s += B_s h_s
-        for (int64_t o = offsets[s]; o < offsets[s + 1]; ++o) {
-          const float* br = bs + o * pool_rank;
-          for (int64_t i = 0; i < m; ++i)
-            y[rows[lo + i] * y_stride + o] += dot_n(h.data() + (i * n_slices + s) * pool_rank, br, r);
-        }
-    }
-  }
+  const Segs sg{rows, indptr, slots, ranks, n_seg};
+  if (w_dtype == F32)
+    lora_apply(x, x_stride, y, y_stride, static_cast<const float*>(a), static_cast<const float*>(bt), n_in,
+               pool_rank, n_slices, offsets, sg, nthreads);
+  else
+    lora_apply(x, x_stride, y, y_stride, static_cast<const bf16_t*>(a), static_cast<const bf16_t*>(bt), n_in,
+               pool_rank, n_slices, offsets, sg, nthreads);
   return 0;
 }

@@ -15,6 +15,19 @@ from .spec import LORA_MODULES, LoraRef
 DEFAULT_MAX_RANK = 16  # the pool's rank when neither max_lora_rank nor a startup adapter sets it
 
 
+def pool_dtype(lora_dtype: str, model_dtype: torch.dtype, device: torch.device, quantization: str) -> torch.dtype:
+    """The adapter pool's dtype for EngineConfig.lora_dtype. auto: bfloat16 under an int8 / int4 base on the CPU
+    (the fused decode layers read half the bytes; measured in benchmarks/README.md), else the model's. On CUDA the
+    Triton kernel reads the model's dtype only."""
+    if lora_dtype == "auto":
+        return torch.bfloat16 if device.type == "cpu" and quantization in ("int8", "int4") else model_dtype
+    dtype = getattr(torch, lora_dtype)
+    if device.type != "cpu" and dtype != model_dtype:
+        raise ValueError(f"lora_dtype {lora_dtype} differs from the model's {model_dtype} (on {device.type} the "
+                         f"adapters run in the model's dtype: use auto)")
+    return dtype
+
+
 class LoraManager:
     """Loaded adapters by name and the pool of the runner's model (built by the runner, once, after quantizing)."""
 

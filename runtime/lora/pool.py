@@ -1,8 +1,9 @@
 """The adapter memory pool beside the model: per decoder layer and fused projection, A [slots, slices * R, in] and
-B [slots, out, R] on the model's device; adapters are copied into slots when a batch needs them (lru or fifo
+B transposed, Bt [slots, R, out], on the model's device (kernels/lora.py's layout); adapters are copied into slots when a batch needs them (lru or fifo
 eviction of slots the batch does not use), and each projection is wrapped in a LoraLinear that adds its rows' deltas.
 
 The runner sets LoraStep.segments before every forward (None: no row uses an adapter, the base path runs as is).
+The fused CPU decode layers read the same pools (runtime/model/native_decode.py:build_lora_structs).
 """
 
 from __future__ import annotations
@@ -36,16 +37,16 @@ class LoraStep:
 class LoraLinear(nn.Module):
     """A projection plus the LoRA deltas of the rows that use an adapter (none: the base layer's output as is)."""
 
-    def __init__(self, base: nn.Module, a: torch.Tensor, b: torch.Tensor, offsets: tuple[int, ...], step: LoraStep):
+    def __init__(self, base: nn.Module, a: torch.Tensor, bt: torch.Tensor, offsets: tuple[int, ...], step: LoraStep):
         super().__init__()
-        self.base, self.a, self.b, self.offsets, self.step = base, a, b, offsets, step
+        self.base, self.a, self.bt, self.offsets, self.step = base, a, bt, offsets, step
         self.in_features, self.out_features = base.in_features, base.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base.forward(x)  # x: [t, in] -> y: [t, out]
         seg = self.step.segments
         if seg is not None:
-            lora_delta_unchecked(x.contiguous(), y, self.a, self.b, self.offsets, seg)
+            lora_delta_unchecked(x.contiguous(), y, self.a, self.bt, self.offsets, seg)
         return y
 
 
@@ -97,10 +98,10 @@ class LoraPool:
                 outs = [self.shapes.modules[n][1] for n in names]
                 offsets = tuple(itertools.accumulate(outs, initial=0))
                 a = torch.zeros(slots, len(names) * max_rank, n_in, device=device, dtype=dtype)
-                b = torch.zeros(slots, offsets[-1], max_rank, device=device, dtype=dtype)
-                setattr(parent, proj, LoraLinear(getattr(parent, proj), a, b, offsets, self.step))
-                self.buffers.append((i, names, a, b, offsets))
-                self.nbytes += (a.numel() + b.numel()) * a.element_size()
+                bt = torch.zeros(slots, max_rank, offsets[-1], device=device, dtype=dtype)
+                setattr(parent, proj, LoraLinear(getattr(parent, proj), a, bt, offsets, self.step))
+                self.buffers.append((i, names, a, bt, offsets))
+                self.nbytes += (a.numel() + bt.numel()) * a.element_size()
 
     def fits(self, adapter: LoraAdapter) -> None:
         """ValueError naming why `adapter` cannot take a slot (rank or target modules beyond the pool's)."""
@@ -115,9 +116,9 @@ class LoraPool:
     def _fill(self, slot: int, adapter: LoraAdapter) -> None:
         r_max = self.max_rank
         with torch.no_grad():
-            for layer, names, a, b, offsets in self.buffers:
+            for layer, names, a, bt, offsets in self.buffers:
                 a[slot].zero_()
-                b[slot].zero_()
+                bt[slot].zero_()
                 for s, name in enumerate(names):
                     w = adapter.weights.get((layer, name))
                     if w is None:
@@ -125,7 +126,7 @@ class LoraPool:
                     wa, wb = w
                     r = wa.shape[0]
                     a[slot, s * r_max:s * r_max + r].copy_(wa)
-                    b[slot, offsets[s]:offsets[s + 1], :r].copy_(wb)
+                    bt[slot, :r, offsets[s]:offsets[s + 1]].copy_(wb.t())
         self.slots[slot] = _Slot(adapter.uid, adapter.rank, next(self._clock), 0)
 
     def assign(self, adapters: list[LoraAdapter]) -> dict[int, int]:

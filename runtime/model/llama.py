@@ -17,7 +17,7 @@ from sglpy.kernels.rotary import RotaryPlan, plan_rotary
 from sglpy.kernels.rotary_store import rotate_and_store
 from .families import LLAMA_ARCHITECTURES, SUPPORTED_ARCHITECTURES, architecture  # noqa: F401 - re-exported
 from .forward_batch import ForwardBatch
-from .native_decode import build_layer_structs, native_step, run_native_layers
+from .native_decode import build_layer_structs, build_lora_structs, native_step, run_native_layers
 from ..memory.kv_manager import KVBuffers
 
 QWEN2_TYPES = ("qwen2", "qwen2_vl_text", "qwen2_5_vl_text")  # q/k/v biases, none on o_proj (Qwen2-VL's decoder too)
@@ -172,6 +172,7 @@ class LlamaForCausalLM(nn.Module):
         self.rope_cache: torch.Tensor | None = None
         self.logits_head: nn.Module | None = None  # replaces the (tied) lm_head matmul when set (quantization)
         self.native_layers = None  # per-layer structs of the fused CPU decode layer (prepare_native_decode)
+        self.native_lora = None  # the LoRA pool's structs for the fused layers (prepare_native_decode)
 
     def build_decoder(self, config, shard) -> nn.Module:
         """The decoder stack (embedding, layers, final norm) for `config`."""
@@ -206,9 +207,11 @@ class LlamaForCausalLM(nn.Module):
 
     def prepare_native_decode(self) -> bool:
         """Build the fused CPU decode layers' structs when every projection is natively packed (call after
-        quantizing); small decode steps then run one native call per layer (runtime/model/native_decode.py)."""
+        quantizing and after a LoRA pool wrapped the projections); small decode steps then run one native call per
+        layer, adapter rows included (runtime/model/native_decode.py)."""
         on_cpu = self.model.embed_tokens.weight.device.type == "cpu"
         self.native_layers = build_layer_structs(self) if on_cpu and native_lib() is not None else None
+        self.native_lora = build_lora_structs(self) if self.native_layers else None
         return self.native_layers is not None
 
     def init_rope(self, max_pos: int, device, dtype) -> None:
@@ -231,10 +234,10 @@ class LlamaForCausalLM(nn.Module):
                         plan_decode_attention(fb.req_to_token, fb.req_pool_indices[:nd], fb.seq_lens[:nd],
                                              self.batch_invariant)
                         if nd else None)
-        # the fused layers know no LoRA: a step with adapter rows runs the per-op path (runtime/lora/pool.py)
-        ns = native_step(native_lib(), fb, kv, plan.decode, self.rope_cache) \
-            if self.native_layers and fb.lora is None else None
-        fused = run_native_layers(self.native_layers, ns, x) if ns is not None else None  # one call per layer
+        # adapter rows (fb.lora) run in the fused layers too, from the LoRA pool's structs (runtime/lora/pool.py)
+        ns = native_step(native_lib(), fb, kv, plan.decode, self.rope_cache, self.native_lora) \
+            if self.native_layers else None
+        fused = run_native_layers(self.native_layers, ns, x, self.native_lora) if ns is not None else None
         if fused is not None:
             x, residual = fused
         else:  # the per-op path (also for an input the fused layers rejected: it raises the precise ValueError)

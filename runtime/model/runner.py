@@ -84,14 +84,15 @@ class ModelRunner:
             mode = fit_quantization(self.model.config, cfg.quantization)
             self.quantization = resolve_quantization(mode, self.device, self.model, self.group is not None)
         quantize_model(self.model, self.quantization, dense=det, skip_layers=streamed)
-        self.model.prepare_native_decode()
         self.lora = None  # runtime/lora/manager.LoraManager when LoRA adapters are served (wraps the projections)
         if cfg.lora_enabled:
-            from ..lora.manager import LoraManager
+            from ..lora.manager import LoraManager, pool_dtype
 
+            dtype = pool_dtype(cfg.lora_dtype, self.dtype, self.device, self.quantization)
             self.lora = LoraManager(self.model, cfg.lora_paths or (), cfg.max_loras_per_batch, cfg.max_loaded_loras,
                                     cfg.max_lora_rank, cfg.lora_target_modules, cfg.lora_eviction_policy,
-                                    self.device, self.dtype)
+                                    self.device, dtype)
+        self.model.prepare_native_decode()  # after the LoRA pool wrapped the projections: the fused layers read it
         # built (once per machine) or loaded here, not in the first request's forward; None off CPU (Triton runs)
         self.cpu_kernels = native_status() if self.device.type == "cpu" else None
         hf = self.model.config

@@ -90,6 +90,8 @@ ENGINE_FLAG_HELP = {
     "a larger adapter is refused at load",
     "lora_target_modules": "the adapter pool's modules (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or "
     "all; default: those of the --lora-paths adapters, all without any)",
+    "lora_dtype": "the adapter pool's dtype: auto (bfloat16 under an int8/int4 CPU base, else the model's), float32 "
+    "or bfloat16",
     "max_image_bytes": "vision models: largest encoded image in bytes (a larger one is a 400)",
     "max_image_pixels": "vision models: most pixels one image may declare (width x height; more is a 400)",
     "max_images_per_request": "vision models: most images in one prompt",
@@ -248,6 +250,9 @@ def _add_fields(group, cls, helps: dict, skip=()):
             kw = {"choices": SCHEDULE_POLICIES}
         if cls is EngineConfig and f.name == "lora_eviction_policy":
             kw = {"choices": ("lru", "fifo")}
+        if cls is EngineConfig and f.name == "lora_dtype":
+            from ..config import LORA_DTYPES
+            kw = {"choices": LORA_DTYPES}
         if f.name in LIST_FLAGS:
             kw = {"nargs": "+"}
         group.add_argument(_flag(f.name), *FLAG_ALIASES.get(f.name, ()), dest=f.name, type=kind, default=default,

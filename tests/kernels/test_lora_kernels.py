@@ -20,22 +20,22 @@ def _case(row_slots, ranks, n_in, offsets, pool_rank, dtype, seed=0, slots=4):
     x = torch.randn(len(row_slots), n_in, generator=g).to(dtype)
     y = torch.randn(len(row_slots), out, generator=g).to(dtype)
     a = (torch.randn(slots, n_slices * pool_rank, n_in, generator=g) * n_in ** -0.5).to(dtype)
-    b = (torch.randn(slots, out, pool_rank, generator=g) * 0.5).to(dtype)
+    b = (torch.randn(slots, pool_rank, out, generator=g) * 0.5).to(dtype)  # Bt: [slots, R, out]
     seg = group_rows(row_slots, ranks, x.device)
     return x, y, a, b, seg
 
 
 def _oracle(x, y, a, b, offsets, row_slots, ranks):
-    """Row by row in float64: slice s of row i gets (x_i A[slot, s R : s R + r]^T) B[slot, slice cols, :r]^T."""
+    """Row by row in float64: slice s of row i gets (x_i A[slot, s R : s R + r]^T) Bt[slot, :r, slice cols]."""
     out = y.double().clone()
-    pool_rank = b.shape[2]
+    pool_rank = b.shape[1]
     for i, slot in enumerate(row_slots):
         if slot < 0:
             continue
         r = ranks[slot]
         for s in range(len(offsets) - 1):
             h = x[i].double() @ a[slot, s * pool_rank:s * pool_rank + r].double().t()
-            out[i, offsets[s]:offsets[s + 1]] += h @ b[slot, offsets[s]:offsets[s + 1], :r].double().t()
+            out[i, offsets[s]:offsets[s + 1]] += h @ b[slot, :r, offsets[s]:offsets[s + 1]].double()
     return out
 
 
@@ -67,7 +67,9 @@ def test_checks_name_the_problem():
     with pytest.raises(ValueError, match="offsets"):
         lora_delta(x, y, a, b, (0, 7), seg)
     with pytest.raises(ValueError, match="dtype"):
-        lora_delta(x, y, a.half(), b, (0, 8), seg)
+        lora_delta(x, y, a.half(), b, (0, 8), seg)  # a and bt of one dtype
+    with pytest.raises(ValueError, match="dtype"):
+        lora_delta(x, y.double(), a, b, (0, 8), seg)
     bad = group_rows([0, 9], {0: 4, 9: 4}, x.device)
     with pytest.raises(ValueError, match="slots"):
         lora_delta(x, y, a, b, (0, 8), bad)
@@ -100,15 +102,43 @@ def test_triton_long_segment_crosses_row_blocks():
     torch.testing.assert_close(lora_delta_triton(x, y.clone(), a, b, (0, 16), seg), want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("row_slots,ranks,n_in,offsets,pool_rank", CASES)
-def test_native_cpu_matches_reference(row_slots, ranks, n_in, offsets, pool_rank):
+NATIVE_CASES = CASES + [  # decode-sized: 16 rows over 8 adapters, fused q/k/v, enough work for the threads
+    ([k % 8 for k in range(16)], {k: (8, 16, 64)[k % 3] for k in range(8)}, 96, (0, 64, 96, 128), 64),
+    ([5], {5: 16}, 200, (0, 300), 16),  # one row, one adapter: the work split across rank rows and columns
+]
+
+
+@pytest.mark.parametrize("wdtype", [F32, BF16])
+@pytest.mark.parametrize("row_slots,ranks,n_in,offsets,pool_rank", NATIVE_CASES)
+def test_native_cpu_matches_reference(row_slots, ranks, n_in, offsets, pool_rank, wdtype):
+    """float32 x / y with float32 or bf16 adapter weights; the result does not depend on the thread count."""
     from sglpy.kernels.lora_cpu import lora_delta_cpu, lora_lib
 
-    x, y, a, b, seg = _case(row_slots, ranks, n_in, offsets, pool_rank, F32, seed=3)
+    x, y, a, b, seg = _case(row_slots, ranks, n_in, offsets, pool_rank, F32, seed=3, slots=8)
+    a, b = a.to(wdtype), b.to(wdtype)
     lib = lora_lib(x, y, a, b, len(row_slots))
     if lib is None:
         pytest.skip("the native CPU kernels are not built here")
-    want = lora_delta_reference(x, y.clone(), a, b, offsets, seg)
+    want = lora_delta_reference(x, y.clone(), a, b, offsets, seg)  # upcasts the weights: same products
     got = lora_delta_cpu(lib, x, y.clone(), a, b, torch.tensor(offsets), seg)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert torch.equal(lora_delta(x, y.clone(), a, b, offsets, seg), got)  # the wrapper takes the native path
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(lora_delta_cpu(lib, x, y.clone(), a, b, torch.tensor(offsets), seg), got)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_native_cpu_refuses_segments_outside_the_tensors():
+    from sglpy.kernels.lora_cpu import lora_delta_cpu, lora_lib
+
+    x, y, a, b, _ = _case([0, 1], {0: 4, 1: 4}, 16, (0, 8), 4, F32)
+    if lora_lib(x, y, a, b, 2) is None:
+        pytest.skip("the native CPU kernels are not built here")
+    bad = group_rows([0, 9], {0: 4, 9: 4}, x.device)
+    before = y.clone()
+    with pytest.raises(ValueError, match="outside the tensors"):
+        lora_delta_cpu(lora_lib(x, y, a, b, 2), x, y, a, b, torch.tensor((0, 8)), bad)
+    assert torch.equal(y, before)  # nothing written
