@@ -73,15 +73,61 @@ class NFA:
 
 
 def parse(pattern: str):
-    """Parse with Python's own `re` parser so the language matches `re.fullmatch` exactly."""
+    """Parse with Python's own `re` parser so the language matches `re.fullmatch` exactly.
+
+    Unicode property escapes (`\\p{L}`, `\\P{Script=Greek}`: ECMA-262's `u` mode, which JSON Schema patterns
+    use, and Perl's), which Python's parser lacks, are first written out as explicit code-point classes."""
     if not isinstance(pattern, str):
         raise GrammarError(f"regex must be a str, got {type(pattern).__name__}")
     try:
-        return sre_parse.parse(pattern, 0)
+        return sre_parse.parse(expand_properties(pattern) if "\\p{" in pattern or "\\P{" in pattern else pattern, 0)
     except re.error as e:
         raise GrammarError(f"invalid regex {pattern!r}: {e}") from None
     except RecursionError:
         raise GrammarError(f"invalid regex {pattern[:60]!r}...: nested too deeply") from None
+
+
+def expand_properties(pattern: str) -> str:
+    """The pattern with each `\\p{name}` / `\\P{name}` replaced by its code points as a class (its ranges alone
+    inside a `[...]` class); GrammarError for an unknown property name."""
+    out: list[str] = []
+    i, in_class, n = 0, False, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            if pattern[i + 1] in "pP" and pattern[i + 2: i + 3] == "{":
+                end = pattern.find("}", i + 3)
+                if end < 0:
+                    raise GrammarError(f"invalid regex {pattern!r}: unterminated \\{pattern[i + 1]}{{ at position {i}")
+                try:
+                    ivs = utf8.unicode_property(pattern[i + 3: end])
+                except ValueError as e:
+                    raise GrammarError(f"invalid regex {pattern!r}: {e}") from None
+                if pattern[i + 1] == "P":
+                    ivs = utf8.complement(ivs)
+                ranges = "".join(f"\\U{lo:08x}" if lo == hi else f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in ivs)
+                out.append(ranges if in_class else f"[{ranges}]" if ranges else r"[^\x00-\U0010ffff]")
+                i = end + 1
+                continue
+            out.append(pattern[i: i + 2])
+            i += 2
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+            out.append(c)
+            i += 1
+            if pattern[i: i + 1] == "^":
+                out.append("^")
+                i += 1
+            if pattern[i: i + 1] == "]":  # a literal `]` first in a class
+                out.append("]")
+                i += 1
+            continue
+        if c == "]" and in_class:
+            in_class = False
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def build_nfa(pattern: str, max_nfa_states: int = 500_000, unicode_classes: bool = False,

@@ -64,6 +64,26 @@ def category(name: str, ascii_only: bool) -> Intervals:
     return normalize(spans)
 
 
+_PROPERTY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*(?:=[A-Za-z0-9_]+)?")
+
+
+@functools.lru_cache(maxsize=256)
+def unicode_property(name: str) -> Intervals:
+    """Code points of an ECMA-262 / Perl Unicode property escape `\\p{name}`: a General_Category (`L`, `Letter`,
+    `Lu`, `gc=Nd`), a script (`Script=Greek`, `sc=Latn`, `scx=...`) or a binary property (`Alphabetic`,
+    `White_Space`, `ASCII`, `Any`), as the `regex` package's Unicode tables define them. ValueError if unknown."""
+    import regex  # a dependency of the project (its Unicode property tables)
+
+    if not _PROPERTY_NAME.fullmatch(name):
+        raise ValueError(f"invalid Unicode property name {name!r}")
+    try:
+        pat = regex.compile(r"\p{" + name + "}+")
+    except regex.error as e:
+        raise ValueError(f"unknown Unicode property {name!r} ({e})") from None
+    spans = [(_idx_to_cp(m.start()), _idx_to_cp(m.end() - 1)) for m in pat.finditer(_all_chars())]
+    return normalize(spans)
+
+
 def _idx_to_cp(i: int) -> int:
     return i if i < SURROGATES[0] else i + (SURROGATES[1] - SURROGATES[0] + 1)
 

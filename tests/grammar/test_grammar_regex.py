@@ -211,6 +211,8 @@ def test_choices_and_dtypes():
         (r"a^b", "anchor"),
         (r"(?i)abc", "IGNORECASE"),
         (r"[^\x00-\U0010ffff]", "matches no string"),
+        (r"\p{NoSuchProperty}", "unknown Unicode property"),
+        (r"\p{L", "unterminated"),
     ],
 )
 def test_bad_regex(pattern, match):
@@ -218,6 +220,22 @@ def test_bad_regex(pattern, match):
     with pytest.raises(GrammarError, match=match):
         COMPILER.compile_regex(pattern)
     assert time.perf_counter() - t0 < 10.0  # fails fast, never hangs (bound generous for loaded CI)
+
+
+PROPERTY_PATTERNS = [r"^\p{Lu}[\p{Nd}_]+\\p{L}", r"[^\P{ASCII}]+", r"\p{Letter}+", r"[]\p{Greek}]+",
+                     r"\p{sc=Cyrl}\d", r"[\P{L}]{2}", r"\p{gc=Nd}|\p{White_Space}"]
+
+
+@pytest.mark.parametrize("pattern", PROPERTY_PATTERNS)
+@settings(max_examples=40, deadline=None)
+@given(texts=st.lists(st.text(alphabet="Ab_1٣ά]Ж\\p{L} é", max_size=6), min_size=5, max_size=20))
+def test_unicode_property_escapes_match_the_regex_package(pattern, texts):
+    """\\p{..} / \\P{..} (ECMA-262 u-mode, which JSON Schema patterns use) are exact code-point classes."""
+    import regex
+
+    dfa = regex_to_dfa(pattern, 20_000)
+    for t in texts + ["A1_\\p{L}", "Ж1", "ά]", "é"]:
+        assert dfa.fullmatch(t.encode()) == bool(regex.fullmatch(pattern, t)), (pattern, t)
 
 
 def test_state_blowup_is_a_clear_fast_error():
