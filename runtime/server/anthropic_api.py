@@ -173,7 +173,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     parser = state.config.engine.reasoning_parser
     fmt = reasoning_format(parser) if parser is not None else None
     prompt_open = thinking_open(fmt, prompt) if fmt is not None else None
-    state.admit(1)
+    state.admit([item])
     stops = list(f.get("stop_sequences") or [])
     head = {"id": msg_id, "type": "message", "role": "assistant", "model": state.model_name}
     if not f.get("stream"):

@@ -194,10 +194,17 @@ def build_app(state: ServerState) -> web.Application:
     return app
 
 
-async def _drain(state: ServerState) -> None:
-    """Let in-flight requests finish for graceful_shutdown_timeout, then abort the rest."""
+# After SIGTERM: graceful_shutdown_timeout for in-flight requests, then at most this long for the rest (aborts,
+# handlers stuck writing to clients that stopped reading, the engine process's exit) before the engine is killed;
+# then the process exits (about a second on a busy 2-core box): all within graceful_shutdown_timeout + 5 s.
+SHUTDOWN_GRACE_S = 2.5
+ABORT_GRACE_S = 1.0  # for aborted requests to end (the engine's next step) before their handlers are closed
+HANDLERS_GRACE_S = 0.5  # aiohttp's wait for handlers still running after the drain (slow readers), then closed
+
+
+async def _drain(state: ServerState, deadline: float) -> None:
+    """Let in-flight requests finish until `deadline`, then abort the rest (waiting at most ABORT_GRACE_S)."""
     state.draining = True
-    deadline = time.monotonic() + state.config.graceful_shutdown_timeout
     while state.engine.num_inflight and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     left = state.engine.inflight_rids()
@@ -205,8 +212,7 @@ async def _drain(state: ServerState) -> None:
         logger.warning("shutdown: aborting %d request(s) still in flight", len(left))
         for rid in left:
             state.engine.abort(rid)
-        deadline = time.monotonic() + 5.0
-        while state.engine.num_inflight and time.monotonic() < deadline:
+        while state.engine.num_inflight and time.monotonic() < deadline + ABORT_GRACE_S:
             await asyncio.sleep(0.05)
     await asyncio.sleep(0.1)  # let handlers write their final events
 
@@ -215,15 +221,23 @@ async def serve(config: ServerConfig) -> int:
     """Bind, start the engine process, serve until SIGTERM/SIGINT, shut down cleanly; return the exit code."""
     engine = EngineClient(config.engine_factory, dataclasses.asdict(config.engine), config.log_level)
     state = ServerState(config, engine)
-    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None,
+                           keepalive_timeout=config.timeout_keep_alive, shutdown_timeout=HANDLERS_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()  # bind first: /health answers 503 while the model loads
     logger.info("listening on http://%s:%d (engine loading)", config.host, config.port)
     stop = asyncio.Event()
+    signalled: list[float] = []  # when the first SIGTERM/SIGINT arrived: every shutdown deadline counts from it
+
+    def on_signal():
+        if not signalled:
+            signalled.append(time.monotonic())
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     start = asyncio.ensure_future(engine.start(config.engine_startup_timeout))
     stopper = asyncio.ensure_future(stop.wait())
     await asyncio.wait({start, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -240,14 +254,17 @@ async def serve(config: ServerConfig) -> int:
         state.draining = True  # no restart from here on
         supervisor.cancel()
         # bounded: a restart under way ends at its next await (supervisor.py checks draining after each)
-        await asyncio.wait({supervisor}, timeout=5.0)
+        await asyncio.wait({supervisor}, timeout=SHUTDOWN_GRACE_S)
     logger.info("shutting down")
+    # everything ends within graceful_shutdown_timeout + SHUTDOWN_GRACE_S (+ the kill) of the signal
+    deadline = (signalled[0] if signalled else time.monotonic()) + config.graceful_shutdown_timeout
+    hard_deadline = deadline + SHUTDOWN_GRACE_S
     start.cancel()
     await site.stop()  # stop accepting connections; open ones get 503 while draining
     if engine.alive:
-        await _drain(state)
-    await runner.cleanup()
-    await engine.shutdown(timeout=10.0)
+        await _drain(state, deadline)
+    await runner.cleanup()  # handlers still running get HANDLERS_GRACE_S, then their connections close
+    await engine.shutdown(timeout=max(0.2, hard_deadline - time.monotonic()))
     logger.info("stopped")
     return code
 
@@ -269,5 +286,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return launch(config)
     sglang_routes.install_probe_log_filter()
-    return asyncio.run(serve(config))
+    code = asyncio.run(serve(config))
+    _stop_resource_tracker()
+    return code
+
+
+def _stop_resource_tracker() -> None:
+    """Stop multiprocessing's resource tracker (started with the engine process) and reap it now, so no process of
+    the server outlives it: orphaned, the tracker takes another second or two to notice and exit."""
+    from multiprocessing import resource_tracker
+
+    with contextlib.suppress(Exception):  # a private API: when it changes, the tracker still exits by itself
+        resource_tracker._resource_tracker._stop()
 

@@ -109,6 +109,13 @@ SERVER_FLAG_HELP = {
     "api_key": "when set, every endpoint but /health needs 'Authorization: Bearer KEY' (401 otherwise)",
     "served_model_name": "model id reported by /v1/models and in OpenAI responses; default: the model path",
     "max_request_bytes": "largest accepted request body in bytes (413 above)",
+    "max_prompt_chars": "longest prompt text in characters, checked before tokenization (400 above; 0: no limit)",
+    "max_constraint_bytes": "largest constraint text (json_schema, regex, ebnf, structural_tag, choices) in bytes "
+    "(400 above; 0: no limit)",
+    "max_schema_depth": "deepest nesting of JSON objects and arrays in a json_schema or structural_tag (400 above; "
+    "0: no limit)",
+    "timeout_keep_alive": "seconds an idle connection (no request in progress, or none sent yet) stays open before "
+    "the server closes it (uvicorn's name, as SGLang's server uses it)",
     "max_queued_requests": "requests allowed to wait beyond max_running_requests; more get 503 + Retry-After",
     "retry_after": "seconds suggested in the Retry-After header of a 503",
     "graceful_shutdown_timeout": "on SIGTERM: seconds to let in-flight requests finish before aborting them",
@@ -143,6 +150,10 @@ class ServerConfig:
     api_key: str | None = None
     served_model_name: str | None = None
     max_request_bytes: int = 8 * 1024 * 1024
+    max_prompt_chars: int = 1_000_000
+    max_constraint_bytes: int = 1024 * 1024
+    max_schema_depth: int = 128
+    timeout_keep_alive: float = 30.0
     max_queued_requests: int = 256
     retry_after: int = 1
     graceful_shutdown_timeout: float = 10.0
@@ -171,11 +182,18 @@ class ServerConfig:
         for name in ("max_request_bytes", "retry_after"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        for name in ("max_prompt_chars", "max_constraint_bytes", "max_schema_depth"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0 (0: no limit), got {v!r}")
         if not isinstance(self.max_queued_requests, int) or self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be an int >= 0, got {self.max_queued_requests!r}")
         if not isinstance(self.engine_restart_attempts, int) or not 0 <= self.engine_restart_attempts <= 1000:
             raise ValueError(f"engine_restart_attempts must be an int in [0, 1000], "
                              f"got {self.engine_restart_attempts!r}")
+        if not isinstance(self.timeout_keep_alive, (int, float)) or not math.isfinite(self.timeout_keep_alive) \
+                or self.timeout_keep_alive <= 0:
+            raise ValueError(f"timeout_keep_alive must be a finite number > 0, got {self.timeout_keep_alive!r}")
         for name in ("graceful_shutdown_timeout", "engine_startup_timeout", "health_generate_timeout",
                      "health_stall_timeout", "engine_restart_backoff"):
             v = getattr(self, name)

@@ -118,8 +118,8 @@ async def compile_check(request: web.Request) -> web.Response:
         sp = validate_sampling_params({"max_new_tokens": 0, kind: value}, state.info.vocab_size, "constraint")
     except ApiError as e:
         return web.json_response({"ok": False, "error": e.message})
-    state.admit(1)
     (inp,) = parse_request({"input_ids": [0], "sampling_params": sp, "stream": True}).items
+    state.admit([inp])
     try:
         await state.run_to_end(inp, "/console/api/compile", record_metrics=False, log=False)
     except EngineError as e:
@@ -153,7 +153,7 @@ async def console_generate(request: web.Request) -> web.StreamResponse:
     with request_errors():
         (inp,) = parse_request({"text": text, "sampling_params": sp, "stream": True, "trace": "live",
                                 "return_logprob": body.get("return_logprob") is True}, state.info.vocab_size).items
-    state.admit(1)
+    state.admit([inp])
     received = time.time()
     final, outcome = None, "ok"
     async with contextlib.aclosing(state.run_one(inp, "/console/api/generate")) as gen:

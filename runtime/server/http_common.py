@@ -71,7 +71,16 @@ def error_response(status: int, message: str, param: str | None = None, headers:
 
 @web.middleware
 async def error_middleware(request: web.Request, handler):
-    """Turn every failure into a JSON error body; never leak a traceback to the client."""
+    """Turn every failure into a JSON error body (never a traceback); every 503 carries Retry-After."""
+    resp = await _errors_as_json(request, handler)
+    if resp.status == 503 and "Retry-After" not in resp.headers and not resp.prepared:
+        # an engine death, a restart, a stalled engine: the client may retry, and is told when
+        config = request.app.get("config")
+        resp.headers["Retry-After"] = str(config.retry_after if config is not None else 1)
+    return resp
+
+
+async def _errors_as_json(request: web.Request, handler):
     try:
         return await handler(request)
     except ApiError as e:

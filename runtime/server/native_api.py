@@ -75,7 +75,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body = await read_json_object(request)
     job = parse_generate(body, state.info.vocab_size, server_image_limits(state))
     items = job.items
-    state.admit(len(items))
+    state.admit(items)
     opts = {"record_metrics": job.log_metrics, "log": not job.no_logs}
     if not job.stream:
         results = await state.run_many(items, "/generate", **opts)

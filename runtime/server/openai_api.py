@@ -194,7 +194,7 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
     state: ServerState = request.app["state"]
     body = await read_json_object(request)
     job, f = await _build_job(state, body, chat)
-    state.admit(len(job.items))
+    state.admit(job.items)
     route = request.path
     if not f.get("stream"):
         try:

@@ -13,6 +13,7 @@ from ..tools.registry import detect as detect_tools
 from ..messages import EngineError, EngineInfo, GenerateReqInput, GetServerInfoReq
 from .engine_client import EngineClient
 from .http_common import ApiError
+from .limits import check_request_limits
 from .metrics import PoolStats, ServerMetrics
 from .config import ServerConfig
 from .trace import Tracing
@@ -63,8 +64,13 @@ class ServerState:
         """Engine alive and not shutting down (what /health reports)."""
         return self.engine.alive and not self.draining
 
-    def admit(self, n: int) -> None:
-        """Refuse `n` new generations with 503 + Retry-After when shutting down, engine down or queue full."""
+    def admit(self, items: list[GenerateReqInput]) -> None:
+        """Refuse new generations: 400 past a per-request limit (limits.py); 503 + Retry-After when shutting down,
+        engine down or queue full."""
+        c = self.config
+        for inp in items:
+            check_request_limits(inp, c.max_prompt_chars, c.max_constraint_bytes, c.max_schema_depth)
+        n = len(items)
         headers = {"Retry-After": str(self.config.retry_after)}
         if self.draining:
             raise ApiError(503, "the server is shutting down", headers=headers)

@@ -225,3 +225,21 @@ def test_a_killed_engine_comes_back_and_serves(tiny_model_path):
         after = s.post("/generate", {"text": "Hello there", "sampling_params": PLAIN}).json()["output_ids"]
         assert after == before
         assert s.get("/get_server_info").json()["engine_restarts"] == 1
+
+
+def test_sigterm_during_a_compile_ends_the_server_and_its_workers(srv):
+    # last in this module: it stops the shared server
+    import psutil
+
+    engine = psutil.Process(srv.get("/get_server_info").json()["engine_pid"])
+    procs = [engine, *engine.children(recursive=True)]
+    assert any("grammar_worker" in " ".join(p.cmdline()) for p in procs[1:])
+    t, box = in_thread(lambda: srv.post("/generate", {"text": "x", "sampling_params": {
+        "max_new_tokens": 8, "regex": WORST_REGEXES[1] + "q"}}))
+    time.sleep(0.5)  # compiling (its budget is 2 s of CPU)
+    t0 = time.monotonic()
+    assert srv.sigterm(timeout=10 + 5) == 0  # --graceful-shutdown-timeout 10 (the default)
+    gone, alive = psutil.wait_procs(procs, timeout=max(0.1, 10 + 5 - (time.monotonic() - t0)))
+    assert not alive, f"outlived the server: {[p.cmdline() for p in alive]}"
+    t.join(10)
+    assert not t.is_alive()  # the client got its answer or a closed connection, never a hang

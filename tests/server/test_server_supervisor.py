@@ -50,10 +50,13 @@ def test_a_dead_engine_is_restarted_and_serves_again():
         t = threading.Thread(target=long_request)
         t.start()
         time.sleep(0.3)
-        assert_error(s.post("/generate", {"text": "__die__"}), 503, "engine")
+        died = s.post("/generate", {"text": "__die__"})
+        assert_error(died, 503, "engine")
         t.join(10)
         assert not t.is_alive(), "in-flight request hung after the engine died"
         assert_error(slow["resp"], 503, "exit code 3")  # failed cleanly, naming why
+        # retryable, and the client is told when (the engine's death reaches the handler as an EngineError)
+        assert died.headers["Retry-After"] == slow["resp"].headers["Retry-After"] == "1"
         r = wait_health(s, 200)
         assert r.headers["X-Engine-Restarts"] == "1"
         ok = s.post("/generate", {"text": "again", "sampling_params": {"max_new_tokens": 3}})
