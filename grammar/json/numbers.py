@@ -249,9 +249,12 @@ def _number_re(conv, n, integer_only: bool, mode: str) -> str | None:
     if not n.num_lo and not n.num_hi and not n.multiple_of:
         if not integer_only:
             return ANY_NUMBER_RE
-        if mode == "under" or conv.draft == "4":
+        if mode == "under":
             return INT_RE
-        return f"(?:{INT_RE}|{ZERO_FRAC_RE}|{_long_decimals(conv)})"
+        # over: "-0" is never generated as an integer, but numbers may be written so (json.loads: the int 0)
+        if conv.draft == "4":
+            return f"(?:{INT_RE}|-0)"
+        return f"(?:{INT_RE}|-0|{ZERO_FRAC_RE}|{_long_decimals(conv)})"
     if fractional and mode == "under":
         return _enumerated(conv, n, lo, lo_x, hi, hi_x, fractional, integer_only)
     fractional = []  # over: dropping the float-division divisors keeps a superset
@@ -293,6 +296,8 @@ def _number_re(conv, n, integer_only: bool, mode: str) -> str | None:
             parts.append(automata.atom(conv, d) if d.accepting.any() else None)
     if want_dec and mode == "over":
         parts.append(_long_decimals(conv))
+    if integer_only and mode == "over" and (a is None or a <= 0) and (b is None or b >= 0):
+        parts.append("-0")  # the integer 0 as numbers may write it
     parts = [p for p in parts if p is not None]
     if not parts:
         return None

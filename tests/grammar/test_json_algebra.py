@@ -258,3 +258,13 @@ def test_duplicate_ids_resolve_pointers_in_the_resource_that_has_the_path():
          "properties": {"s": {"$ref": "#/$defs/S"}}, "required": ["s"], "additionalProperties": False}
     d = compile_schema({"$defs": {"B": b, "A": a}, "anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}).dfa
     assert d.fullmatch(b'{"s": "x"}') and not d.fullmatch(b'{"s": 1}')
+
+
+def test_not_integer_rejects_minus_zero():
+    """Numbers may be written "-0" (json.loads: the integer 0), so over(integer) holds it and `not` removes it."""
+    for schema in ({"not": {"type": "integer"}}, {"not": {"type": "integer", "minimum": -3}},
+                   {"anyOf": [{"not": {"type": "integer"}}]},
+                   {"$schema": "http://json-schema.org/draft-04/schema#", "not": {"type": "integer"}}):
+        dfa = compile_schema(schema).dfa
+        assert not dfa.fullmatch(b"-0") and not dfa.fullmatch(b"0"), schema
+        assert dfa.fullmatch(b"-0.5"), schema
