@@ -124,25 +124,36 @@ def nfa_to_dfa(nfa: NFA, max_states: int, budget: CompileBudget | None = None, w
     return ByteDFA(np.ascontiguousarray(ctrans[:, class_of]), accepting, initial)
 
 
+def coreachable(succ: np.ndarray, live: np.ndarray) -> np.ndarray:
+    """States that reach a state marked in `live` [n] bool along `succ` [n, k] edges (DEAD's edges ignored).
+
+    One numpy pass builds the reversed, deduplicated edge list; the search is a plain stack over Python
+    lists (a level-by-level numpy search pays ~10 calls per level, and long chains have hundreds of levels).
+    """
+    n, k = succ.shape
+    src = np.repeat(np.arange(n, dtype=np.int64), k)
+    dst = succ.reshape(-1).astype(np.int64)
+    keep = (dst != src) & (dst != DEAD) & (src != DEAD)
+    codes = np.unique(dst[keep] * n + src[keep])  # sorted by target, then source
+    starts = np.searchsorted(codes // n, np.arange(n + 1)).tolist()
+    preds = (codes % n).tolist()
+    out = live.tolist()
+    stack = [s for s in np.flatnonzero(live).tolist()]
+    while stack:
+        s = stack.pop()
+        for p in preds[starts[s]:starts[s + 1]]:
+            if not out[p]:
+                out[p] = True
+                stack.append(p)
+    return np.array(out, dtype=bool)
+
+
 def _trim(ctrans: np.ndarray, accepting: np.ndarray, initial: int):
     """Redirect transitions into states that cannot reach acceptance to DEAD, and drop those states."""
     n = ctrans.shape[0]
-    src = np.repeat(np.arange(n), ctrans.shape[1])
-    dst = ctrans.reshape(-1)
-    order = np.argsort(dst, kind="stable")
-    src_sorted, dst_sorted = src[order], dst[order]
-    starts = np.searchsorted(dst_sorted, np.arange(n + 1))
-    live = accepting.copy()
-    live[DEAD] = False
-    frontier = list(np.flatnonzero(live))
-    while frontier:
-        nxt = []
-        for s in frontier:
-            for p in src_sorted[starts[s] : starts[s + 1]]:
-                if not live[p]:
-                    live[p] = True
-                    nxt.append(p)
-        frontier = nxt
+    start = accepting.copy()
+    start[DEAD] = False
+    live = coreachable(ctrans, start)
     live[DEAD] = True
     if not live[initial]:
         return np.zeros((1, ctrans.shape[1]), np.int32), np.zeros(1, bool), DEAD
@@ -165,20 +176,19 @@ def group_rows(sig: np.ndarray) -> tuple[np.ndarray, int]:
     return ids, int(gid[-1]) + 1 if n else 0
 
 
-_MIX = np.random.default_rng(12345).integers(1, 2**63, size=(2, 4096), dtype=np.uint64) | np.uint64(1)
+_MIX = np.random.default_rng(12345).integers(1, 2**63, size=4096, dtype=np.uint64).view(np.int64) | 1
 
 
 _MINIMISE_WORK = 1_000_000  # state-rounds of Moore refinement before minimisation is skipped
 
 
 def _hash_group(block: np.ndarray, ctrans: np.ndarray) -> tuple[np.ndarray, int]:
-    """Ids for distinct (block, successor blocks) rows via two 64-bit hashes (collisions checked later)."""
+    """Ids for distinct (block, successor blocks) rows via one 64-bit hash (wrapping int64 dot product;
+    collisions are checked by `_is_congruence` afterwards)."""
     m = ctrans.shape[1]
-    succ = block[ctrans].astype(np.uint64)
-    own = block.astype(np.uint64)
-    h1 = (succ * _MIX[0, 1 : m + 1]).sum(axis=1) + own * _MIX[0, 0]
-    h2 = (succ * _MIX[1, 1 : m + 1]).sum(axis=1) + own * _MIX[1, 0]
-    return group_rows(np.column_stack([h1, h2]))
+    h = block[ctrans] @ _MIX[1 : m + 1] + block * _MIX[0]
+    uniq, ids = np.unique(h, return_inverse=True)
+    return ids.reshape(-1), len(uniq)
 
 
 def _is_congruence(block: np.ndarray, ctrans: np.ndarray, accepting: np.ndarray) -> bool:
@@ -201,22 +211,23 @@ def _minimise(ctrans: np.ndarray, accepting: np.ndarray, initial: int, budget: C
     if start is None:
         start = accepting.astype(np.int64) + 1
         start[DEAD] = 0
-    if ctrans.shape[1] + 1 > _MIX.shape[1]:
+    if ctrans.shape[1] + 1 > _MIX.shape[0]:
         raise GrammarError("automaton has too many byte classes")
+    ctrans_ix = ctrans.astype(np.intp)  # gathers index with it on every round
     # Each round costs O(states); long chains (maxLength 1000) need one round per link and are usually
     # minimal already, so past the budget the trimmed automaton is kept as it is (still exact).
     round_budget = max(64, _MINIMISE_WORK // max(n, 1))
     for exact in (False, True):
-        block = start.copy()
+        block = start.astype(np.int64)
         count = len(np.unique(block))
         rounds = 0
         while True:
             if budget is not None:
                 budget.check(what)
             if exact:
-                block, new_count = group_rows(np.column_stack([block, block[ctrans]]))
+                block, new_count = group_rows(np.column_stack([block, block[ctrans_ix]]))
             else:
-                block, new_count = _hash_group(block, ctrans)
+                block, new_count = _hash_group(block, ctrans_ix)
                 rounds += 1
                 if rounds > round_budget:
                     if blocks is not None:

@@ -39,10 +39,27 @@ def nfa_to_module(nfa: NFA, max_states: int, budget: CompileBudget | None = None
     n_classes = len(reps)
     # refined classes are not byte intervals: each edge lists the classes its byte range covers
     span: dict[tuple[int, int], tuple] = {}
-    cedges = [[(span.setdefault((lo, hi), tuple(np.unique(class_of[lo:hi + 1]).tolist())), t) for lo, hi, t in es]
-              for es in nfa.edges]
+    class_list = class_of.tolist()
+
+    def classes_in(lo: int, hi: int) -> tuple:
+        got = span.get((lo, hi))
+        if got is None:
+            got = span[(lo, hi)] = tuple(sorted(set(class_list[lo:hi + 1])))
+        return got
+
+    cedges = [[(classes_in(lo, hi), t) for lo, hi, t in es] for es in nfa.edges]
     eps, accept, embeds = nfa.eps, nfa.accept, nfa.embeds
     row_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    # per module (by id): acceptance and has-an-exit as Python lists, and whether it is worth a call
+    # (numpy scalar indexing and the `callable` property cost more than the closure's own work)
+    accepting_of = {id(m): m.accepting.tolist() for m in embedded.values()}
+    exit_of = {id(m): m.has_exit.tolist() for m in embedded.values()}
+    callable_of = {id(m): m.callable for m in embedded.values()}
+
+    def module_lists(m: Module) -> None:
+        if id(m) not in accepting_of:  # a callee of an embedded module, met while stepping through it
+            accepting_of[id(m)], exit_of[id(m)], callable_of[id(m)] = (m.accepting.tolist(), m.has_exit.tolist(),
+                                                                     m.callable)
 
     def cells(m: Module, x: int) -> list[tuple[int, int]]:
         key = (id(m), x)
@@ -66,9 +83,9 @@ def nfa_to_module(nfa: NFA, max_states: int, budget: CompileBudget | None = None
                 for m, end in embeds.get(it, ()):
                     if m.initial != DEAD:
                         stack.append((m, m.initial, end))
-            elif it[0].accepting[it[1]]:
+            elif accepting_of[id(it[0])][it[1]]:
                 stack.append(it[2])
-        kept = frozenset(it for it in seen if (cedges[it] if type(it) is int else it[0].has_exit[it[1]]))
+        kept = frozenset(it for it in seen if (cedges[it] if type(it) is int else exit_of[id(it[0])][it[1]]))
         return kept, accept in seen
 
     ids: dict[tuple[frozenset, bool], int] = {}
@@ -97,7 +114,7 @@ def nfa_to_module(nfa: NFA, max_states: int, budget: CompileBudget | None = None
             return DEAD
         if not accepting:
             first = next(iter(kept))
-            if type(first) is not int and first[0].callable and all(
+            if type(first) is not int and callable_of[id(first[0])] and all(
                     type(it) is not int and it[0] is first[0] and it[1] == first[1] for it in kept):
                 ret = intern(closure([it[2] for it in kept]))
                 key = (id(first[0]), first[1], ret)
@@ -129,6 +146,7 @@ def nfa_to_module(nfa: NFA, max_states: int, budget: CompileBudget | None = None
                     moves.setdefault(c, []).append((m, v, cont))
                 else:
                     e = m.entries[-v - 1]
+                    module_lists(e.callee)
                     moves.setdefault(c, []).append((e.callee, e.at, (m, e.ret, cont)))
         cache: dict[frozenset, int] = {}
         for c, targets in moves.items():

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..budget import CompileBudget
-from ..regex.dfa import DEAD, ByteDFA, group_rows
+from ..regex.dfa import DEAD, ByteDFA, coreachable, group_rows
 from ..errors import GrammarError, too_large
 
 CALL_MIN = 24  # modules smaller than this are inlined into their callers (a call costs a stack frame)
@@ -126,21 +126,9 @@ def trim_module(ctrans: np.ndarray, accepting: np.ndarray, initial: int, entries
     """Drop states that cannot reach acceptance (call cells count as edges to their ret); renumber."""
     n = ctrans.shape[0]
     rets = np.array([e.ret for e in entries], np.int64)
-    succ = _successors(ctrans, rets)
-    src = np.repeat(np.arange(n), succ.shape[1])
-    order = np.argsort(succ.reshape(-1), kind="stable")
-    src_sorted = src[order]
-    starts = np.searchsorted(succ.reshape(-1)[order], np.arange(n + 1))
-    live = accepting.copy()
-    live[DEAD] = False
-    frontier = np.flatnonzero(live)
-    while len(frontier):
-        counts = starts[frontier + 1] - starts[frontier]
-        first = np.repeat(starts[frontier] - np.cumsum(counts) + counts, counts)
-        pre = np.unique(src_sorted[first + np.arange(int(counts.sum()))])
-        pre = pre[~live[pre]]
-        live[pre] = True
-        frontier = pre
+    start = accepting.copy()
+    start[DEAD] = False
+    live = coreachable(_successors(ctrans, rets), start)
     if not live[initial]:
         return np.zeros((1, ctrans.shape[1]), np.int32), np.zeros(1, bool), DEAD, []
     live[DEAD] = True
