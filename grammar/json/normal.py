@@ -248,13 +248,51 @@ def _keyword(conv, n: Norm, s: dict, key: str, v: Any, ctx: Ctx, top: bool) -> N
     elif key in ("unevaluatedProperties", "unevaluatedItems"):
         if v is True:
             return
-        if not top:  # it would only see its own subtree's annotations, which merging loses
-            conv.refuse(key, "inside a $ref / allOf / anyOf / oneOf / if part (only next to the keywords it "
-                             "sees is supported)")
+        if not top and not _local_unevaluated(conv, n, s, key, v, child):
+            # it would only see its own subtree's annotations, which merging loses
+            conv.refuse(key, "inside a $ref / allOf / anyOf / oneOf / if part whose own in-place applicators "
+                             "could evaluate more (supported: next to the keywords it sees, or in a part without "
+                             "in-place applicators)")
             return
-        n.uneval.append((key, Sub(v, child)))
+        if top:
+            n.uneval.append((key, Sub(v, child)))
     else:
         raise GrammarError(f"unsupported JSON-schema keyword {key!r}")
+
+
+_IN_PLACE = ("allOf", "anyOf", "oneOf", "if", "dependentSchemas", "$ref", "$dynamicRef", "$recursiveRef")
+
+
+def _local_unevaluated(conv, n: Norm, s: dict, key: str, v: Any, child: Ctx) -> bool:
+    """unevaluated* in a merged part `s` (an allOf / $ref part, a branch, one of several subschemas at a position)
+    sees the annotations of `s`'s subtree only. Without in-place applicators in `s` (`not` keeps none) those are
+    `s`'s own keywords, so it is exactly an additionalProperties next to `s`'s properties / patternProperties,
+    or an items after `s`'s prefixItems: merged as such. False where an applicator could evaluate more."""
+    vocab = VOCABULARY[conv.draft]
+    if any(k in s and vocab.get(k) == "apply" for k in _IN_PLACE):
+        return False
+    if key == "unevaluatedProperties":
+        props, pats = s.get("properties", {}), s.get("patternProperties", {})
+        if not isinstance(props, dict) or not isinstance(pats, dict):
+            return False
+        if "additionalProperties" not in s:  # with it, every property is evaluated inside `s`
+            n.groups.append((frozenset(props), {p: Sub(True, child) for p in pats}, Sub(v, child), True))
+        return True
+    if conv.draft == "2020-12":
+        if "contains" in s:  # contains evaluates the items it matches: not a fixed set of positions
+            return False
+        if "items" in s:
+            return True
+        first = s.get("prefixItems", [])
+    else:  # 2019-09: items as an array, then additionalItems
+        items = s.get("items", [])
+        if not isinstance(items, list) or "additionalItems" in s:
+            return True
+        first = items
+    if not isinstance(first, list):
+        return False
+    n.items.append((len(first), Sub(v, child)))
+    return True
 
 
 def _apply(n: Norm, kind: str, payload, source) -> None:

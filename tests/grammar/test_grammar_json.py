@@ -147,7 +147,8 @@ def _serialize(data):
         ({"enum": []}, "admits no document"),
         ({"type": "string", "pattern": "a(?=b)"}, "lookahead"),
         ({"type": "string", "pattern": "(a)\\1"}, "backreference"),
-        ({"allOf": [{"unevaluatedProperties": False}], "properties": {"a": {}}}, "'unevaluatedProperties'"),
+        ({"allOf": [{"anyOf": [{"properties": {"a": {}}}, True], "unevaluatedProperties": False}]},
+         "'unevaluatedProperties'"),
         ('{"type": ', "not valid JSON"),
         (42, "object or boolean"),
         (False, "admits no document"),
@@ -184,6 +185,23 @@ def test_schema_documents_serve_remote_refs():
         comp.compile_json_schema({"$ref": "https://example.com/none.json"})
     with pytest.raises(GrammarError, match="remote reference"):  # the same schema without documents
         COMPILER.compile_json_schema(schema)
+
+
+@pytest.mark.parametrize("schema,docs", [
+    ({"allOf": [{"properties": {"a": {}}, "unevaluatedProperties": False}], "properties": {"b": {}}},
+     [{"a": 1}, {}, {"a": 1, "b": 2}, {"b": 2}, {"c": 3}]),
+    ({"allOf": [{"patternProperties": {"^x": {"type": "integer"}}, "unevaluatedProperties": {"type": "string"}}]},
+     [{"x1": 1, "y": "s"}, {"x1": "s"}, {"y": 1}, {"y": "s", "z": "t"}]),
+    ({"properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"prefixItems": [{"type": "string"}],
+                                                                  "unevaluatedItems": False}}},
+     [{"p": ["a"]}, {"p": ["a", 1]}, {"p": []}, {"p": [1]}]),
+])
+def test_unevaluated_in_a_part_is_its_own_additional(schema, docs):
+    """unevaluated* inside an allOf / $ref part without in-place applicators sees that part's keywords only."""
+    g = COMPILER.compile_json_schema(schema)
+    v = jsonschema.Draft202012Validator(schema)
+    for doc in docs:
+        assert _accepts(g, _serialize(doc)) == v.is_valid(doc), doc
 
 
 def _accepts(guide, data: bytes) -> bool:

@@ -16,7 +16,7 @@ SUITE = pathlib.Path(__file__).resolve().parent / "json_schema_test_suite"  # ve
 DRAFTS = {"draft2020-12": ("2020-12", jsonschema.Draft202012Validator),
           "draft7": ("7", jsonschema.Draft7Validator), "draft4": ("4", jsonschema.Draft4Validator)}
 # ratchets, below the benchmark's numbers (benchmarks/README.md) to absorb a loaded CI box's slower compiles
-MIN_COMPILED = {"draft2020-12": 320, "draft7": 225, "draft4": 145}
+MIN_COMPILED = {"draft2020-12": 335, "draft7": 225, "draft4": 145}
 MIN_VALID_ACCEPTED = {"draft2020-12": 600, "draft7": 460, "draft4": 285}
 REFUSAL = re.compile(r"keyword '|\$ref|regex construct|automaton too large|regex too large|time budget|"
                      r"admits no document|nested too deeply|does not resolve|too many")
@@ -73,7 +73,11 @@ def _run(folder: str) -> dict:
             for t in case["tests"]:
                 text = json.dumps(t["data"], separators=(", ", ": "), ensure_ascii=False).encode()
                 if dfa.fullmatch(text):
-                    if not validator.is_valid(t["data"]):
+                    try:
+                        valid = validator.is_valid(t["data"])
+                    except re.error:  # \p{..}, which Python's re (jsonschema's) cannot parse: the suite answers
+                        valid = t["valid"]
+                    if not valid:
                         out["unsound"].append((path.name, case["description"], t["description"]))
                     else:
                         out["valid_accepted"] += 1
