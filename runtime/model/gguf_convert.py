@@ -203,7 +203,7 @@ def hf_tensors(arch: str, hf_arch: str | None, name: str, w, config: dict):
         names.update(_PHI3_NAMES)
     moe_key = "mixtral" if hf_arch == "MixtralForCausalLM" else arch
     if name.startswith(("rope_factors_", "rope_freqs")):
-        return  # LongRoPE factors are read into the config; llama3's rope_freqs restate its rope_scaling
+        return  # LongRoPE factors are read into the config, llama3's rope_freqs too (runtime/model/gguf_rope.py)
     if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
         w = w - 1.0  # llama.cpp stores Gemma's (1 + w) norm scales with the 1 added
     m = re.fullmatch(r"blk\.(\d+)\.(\w+?)(?:\.(\d+))?\.(weight|bias)", name)

@@ -90,6 +90,9 @@ def convert_gguf(gguf: pathlib.Path, out_dir: pathlib.Path, hf_copy: bool | None
             _convert_with_transformers(gguf, tmp)
         else:
             _convert_metadata_with_transformers(gguf, tmp)
+        from .gguf_rope import honour_rope_freqs
+
+        honour_rope_freqs(gguf, tmp)  # Llama 3's rope scaling, which transformers' reader drops
         meta = json.loads((tmp / "sglpy_source.json").read_text()) if (tmp / "sglpy_source.json").exists() else {}
         from .gguf_weights import tensor_index
 

@@ -1,7 +1,7 @@
 """Test helper: write a tiny HF folder's weights as a float32 GGUF file the way llama.cpp's converter does (its
 tensor names from the gguf package's own name map, its metadata keys, Gemma's norms stored as 1 + w, a `llama`
-file's q/k rows permuted, experts stacked, Phi-3's LongRoPE factors as tensors), with the default model's tokenizer
-cut to the tiny vocabulary, so the loader's GGUF path is tested without a hub."""
+file's q/k rows permuted, experts stacked, Phi-3's LongRoPE factors and Llama 3's rope divisors as tensors), with
+the default model's tokenizer cut to the tiny vocabulary, so the loader's GGUF path is tested without a hub."""
 
 from __future__ import annotations
 
@@ -125,6 +125,11 @@ def _gguf_tensors(state: dict, cfg: dict, arch: str, rope: dict) -> dict:
         if name is None:
             raise ValueError(f"no llama.cpp name for {key}")
         out[name + ".weight"] = torch.stack([per[i] for i in range(len(per))]).numpy()
+    if rope.get("rope_type") == "llama3":  # llama.cpp keeps Llama 3's scaling only as per-frequency divisors
+        from sglpy.runtime.model.gguf_rope import llama3_divisors
+
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        out["rope_freqs.weight"] = llama3_divisors(rope, head_dim)
     if rope.get("rope_type") == "longrope":
         out["rope_factors_long.weight"] = np.asarray(rope["long_factor"], dtype=np.float32)
         out["rope_factors_short.weight"] = np.asarray(rope["short_factor"], dtype=np.float32)
