@@ -98,13 +98,7 @@ def object_under(conv, n: Norm, ctx) -> str | None:
         out = automata.compact(conv, out, "an object", 0)
     if n.min_props or n.max_props is not None:
         out = automata.combine(conv, out, _count_filter(conv, n.min_props, n.max_props), "and", "minProperties/maxProperties")
-    for name, deps in n.dep_required:
-        need = _loose_obj(conv)
-        for d in deps:
-            need = automata.combine(conv, need, _has(conv, d), "and", "dependentRequired")
-        out = automata.combine(conv, out, automata.combine(conv, lacks_key(conv, name), need, "or", "dependentRequired"), "and",
-                           "dependentRequired")
-    return out
+    return out  # dependentRequired was split on the key's presence before (schema.py, _under_norm)
 
 
 def _members(conv, slots: list, extra: str | None, many: bool) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import GrammarError, is_fatal
 from .normal import TYPES, Ctx, Norm, Sub, alt, is_json_type
-from . import arrays, automata, numbers, objects, strings
+from . import arrays, automata, negation, numbers, objects, strings
 
 ANY_DEPTH = 2  # nesting of unconstrained values ({} / true / missing items) below where they start
 OVER_LEVELS = 2  # over-approximations look this many nesting levels below where the negation applies
@@ -58,7 +58,8 @@ def over_norm(conv, n: Norm, ctx: Ctx) -> str | None:
         if kind in ("anyOf", "oneOf"):
             other = alt([over(conv, b) for b in payload])
         elif kind == "not":
-            other = safe_diff(conv, automata.loose(conv), payload)
+            neg = negation.negation(conv, payload)
+            other = safe_diff(conv, automata.loose(conv), payload) if neg is None else alt([over(conv, s) for s in neg])
         elif kind == "if":
             cond, then, els = payload
             yes = automata.combine(conv, over(conv, cond), over(conv, then), "and", "if/then")

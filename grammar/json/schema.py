@@ -18,7 +18,7 @@ from . import formats as F
 from ..budget import CompileBudget
 from ..errors import GrammarError, is_fatal, too_large
 from ..regex.fsa import is_empty
-from . import arrays, automata, numbers, objects, over, strings
+from . import arrays, automata, negation, numbers, objects, over, strings
 from .formats import ANY_NUMBER_RE
 from .normal import TYPES, Ctx, Norm, Sub, add_part, alt, is_json_type
 from .numbers import MAX_DIGITS
@@ -248,6 +248,12 @@ class SchemaConverter:
             return None
         if n == Norm():
             return self.any_value(ctx.level)
+        n = negation.rewrite_nots(self, n, ctx)
+        if (n.apps or n.dep_required) and negation.hopeless(self, n):
+            return None  # a contradiction already: no branch below can hold (the distribution tree is pruned)
+        if n.dep_required:  # split on the key's presence, as dependentSchemas: no product with the object
+            (name, deps), rest = n.dep_required[0], replace(n, dep_required=n.dep_required[1:])
+            return self.distribute("dependentSchemas", (name, Sub({"required": list(deps)}, ctx)), rest, ctx)
         for i, (kind, payload) in enumerate(n.apps):
             if kind != "not":
                 rest = replace(n, apps=n.apps[:i] + n.apps[i + 1:])
@@ -264,14 +270,21 @@ class SchemaConverter:
         if self._branches > MAX_BRANCHES:
             raise GrammarError(f"json_schema combines too many {kind} branches (more than {MAX_BRANCHES})")
         if kind == "anyOf":
-            return alt([self._under_norm(self.extend(rest, [b]), ctx) for b in payload])
+            return self.branches([self._under_norm(self.extend(rest, [b]), ctx) for b in payload], kind)
         if kind == "oneOf":
-            outs, overs, heads = [], {}, [self.norm([b]) for b in payload]
+            # the keyword proofs see each branch with the rest of the position (a discriminator is often required
+            # outside the oneOf): rest + b_i and rest + b_j disjoint means no instance here is valid under both
+            outs, overs, heads = [], {}, [self.extend(rest, [b]) for b in payload]
             saved, self._dropped_branch = self._dropped_branch, False
             for i, b in enumerate(payload):
-                mine = self._under_norm(self.extend(rest, [b]), ctx)
+                m = heads[i]
+                others = [j for j in range(len(payload)) if j != i and not self.exclusive(m, heads[j])]
+                keyed = negation.negatable(self, m, payload, others) if not rest.uneval else {}
+                for alts in keyed.values():  # the keywords give these branches' negations as a few choices
+                    m = negation.with_negation(self, m, alts)
+                mine = self._under_norm(m, ctx)
                 for j, o in enumerate(payload):  # one difference per other branch: no union automaton
-                    if mine is None or j == i or self.exclusive(heads[i], heads[j]):
+                    if mine is None or j not in others or j in keyed:
                         continue
                     if j not in overs:
                         overs[j] = self.over(o)
@@ -282,18 +295,33 @@ class SchemaConverter:
             dropped, self._dropped_branch = self._dropped_branch, saved
             if not outs and dropped:
                 raise too_large("every oneOf branch's exclusivity (branch minus the others)", self.max_states)
-            return alt(outs)
+            return self.branches(outs, kind)
         if kind == "if":
             cond, then, els = payload
             yes = self._under_norm(self.extend(rest, [cond, then]), ctx)
-            no, o = self._under_norm(self.extend(rest, [els]), ctx), self.over(cond)
-            no = no if automata.disjoint(self, no, o) else automata.combine(self, no, o, "diff", "if/else")
-            return alt([yes, no])
+            head = self.extend(rest, [els])
+            neg = negation.choices(self, head, cond) if not rest.uneval else None
+            if neg is not None:  # else-branch and the condition's negation from the keywords: no difference
+                no = self._under_norm(negation.with_negation(self, head, neg), ctx)
+            else:
+                no, o = self._under_norm(self.extend(rest, [els]), ctx), self.over(cond)
+                no = no if automata.disjoint(self, no, o) else automata.combine(self, no, o, "diff", "if/else")
+            return self.branches([yes, no], kind)
         name, dep = payload  # dependentSchemas
         c = Ctx(ctx.base, ctx.scope, ctx.refs, ctx.level)
         present = self._under_norm(self.extend(rest, [dep, Sub({"required": [name]}, c)]), ctx)
         absent = self._under_norm(self.extend(rest, [Sub({"properties": {name: False}}, c)]), ctx)
-        return alt([present, absent])
+        return self.branches([present, absent], "dependentSchemas")
+
+    def branches(self, outs: list, kind: str) -> str | None:
+        """The alternation of distributed branches. Two or more that embed modules become one module, built once
+        and called wherever this position is used: alternatives that share a long prefix (objects of one shape
+        differing in what they require) are otherwise stepped through side by side in every caller."""
+        out = alt(outs)
+        parts = {o for o in outs if o is not None}
+        if self.plain_text or len(parts) < 2 or sum(map(_has_atom, parts)) < 2:
+            return out
+        return automata.compact(self, out, f"{kind} branches", 0)
 
     def _exclusive_part(self, mine: str, other: str, i: int) -> str | None:
         """oneOf branch i minus another branch's over-approximation; a difference too large to build drops the
@@ -319,7 +347,7 @@ class SchemaConverter:
             return True
         if common != {"object"}:
             return False
-        if any(self._forbids(b, k) for k in a.required) or any(self._forbids(a, k) for k in b.required):
+        if any(self.forbids(b, k) for k in a.required) or any(self.forbids(a, k) for k in b.required):
             return True
         for name in a.required.keys() & b.required.keys():
             pa, pb = a.props.get(name), b.props.get(name)
@@ -329,7 +357,7 @@ class SchemaConverter:
                     return True
         return False
 
-    def _forbids(self, n: Norm, name: str) -> bool:
+    def forbids(self, n: Norm, name: str) -> bool:
         """No object valid under n has the property `name` (false schema, or additionalProperties false)."""
         if any(s.schema is False for s in n.props.get(name, ())):
             return True
@@ -470,6 +498,10 @@ def _copy(v):
     if isinstance(v, set):
         return set(v)
     return v
+
+
+def _has_atom(regex: str) -> bool:
+    return any(ord(c) >= ATOM_BASE for c in regex)
 
 
 def _has_marker(schema: Any) -> bool:
