@@ -66,12 +66,16 @@ def choices(conv, head: Norm, sub: Sub) -> list[Sub] | None:
 
 
 def _may_hold(conv, head: Norm, alt: Sub) -> bool:
-    props = alt.schema.get("properties") if isinstance(alt.schema, dict) else None
-    if not props:
+    """False only for the two shapes negation() builds (an object without k / with k outside a schema)."""
+    a = alt.schema
+    if not isinstance(a, dict) or a.get("type") != "object" or not isinstance(a.get("properties"), dict) \
+            or len(a["properties"]) != 1 or set(a) not in ({"type", "properties"}, {"type", "required", "properties"}):
         return True
-    (k, value), = props.items()
-    if value is False:
-        return k not in head.required
+    (k, value), = a["properties"].items()
+    if "required" not in a:
+        return value is not False or k not in head.required
+    if a["required"] != [k]:
+        return True
     if conv.forbids(head, k):
         return False
     mine = head.props.get(k)
