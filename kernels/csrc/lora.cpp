@@ -26,6 +26,16 @@ static inline float to_f32(bf16_t v) {
   return f;
 }
 
+static inline vn splatn(float v) {  // one broadcast, as splat (a lane loop compiled to inserts: 2x slower)
+#if SGLPY_NW == 16
+  return splat(v);
+#elif SGLPY_NW == 8
+  return vn{v, v, v, v, v, v, v, v};
+#else
+  return vn{v, v, v, v};
+#endif
+}
+
 template <typename T>
 static inline float dot_w(const float* x, const T* w, int64_t n) {  // dot_n with the weights in T
   vn acc = vn{};
@@ -34,6 +44,29 @@ static inline float dot_w(const float* x, const T* w, int64_t n) {  // dot_n wit
   float s = hsumn(acc);
   for (; j < n; ++j) s += x[j] * to_f32(w[j]);
   return s;
+}
+
+// out[i] = dot_w(x, w + i * n, n) for i < 4, the same arithmetic per dot, as four independent FMA chains sharing
+// x's loads (one chain is bound by the FMA latency)
+template <typename T>
+static inline void dot4_w(const float* x, const T* w, int64_t n, float* out) {
+  vn acc0 = vn{}, acc1 = vn{}, acc2 = vn{}, acc3 = vn{};
+  int64_t j = 0;
+  for (; j + NW <= n; j += NW) {
+    const vn xv = loadn(x + j);
+    acc0 += xv * loadn(w + j);
+    acc1 += xv * loadn(w + n + j);
+    acc2 += xv * loadn(w + 2 * n + j);
+    acc3 += xv * loadn(w + 3 * n + j);
+  }
+  float s0 = hsumn(acc0), s1 = hsumn(acc1), s2 = hsumn(acc2), s3 = hsumn(acc3);
+  for (; j < n; ++j) {
+    s0 += x[j] * to_f32(w[j]);
+    s1 += x[j] * to_f32(w[n + j]);
+    s2 += x[j] * to_f32(w[2 * n + j]);
+    s3 += x[j] * to_f32(w[3 * n + j]);
+  }
+  out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
 }
 
 struct Segs {
@@ -65,9 +98,14 @@ void lora_apply(const float* x, int64_t x_stride, float* y, int64_t y_stride, co
       const int64_t k = u / (n_slices * jb), s = (u / jb) % n_slices, j0 = (u % jb) * SHRINK_ROWS;
       const int64_t r = sg.ranks[k], j1 = std::min(j0 + SHRINK_ROWS, r);
       const T* as = a + sg.slots[k] * a_slot + (s * pool_rank) * n_in;
-      for (int64_t j = j0; j < j1; ++j)
-        for (int64_t p = sg.indptr[k]; p < sg.indptr[k + 1]; ++p)
-          h[p * hw + s * pool_rank + j] = dot_w(x + sg.rows[p] * x_stride, as + j * n_in, n_in);
+      for (int64_t p = sg.indptr[k]; p < sg.indptr[k + 1]; ++p) {
+        float* hp = h + p * hw + s * pool_rank;
+        const float* xp = x + sg.rows[p] * x_stride;
+        if (j1 - j0 == SHRINK_ROWS)
+          dot4_w(xp, as + j0 * n_in, n_in, hp + j0);
+        else
+          for (int64_t j = j0; j < j1; ++j) hp[j] = dot_w(xp, as + j * n_in, n_in);
+      }
     }
 #pragma omp for schedule(dynamic)
     for (int64_t u = 0; u < expand_items; ++u) {  // y[rows[p], c0:c1] += sum_j h[p, s, j] Bt[j, c0:c1]
@@ -85,10 +123,25 @@ void lora_apply(const float* x, int64_t x_stride, float* y, int64_t y_stride, co
         const float* hp = h + p * hw + s * pool_rank;
         float* yr = y + sg.rows[p] * y_stride;
         int64_t c = c0;
-        for (; c + W <= c1; c += W) {
-          vf acc = vf{};
-          for (int64_t j = 0; j < r; ++j) acc += splat(hp[j]) * load(bs + j * n_out + c);
-          store(yr + c, load(yr + c) + acc);
+        for (; c + 4 * NW <= c1; c += 4 * NW) {  // four registers of columns: four independent FMA chains
+          vn acc0 = vn{}, acc1 = vn{}, acc2 = vn{}, acc3 = vn{};
+          for (int64_t j = 0; j < r; ++j) {
+            const vn hj = splatn(hp[j]);
+            const T* bj = bs + j * n_out + c;
+            acc0 += hj * loadn(bj);
+            acc1 += hj * loadn(bj + NW);
+            acc2 += hj * loadn(bj + 2 * NW);
+            acc3 += hj * loadn(bj + 3 * NW);
+          }
+          storen(yr + c, loadn(yr + c) + acc0);
+          storen(yr + c + NW, loadn(yr + c + NW) + acc1);
+          storen(yr + c + 2 * NW, loadn(yr + c + 2 * NW) + acc2);
+          storen(yr + c + 3 * NW, loadn(yr + c + 3 * NW) + acc3);
+        }
+        for (; c + NW <= c1; c += NW) {  // one register of columns (16-float vectors spill on AVX2)
+          vn acc = vn{};
+          for (int64_t j = 0; j < r; ++j) acc += splatn(hp[j]) * loadn(bs + j * n_out + c);
+          storen(yr + c, loadn(yr + c) + acc);
         }
         for (; c < c1; ++c) {
           float acc = 0.0f;
