@@ -35,8 +35,9 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# two workers (pytest-xdist), each taking whole test files, so a module's server or engine starts once
 test: $(STAMP)
-	$(PY) -m pytest -q --timeout=900 tests
+	$(PY) -m pytest -q --timeout=900 -n 2 --dist loadfile tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
