@@ -69,6 +69,44 @@ static inline void dot4_w(const float* x, const T* w, int64_t n, float* out) {
   out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
 }
 
+// out0[i] = dot_w(x0, w + i * n, n), out1[i] = dot_w(x1, w + i * n, n) for i < 4 (dot4_w for two rows at once)
+template <typename T>
+static inline void dot4x2_w(const float* x0, const float* x1, const T* w, int64_t n, float* out0, float* out1) {
+  vn a0 = vn{}, a1 = vn{}, a2 = vn{}, a3 = vn{}, b0 = vn{}, b1 = vn{}, b2 = vn{}, b3 = vn{};
+  int64_t j = 0;
+  for (; j + NW <= n; j += NW) {
+    const vn u = loadn(x0 + j), v = loadn(x1 + j);
+    const vn w0 = loadn(w + j), w1 = loadn(w + n + j), w2 = loadn(w + 2 * n + j), w3 = loadn(w + 3 * n + j);
+    a0 += u * w0, a1 += u * w1, a2 += u * w2, a3 += u * w3;
+    b0 += v * w0, b1 += v * w1, b2 += v * w2, b3 += v * w3;
+  }
+  float s[8] = {hsumn(a0), hsumn(a1), hsumn(a2), hsumn(a3), hsumn(b0), hsumn(b1), hsumn(b2), hsumn(b3)};
+  for (; j < n; ++j)
+    for (int i = 0; i < 4; ++i) {
+      const float wi = to_f32(w[i * n + j]);
+      s[i] += x0[j] * wi;
+      s[4 + i] += x1[j] * wi;
+    }
+  for (int i = 0; i < 4; ++i) out0[i] = s[i], out1[i] = s[4 + i];
+}
+
+// y[c0:c1] += sum_j h[j] Bt[j, c0:c1], one register of columns at a time, then column by column (the per-column
+// order of the 4-register groups: 0, then + h[j] Bt[j, c] for j ascending)
+template <typename T>
+static inline void expand_tail(const float* hp, const T* bs, int64_t n_out, int64_t r, int64_t c, int64_t c1,
+                               float* yr) {
+  for (; c + NW <= c1; c += NW) {  // one register of columns (16-float vectors spill on AVX2)
+    vn acc = vn{};
+    for (int64_t j = 0; j < r; ++j) acc += splatn(hp[j]) * loadn(bs + j * n_out + c);
+    storen(yr + c, loadn(yr + c) + acc);
+  }
+  for (; c < c1; ++c) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < r; ++j) acc += hp[j] * to_f32(bs[j * n_out + c]);
+    yr[c] += acc;
+  }
+}
+
 struct Segs {
   const int64_t* rows;
   const int64_t* indptr;
@@ -98,7 +136,12 @@ void lora_apply(const float* x, int64_t x_stride, float* y, int64_t y_stride, co
       const int64_t k = u / (n_slices * jb), s = (u / jb) % n_slices, j0 = (u % jb) * SHRINK_ROWS;
       const int64_t r = sg.ranks[k], j1 = std::min(j0 + SHRINK_ROWS, r);
       const T* as = a + sg.slots[k] * a_slot + (s * pool_rank) * n_in;
-      for (int64_t p = sg.indptr[k]; p < sg.indptr[k + 1]; ++p) {
+      int64_t p = sg.indptr[k];
+      if (j1 - j0 == SHRINK_ROWS)  // rows in pairs: each weight load (and bf16 widening) serves two rows
+        for (; p + 2 <= sg.indptr[k + 1]; p += 2)
+          dot4x2_w(x + sg.rows[p] * x_stride, x + sg.rows[p + 1] * x_stride, as + j0 * n_in, n_in,
+                   h + p * hw + s * pool_rank + j0, h + (p + 1) * hw + s * pool_rank + j0);
+      for (; p < sg.indptr[k + 1]; ++p) {
         float* hp = h + p * hw + s * pool_rank;
         const float* xp = x + sg.rows[p] * x_stride;
         if (j1 - j0 == SHRINK_ROWS)
@@ -119,7 +162,35 @@ void lora_apply(const float* x, int64_t x_stride, float* y, int64_t y_stride, co
       const int64_t c0 = offsets[s] + blk * EXPAND_COLS, c1 = std::min(c0 + EXPAND_COLS, offsets[s + 1]);
       const int64_t r = sg.ranks[k];
       const T* bs = bt + sg.slots[k] * b_slot;
-      for (int64_t p = sg.indptr[k]; p < sg.indptr[k + 1]; ++p) {
+      int64_t p = sg.indptr[k];
+      const int64_t c4 = c0 + (c1 - c0) / (4 * NW) * (4 * NW);
+      for (; p + 2 <= sg.indptr[k + 1] && c4 > c0; p += 2) {  // rows in pairs over the 4-register groups
+        const float* hp0 = h + p * hw + s * pool_rank;
+        const float* hp1 = hp0 + hw;
+        float* y0 = y + sg.rows[p] * y_stride;
+        float* y1 = y + sg.rows[p + 1] * y_stride;
+        for (int64_t c = c0; c < c4; c += 4 * NW) {
+          vn a0 = vn{}, a1 = vn{}, a2 = vn{}, a3 = vn{}, b0 = vn{}, b1 = vn{}, b2 = vn{}, b3 = vn{};
+          for (int64_t j = 0; j < r; ++j) {
+            const T* bj = bs + j * n_out + c;
+            const vn w0 = loadn(bj), w1 = loadn(bj + NW), w2 = loadn(bj + 2 * NW), w3 = loadn(bj + 3 * NW);
+            const vn h0 = splatn(hp0[j]), h1 = splatn(hp1[j]);
+            a0 += h0 * w0, a1 += h0 * w1, a2 += h0 * w2, a3 += h0 * w3;
+            b0 += h1 * w0, b1 += h1 * w1, b2 += h1 * w2, b3 += h1 * w3;
+          }
+          storen(y0 + c, loadn(y0 + c) + a0);
+          storen(y0 + c + NW, loadn(y0 + c + NW) + a1);
+          storen(y0 + c + 2 * NW, loadn(y0 + c + 2 * NW) + a2);
+          storen(y0 + c + 3 * NW, loadn(y0 + c + 3 * NW) + a3);
+          storen(y1 + c, loadn(y1 + c) + b0);
+          storen(y1 + c + NW, loadn(y1 + c + NW) + b1);
+          storen(y1 + c + 2 * NW, loadn(y1 + c + 2 * NW) + b2);
+          storen(y1 + c + 3 * NW, loadn(y1 + c + 3 * NW) + b3);
+        }
+        for (int64_t q = p; q < p + 2; ++q)  // the columns past the groups, row by row
+          expand_tail(h + q * hw + s * pool_rank, bs, n_out, r, c4, c1, y + sg.rows[q] * y_stride);
+      }
+      for (; p < sg.indptr[k + 1]; ++p) {
         const float* hp = h + p * hw + s * pool_rank;
         float* yr = y + sg.rows[p] * y_stride;
         int64_t c = c0;
@@ -138,16 +209,7 @@ void lora_apply(const float* x, int64_t x_stride, float* y, int64_t y_stride, co
           storen(yr + c + 2 * NW, loadn(yr + c + 2 * NW) + acc2);
           storen(yr + c + 3 * NW, loadn(yr + c + 3 * NW) + acc3);
         }
-        for (; c + NW <= c1; c += NW) {  // one register of columns (16-float vectors spill on AVX2)
-          vn acc = vn{};
-          for (int64_t j = 0; j < r; ++j) acc += splatn(hp[j]) * loadn(bs + j * n_out + c);
-          storen(yr + c, loadn(yr + c) + acc);
-        }
-        for (; c < c1; ++c) {
-          float acc = 0.0f;
-          for (int64_t j = 0; j < r; ++j) acc += hp[j] * to_f32(bs[j * n_out + c]);
-          yr[c] += acc;
-        }
+        expand_tail(hp, bs, n_out, r, c, c1, yr);
       }
     }
   }
