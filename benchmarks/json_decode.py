@@ -2,12 +2,18 @@
 
 python benchmarks/json_decode.py [--requests 64] [--threads 2] [--model PATH|preset:smollm2-135m] [--device cuda]
                                  [--jump-min-tokens auto,1,4,8] [--extend-graphs on,off] [--repeat 3]
-                                 [--warmup auto|on|off]
+                                 [--warmup auto|on|off] [--modes constrained,constrained+jump]
+python benchmarks/json_decode.py --schemas distinct [--repeat 3]   # 64 schemas vs one shared schema
 
 In the spirit of the SGLang paper's JSON benchmark: a schema with many fixed keys and short values,
 64 requests submitted at once. Reports model forward steps, output tokens/s, latency, validity and
 the grammar's share of step time (mask + advance + jump). outlines on HF transformers is run only
 when `outlines` is installed (it is not a dependency).
+
+`--schemas distinct` instead compares the same 64 constrained+jump requests sharing one schema with each request
+carrying its own schema (variants of the same shape: `population_millions` gets maximum 999 + i, so every
+automaton differs while the outputs stay alike), in interleaved rounds; each round uses schemas never compiled
+before (cold compiles in both arms: one compile for the shared arm, 64 for the distinct one).
 """
 
 from __future__ import annotations
@@ -54,6 +60,13 @@ def prompts(tok, n):
     return out
 
 
+def variant(k: int) -> dict:
+    """The schema with population_millions' maximum moved to 999 + k: a distinct automaton, the same outputs."""
+    out = json.loads(json.dumps(SCHEMA))
+    out["properties"]["population_millions"]["maximum"] = 999 + k
+    return out
+
+
 def run_mode(eng, texts, mode, min_jump=None, extend_graphs=True, warmup=False, repeat=1):
     """One mode: `warmup` runs it once untimed first (Triton compiles, first-use buffers), then `repeat` timed runs
     on a flushed cache, the median kept. min_jump sets the shortest jump applied (None: the engine's own choice);
@@ -64,10 +77,11 @@ def run_mode(eng, texts, mode, min_jump=None, extend_graphs=True, warmup=False, 
     return best
 
 
-def _run_once(eng, texts, mode, min_jump, extend_graphs):
+def _run_once(eng, texts, mode, min_jump, extend_graphs, schemas=None):
+    """One run; `schemas` (one per request) replaces the shared SCHEMA."""
     sp = {"max_new_tokens": 160, "temperature": 0}
-    if mode != "unconstrained":
-        sp["json_schema"] = json.dumps(SCHEMA)
+    schemas = schemas or [SCHEMA] * len(texts)
+    sps = [sp if mode == "unconstrained" else dict(sp, json_schema=json.dumps(x)) for x in schemas]
     eng.constrained.jump_forward_enabled = mode.startswith("constrained+jump")
     auto, graphs = eng.constrained.min_jump_tokens, eng.runner.extend_graphs
     if min_jump is not None:
@@ -76,15 +90,15 @@ def _run_once(eng, texts, mode, min_jump, extend_graphs):
         eng.runner.extend_graphs = None
     eng.flush_cache()
     before = eng.get_server_info()
-    t0 = time.perf_counter()
-    outs = eng.generate(texts, [sp] * len(texts))
-    dt = time.perf_counter() - t0
+    t0, c0 = time.perf_counter(), time.process_time()
+    outs = eng.generate(texts, sps)
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     after = eng.get_server_info()
     eng.constrained.min_jump_tokens, eng.runner.extend_graphs = auto, graphs
     valid = 0
-    for o in outs:
+    for o, schema in zip(outs, schemas):
         try:
-            jsonschema.validate(json.loads(o["text"]), SCHEMA)
+            jsonschema.validate(json.loads(o["text"]), schema)
             valid += 1
         except (ValueError, jsonschema.ValidationError):
             pass
@@ -93,9 +107,33 @@ def _run_once(eng, texts, mode, min_jump, extend_graphs):
     step_s = after["step_s"] - before["step_s"]
     n_out = sum(o["meta_info"]["completion_tokens"] for o in outs)
     jumped = sum(o["meta_info"]["jump_forward_tokens"] for o in outs)
-    return dict(mode=mode, steps=after["num_steps"] - before["num_steps"], seconds=dt, out_tokens=n_out,
+    return dict(mode=mode, steps=after["num_steps"] - before["num_steps"], seconds=dt, cpu_s=cpu, out_tokens=n_out,
                 jumped=jumped, tok_s=n_out / dt, lat_p50=statistics.median(o["meta_info"]["e2e_latency"] for o in outs),
                 valid=valid, n=len(outs), grammar_share=grammar_s / step_s if step_s else 0.0)
+
+
+def compare_schemas(eng, texts, repeat: int) -> None:
+    """constrained+jump with one shared schema vs one schema per request, interleaved rounds of cold schemas."""
+    n = len(texts)
+    eng.constrained.compile("json_schema", json.dumps(variant(-1))).result()  # compile workers started
+    rows = {"shared": [], "distinct": []}
+    for r in range(repeat):
+        base = 1000 * (r + 1)  # never compiled before: each round's compiles are cold in both arms
+        for arm in ("shared", "distinct") if r % 2 == 0 else ("distinct", "shared"):
+            schemas = [variant(base + (i if arm == "distinct" else 0) + (500 if arm == "shared" else 0))
+                       for i in range(n)]
+            rows[arm].append(_run_once(eng, texts, "constrained+jump", None, True, schemas))
+    print(f"\n{n} constrained+jump requests, {repeat} interleaved rounds (cold schemas each round), median [min-max]:")
+    med = {}
+    for arm, runs in rows.items():
+        sec, cpu = [x["seconds"] for x in runs], [x["cpu_s"] for x in runs]
+        med[arm] = (statistics.median(sec), statistics.median(cpu))
+        print(f"  {arm:<8} ({1 if arm == 'shared' else n} schema{'s' * (arm == 'distinct')}): wall "
+              f"{med[arm][0]:.2f} s [{min(sec):.2f}-{max(sec):.2f}], engine-process CPU {med[arm][1]:.2f} s "
+              f"[{min(cpu):.2f}-{max(cpu):.2f}], steps {statistics.median(x['steps'] for x in runs):.0f}, valid "
+              f"{min(x['valid'] for x in runs)}/{n}, jumped {statistics.median(x['jumped'] for x in runs):.0f} tokens")
+    print(f"distinct / shared: wall {med['distinct'][0] / med['shared'][0]:.2f}x, CPU "
+          f"{med['distinct'][1] / med['shared'][1]:.2f}x (target <= 1.2x)")
 
 
 def _profile(eng, texts, mode: str) -> str:
@@ -124,6 +162,10 @@ def main():
     ap.add_argument("--warmup", default="auto", choices=["auto", "on", "off"],
                     help="one untimed run per mode first (auto: on for CUDA, where the first run of a mode "
                          "compiles Triton kernels for its shapes)")
+    ap.add_argument("--modes", default="unconstrained,constrained",
+                    help="modes run before the constrained+jump rows (the jump ratio needs constrained)")
+    ap.add_argument("--schemas", default="shared", choices=["shared", "distinct"],
+                    help="distinct: compare one shared schema with one schema per request (constrained+jump only)")
     ap.add_argument("--profile", default=None, metavar="MODE",
                     help="after the table, one more run of MODE (e.g. constrained+jump) under cProfile of the "
                          "step loop: the top functions by own and by cumulative time")
@@ -139,10 +181,14 @@ def main():
     kw = dict(warmup=warm, repeat=args.repeat)
     print(f"device {eng.runner.device} ({torch.cuda.get_device_name() if cuda else 'cpu'}), model {eng.model_path}")
     texts = prompts(eng.tokenizer, args.requests)
+    if args.schemas == "distinct":
+        compare_schemas(eng, texts, args.repeat)
+        eng.shutdown()
+        return
     t = time.perf_counter()
     eng.constrained.compile("json_schema", json.dumps(SCHEMA)).result()  # a Future: compiled in a worker
     print(f"schema compile (cold, in a compile worker): {time.perf_counter() - t:.2f}s")
-    rows = [run_mode(eng, texts, m, **kw) for m in ("unconstrained", "constrained")]
+    rows = [run_mode(eng, texts, m, **kw) for m in args.modes.split(",")]
     print(f"jump-forward's shortest jump under this engine (auto): {eng.constrained.min_jump_tokens}")
     for x in args.extend_graphs.split(","):
         for j in args.jump_min_tokens.split(","):
@@ -164,8 +210,8 @@ def main():
               + (f"  [{r['spread'][0]:.3f}-{r['spread'][1]:.3f}]" if args.repeat > 1 else ""))
     if prof:
         print(prof)
-    c = rows[1]
-    for j in rows[2:]:
+    c = next((r for r in rows if r["mode"] == "constrained"), None)
+    for j in rows[len(args.modes.split(",")):] if c else []:
         print(f"\n{j['mode']} vs constrained: {c['seconds'] / j['seconds']:.2f}x faster end to end, "
               f"{c['steps'] / max(j['steps'], 1):.2f}x fewer forward steps (target 1.5x; grammar share target <= 5%)")
 
