@@ -45,7 +45,8 @@ class _Terminal:
                 raise GrammarError(f"terminal {term.name}: regex flags {sorted(flags)} are not supported")
             regex = pat.to_regexp()
         try:
-            self.dfa: ByteDFA = regex_to_dfa(regex, max_states, budget=budget, what=f"terminal {term.name}")
+            self.dfa: ByteDFA = regex_to_dfa(regex, max_states, budget=budget, what=f"terminal {term.name}",
+                                               lookahead=False)
         except GrammarError as e:
             raise GrammarError(f"terminal {term.name}: {e}") from None
         if self.dfa.accepting[self.dfa.initial]:

@@ -110,7 +110,9 @@ def add_part(conv, norm: Norm, schema: Any, ctx: Ctx, top: bool = True) -> None:
             if target is None:
                 norm.cut = True
             else:
-                add_part(conv, norm, target, tctx, False)
+                # a reference whose siblings evaluate nothing: the target's subtree is all this position sees
+                alone = top and not any(k != key and k in schema for k in _ANNOTATING)
+                add_part(conv, norm, target, tctx, alone)
     for key, value in schema.items():
         kind = vocab.get(key)
         if kind is None or kind == "annotate":
@@ -260,6 +262,10 @@ def _keyword(conv, n: Norm, s: dict, key: str, v: Any, ctx: Ctx, top: bool) -> N
         raise GrammarError(f"unsupported JSON-schema keyword {key!r}")
 
 
+# keywords whose subschemas evaluate properties or items of the instance (for unevaluated*)
+_ANNOTATING = ("properties", "patternProperties", "additionalProperties", "items", "prefixItems", "additionalItems",
+               "contains", "allOf", "anyOf", "oneOf", "if", "dependentSchemas", "dependencies", "unevaluatedProperties",
+               "unevaluatedItems", "$ref", "$dynamicRef", "$recursiveRef")
 _IN_PLACE = ("allOf", "anyOf", "oneOf", "if", "dependentSchemas", "$ref", "$dynamicRef", "$recursiveRef")
 
 

@@ -121,7 +121,7 @@ def test_runtime_rejected_regex_fails_the_program_and_the_backend_keeps_serving(
 
     @sgl.function
     def lookahead(s):
-        s += "x: " + sgl.gen("x", regex=r"(?=a)b", max_tokens=4)  # valid for Python's re, not for the grammar
+        s += "x: " + sgl.gen("x", regex=r"(?<=a)b", max_tokens=4)  # valid for Python's re, not for the grammar
 
     with pytest.warns(RuntimeWarning):
         st = lookahead.run(backend=backend)

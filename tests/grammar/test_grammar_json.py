@@ -145,7 +145,7 @@ def _serialize(data):
         ({"type": "integer", "minimum": 5, "maximum": 2}, "admits no document"),
         ({"type": "string", "minLength": -1}, "minLength"),
         ({"enum": []}, "admits no document"),
-        ({"type": "string", "pattern": "a(?=b)"}, "lookahead"),
+        ({"type": "string", "pattern": "(?<=a)b"}, "lookbehind"),
         ({"type": "string", "pattern": "(a)\\1"}, "backreference"),
         ({"allOf": [{"anyOf": [{"properties": {"a": {}}}, True], "unevaluatedProperties": False}]},
          "'unevaluatedProperties'"),

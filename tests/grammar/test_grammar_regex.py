@@ -205,8 +205,9 @@ def test_choices_and_dtypes():
     [
         ("a(b", "invalid regex"),
         (r"(a)\1", "backreference"),
-        (r"a(?=b)", "lookahead"),
-        (r"(?<!a)b", "lookahead/lookbehind"),
+        (r"(a(?=b))*", "lookahead inside a repeat"),
+        (r"(?<!a)b", "lookbehind"),
+        (r"a(?!b$)c", "inside a lookahead"),
         (r"\bword\b", "word boundary"),
         (r"a^b", "anchor"),
         (r"(?i)abc", "IGNORECASE"),
@@ -236,6 +237,22 @@ def test_unicode_property_escapes_match_the_regex_package(pattern, texts):
     dfa = regex_to_dfa(pattern, 20_000)
     for t in texts + ["A1_\\p{L}", "Ж1", "ά]", "é"]:
         assert dfa.fullmatch(t.encode()) == bool(regex.fullmatch(pattern, t)), (pattern, t)
+
+
+LOOKAHEAD_PATTERNS = [r"^(https?://|/?.?-?(?!\w+://)\w).+\.ya?ml$", r"a(?!b)\w", r"(?=\d{2})\d+", r"x(?!ab|c)[a-c]*$",
+                      r"^(?!foo)\w+$", r"(a(?=b)|c)b", r"^(?!.*--)[a-z-]+$", r"a(?=b)"]
+
+
+@pytest.mark.parametrize("pattern", LOOKAHEAD_PATTERNS)
+@settings(max_examples=25, deadline=None)
+@given(texts=st.lists(st.text(alphabet="abcfo1-:/.yml\n", max_size=9), min_size=10, max_size=30))
+def test_lookaheads_match_python_re(pattern, texts):
+    """Lookaheads are exact: fullmatch, and re.search with Python's `$` (a final newline allowed)."""
+    full = regex_to_dfa(pattern, 20_000, allow_empty=True)
+    search = regex_to_dfa(pattern, 20_000, allow_empty=True, search=True, dollar_newline=True)
+    for t in texts + ["http://a.yml", "ab", "a1", "foo1"]:
+        assert full.fullmatch(t.encode()) == bool(re.fullmatch(pattern, t)), (pattern, t)
+        assert search.fullmatch(t.encode()) == bool(re.search(pattern, t)), (pattern, t)
 
 
 def test_state_blowup_is_a_clear_fast_error():
