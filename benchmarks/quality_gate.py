@@ -129,11 +129,14 @@ def run_gate(model_path: str, modes: list[str], n_tokens: int = 1024, decode_tok
     from sglpy.runtime.model.runner import ModelRunner
 
     ids = text_ids(AutoTokenizer.from_pretrained(model_path), n_tokens)
+    runners: dict[str, ModelRunner] = {}  # one load per quantization: the KV dtype is only the scoring pool's
 
     def scores(mode: str) -> Scores:
         cfg = EngineConfig(model=model_path, device="cpu", max_total_tokens=n_tokens + 16, max_running_requests=2,
                            max_context_len=max(n_tokens + 16, 64), **parse_mode(mode))
-        return teacher_forced_scores(ModelRunner(cfg, model_path), ids, decode_tokens, cfg.kv_cache_dtype)
+        if cfg.quantization not in runners:
+            runners[cfg.quantization] = ModelRunner(cfg, model_path)
+        return teacher_forced_scores(runners[cfg.quantization], ids, decode_tokens, cfg.kv_cache_dtype)
 
     ref = scores("none")
     results = [judge("none", ref, ref)]
