@@ -80,8 +80,15 @@ class GGUFWeights:
             return raw
         rows = raw.reshape(-1, raw.shape[-1]) if raw.ndim > 1 else raw.reshape(1, -1)
         step = max(1, CHUNK_BYTES // max(1, rows.shape[1] * rows.itemsize))
-        parts = [gguf.quants.dequantize(rows[i:i + step], qtype) for i in range(0, rows.shape[0], step)]
-        out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        first = gguf.quants.dequantize(rows[:step], qtype)
+        if step >= rows.shape[0]:
+            out = first
+        else:  # each chunk straight into the result: no list of parts beside a concatenated copy (2x the tensor)
+            out = np.empty((rows.shape[0], first.shape[1]), dtype=first.dtype)
+            out[:step] = first
+            del first
+            for i in range(step, rows.shape[0], step):
+                out[i:i + step] = gguf.quants.dequantize(rows[i:i + step], qtype)
         return out.reshape(*raw.shape[:-1], out.shape[-1]) if raw.ndim > 1 else out.reshape(-1)
 
     def tensors(self, infos: list[GGUFTensorInfo]) -> Iterator[tuple[str, torch.Tensor]]:

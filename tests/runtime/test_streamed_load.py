@@ -80,3 +80,37 @@ def test_many_rows_through_dequantized_tiles(kind, tiles):
     y, ref = quant_linear(x, p), quant_linear_reference(x, p)
     tol = 1e-3 if tiles == torch.float32 else 2e-2
     assert (y - ref).abs().max().item() <= tol * ref.abs().max().item()
+
+
+def test_large_tensor_dequantized_in_place_of_a_second_copy(tmp_path, monkeypatch):
+    """A tensor read in several chunks equals the gguf package's whole dequantization, and its chunks are written
+    straight into the result: the read's peak stays near the result's size (a list of parts beside their
+    concatenation held twice the float tensor: the load peak of a 1B model's embedding table)."""
+    import tracemalloc
+
+    import gguf
+    import numpy as np
+
+    from sglpy.runtime.model import gguf_weights
+    from sglpy.runtime.model.gguf_weights import GGUFWeights, tensor_index
+
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((512, 2048)).astype(np.float32)
+    path = tmp_path / "t.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("token_embd.weight", gguf.quants.quantize(table, gguf.GGMLQuantizationType.Q8_0),
+                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    monkeypatch.setattr(gguf_weights, "CHUNK_BYTES", 64 << 10)  # ~30 chunks
+    weights = GGUFWeights(path, {}, tensor_index(path))
+    tracemalloc.start()
+    out = weights.read(weights.infos[0])
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    want = gguf.quants.dequantize(gguf.quants.quantize(table, gguf.GGMLQuantizationType.Q8_0),
+                                  gguf.GGMLQuantizationType.Q8_0)
+    assert out.shape == (512, 2048) and np.array_equal(out, want)
+    assert peak < 1.5 * out.nbytes, f"read peak {peak} bytes for a {out.nbytes}-byte tensor"
