@@ -34,7 +34,7 @@ import psutil
 import requests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from storm_report import report, targets  # noqa: E402
+from storm_report import report, targets, timing_misses  # noqa: E402
 from storm_traffic import HONEST_KINDS, HOSTILE, ROUTES_NEEDING_KEY, Traffic  # noqa: E402
 
 from sglpy.runtime.testing.server_harness import free_port  # noqa: E402
@@ -133,6 +133,13 @@ def rss_mb(pid: int | None) -> float | None:
         return None
 
 
+def _cpu(p: psutil.Process) -> float:
+    try:
+        return sum(p.cpu_times()[:2])
+    except psutil.Error:
+        return 0.0
+
+
 def engine_children(engine_pid: int) -> list[psutil.Process]:
     try:
         return [c for c in psutil.Process(engine_pid).children()
@@ -174,14 +181,20 @@ class Storm:
         self.stop_at = time.monotonic() + seconds
         self.events.append({"event": f"{name} start", "t": time.monotonic()})
         jobs = [asyncio.ensure_future(self.client(t, i, hostile_rate)) for i in range(self.args.clients)]
+        if hostile_rate:  # every hostile kind at least once, whatever the rate drew
+            jobs += [asyncio.ensure_future(self.run_hostile(t, kind)) for kind in sorted(HOSTILE)]
         jobs += [asyncio.ensure_future(f) for f in faults]
         await asyncio.gather(*jobs)
         self.events.append({"event": f"{name} end", "t": time.monotonic()})
 
     # ---- faults ----
-    async def at(self, delay: float, coro_fn, t: Traffic):
-        await asyncio.sleep(delay)
-        await coro_fn(t)
+    async def faults(self, t: Traffic, schedule: list[tuple[float, str]]):
+        """The faults one after another, each at its moment or as soon as the one before has ended (an engine
+        restart can outlast a short storm's third)."""
+        t0 = time.monotonic()
+        for delay, name in schedule:
+            await asyncio.sleep(max(0.0, t0 + delay - time.monotonic()))
+            await getattr(self, name)(t)
 
     async def kill_engine(self, t: Traffic):
         pid = (await asyncio.to_thread(self.server.info))["engine_pid"]
@@ -208,28 +221,35 @@ class Storm:
 
     async def kill_compile_worker(self, t: Traffic):
         engine_pid = (await asyncio.to_thread(self.server.info))["engine_pid"]
+        for _ in range(60):  # the workers are up (not still starting, e.g. after an engine restart)
+            status, _, _ = await t.post_json("/generate", {"text": "x", "sampling_params": {
+                "max_new_tokens": 12, "regex": f"r{self.rng.randrange(10 ** 6)}[0-9]"}})  # new: no cache hit
+            if status == 200:
+                break
+            await asyncio.sleep(1.0)
+        for _ in range(60):  # no other compile running (a hostile one), so the worker that burns CPU next is ours
+            workers = engine_children(engine_pid)
+            before = {w.pid: _cpu(w) for w in workers}
+            await asyncio.sleep(0.5)
+            if all(_cpu(w) - before[w.pid] < 0.02 for w in workers):
+                break
         regex = "(a{0,100}){0,100}(b{0,100}){0,100}" + "".join(self.rng.choice("cdefgh") for _ in range(8))
         victim = asyncio.ensure_future(t.post_json("/generate", {"text": "x", "sampling_params": {
             "max_new_tokens": 8, "regex": regex}}))
         ev = {"event": "kill -9 compile worker", "t": time.monotonic()}
         self.events.append(ev)
-        busiest = None
-        for _ in range(20):  # the worker whose CPU time grows is the one compiling (nice 5: slowly on a busy box)
+        busiest, seen = None, {}
+        for _ in range(20):  # the worker whose CPU time grows is compiling (its compile runs on a thread)
             workers = engine_children(engine_pid)
-            before = {w.pid: sum(w.cpu_times()[:2]) for w in workers}
+            before = {w.pid: _cpu(w) for w in workers}
             await asyncio.sleep(0.5)
-            grew = []
-            for w in workers:
-                try:
-                    grew.append((sum(w.cpu_times()[:2]) - before[w.pid], w))
-                except psutil.Error:
-                    pass
-            grew.sort(key=lambda x: -x[0])
+            grew = sorted(((_cpu(w) - before[w.pid], w) for w in workers), key=lambda x: -x[0])
+            seen = {w.pid: round(g, 3) for g, w in grew}
             if grew and grew[0][0] > 0.02 and not victim.done():
                 busiest = grew[0][1]
                 break
         if busiest is None:
-            ev["skipped"] = "no compile worker was busy"
+            ev["skipped"] = f"no compile worker was busy (CPU s per 0.5 s: {seen})"
         else:
             ev["pid"] = busiest.pid
             busiest.kill()
@@ -249,14 +269,15 @@ class Storm:
             try:
                 async with t.session.post(t.url + "/generate", headers=t.headers, json={
                         "text": f"burst {i}", "sampling_params": {"max_new_tokens": 4}}) as resp:
-                    await resp.read()
-                    return resp.status, resp.headers.get("Retry-After")
+                    body = await resp.text()
+                    return resp.status, resp.headers.get("Retry-After"), body[:160]
             except Exception as e:  # noqa: BLE001
-                return type(e).__name__, None
+                return type(e).__name__, None, repr(e)[:160]
 
         got = await asyncio.gather(*(one(i) for i in range(self.args.burst)))
-        ev["statuses"] = dict(collections.Counter(str(s) for s, _ in got))
-        ev["503_without_retry_after"] = sum(1 for s, ra in got if s in (429, 503) and not ra)
+        ev["statuses"] = dict(collections.Counter(str(s) for s, _, _ in got))
+        ev["example"] = {str(s): body for s, _, body in got if s != 200}
+        ev["503_without_retry_after"] = sum(1 for s, ra, _ in got if s in (429, 503) and not ra)
         ev["seconds"] = round(time.monotonic() - ev["t"], 2)
         ev["t_end"] = time.monotonic()
 
@@ -337,7 +358,7 @@ async def run(args, server: ServerProc) -> dict:
         baseline = {"kv_used": baseline_info["kv_pool"]["used"], "radix_cached": baseline_info["kv_pool"]["cached"],
                     "running": baseline_info.get("num_running_reqs"), "rss_server_mb": rss_mb(server.proc.pid)}
         sched = fault_schedule(storm.rng, seconds)
-        faults = [storm.at(d, getattr(storm, name), t) for d, name in sched]
+        faults = [storm.faults(t, sched)]
         until = time.monotonic() + seconds
         idle = asyncio.ensure_future(storm.idle_connections(args.idle_connections, until))
         rss = asyncio.ensure_future(storm.sample_rss(min(60.0, seconds / 6), until))
@@ -391,6 +412,7 @@ def main(argv=None) -> int:
     summary = report(result)
     failed = targets(result)
     summary["failed_targets"] = failed
+    summary["missed_timing_targets"] = timing_misses(result)
     print(json.dumps(summary, indent=1))
     if args.json:
         with open(args.json, "w") as f:

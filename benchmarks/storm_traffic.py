@@ -62,7 +62,9 @@ class Traffic:
     def __init__(self, url: str, api_key: str, max_tokens: int, rng: random.Random):
         self.url, self.key, self.max_tokens, self.rng = url, api_key, max_tokens, rng
         self.headers = {"Authorization": f"Bearer {api_key}"}
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False),
+        # an idle pooled connection is dropped after 4 s, before the server's --timeout-keep-alive closes it (a
+        # request sent on a connection the server is closing at that instant fails: the client's race, not the server's)
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
                                              timeout=aiohttp.ClientTimeout(total=HANG_S))
         self.oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0, timeout=HANG_S)
 
@@ -228,11 +230,9 @@ def _is_error_body(body) -> bool:
     return isinstance(body, dict) and isinstance(body.get("error"), dict) and "message" in body["error"]
 
 
-def deep_schema(depth: int) -> dict:
-    s: dict = {"type": "string"}
-    for _ in range(depth):
-        s = {"type": "object", "properties": {"a": s}, "required": ["a"]}
-    return s
+def deep_schema_text(depth: int) -> str:
+    """A JSON schema of `depth` nested objects, as text (too deep for Python's own json.dumps)."""
+    return '{"type":"object","required":["a"],"properties":{"a":' * depth + '{"type":"string"}' + "}}" * depth
 
 
 def wide_schema(approx_bytes: int) -> dict:
@@ -263,11 +263,11 @@ async def _slow_reader(t: Traffic):
 async def _disconnect_stream(t: Traffic):
     body = {"text": "Tell a story.", "stream": True, "sampling_params": {"max_new_tokens": 256, "ignore_eos": True}}
     async with t.session.post(t.url + "/generate", json=body, headers=t.headers) as resp:
-        status = resp.status
+        if resp.status != 200:
+            return resp.status, await resp.json(), resp.headers.get("Retry-After")
         await resp.content.readline()
-        retry, body = resp.headers.get("Retry-After"), (await resp.json() if status != 200 else None)
         resp.close()  # leave mid-stream
-    return status, body, retry
+    return 200, None, None
 
 
 async def _disconnect_waiting(t: Traffic):
@@ -317,8 +317,11 @@ HOSTILE = {
     "wrong_types": (_post(lambda t: ("/v1/chat/completions", _chat(max_tokens="10"))), (400,)),
     "lone_surrogate": (_post(lambda t: ("/generate", b'{"text": "x\\ud800y"}')), (400,)),
     "huge_max_tokens": (_post(lambda t: ("/v1/chat/completions", _chat(max_tokens=10 ** 12))), (400,)),
-    "deep_schema": (_post(lambda t: ("/v1/chat/completions", _chat(response_format={
-        "type": "json_schema", "json_schema": {"name": "d", "schema": deep_schema(1000)}}))), (400,)),
+    "deep_schema": (_post(lambda t: ("/v1/chat/completions", json.dumps(_chat(response_format={
+        "type": "json_schema", "json_schema": {"name": "d", "schema": "SCHEMA"}})).replace(
+        '"SCHEMA"', deep_schema_text(1000)).encode())), (400,)),
+    "deep_schema_text": (_post(lambda t: ("/generate", {"text": "x", "sampling_params": {
+        "max_new_tokens": 8, "json_schema": deep_schema_text(1000)}})), (400,)),
     "big_schema": (_post(lambda t: ("/generate", {"text": "x", "sampling_params": {
         "max_new_tokens": 8, "json_schema": json.dumps(wide_schema(2_000_000))}})), (400,)),
     "10mb_schema": (_post(lambda t: ("/generate", {"text": "x", "sampling_params": {

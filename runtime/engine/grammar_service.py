@@ -104,7 +104,11 @@ class _Worker:
         self.kill_at: float | None = None
         self.demoted = False  # reniced to DEMOTED_NICE during a long compile: replaced once it is free
         self.refused = 0  # file opens its sandbox refused so far
-        self.send_conn.send(init)
+        try:  # blocks until the worker reads it (the vocabulary is megabytes); it may die meanwhile (killed, OOM)
+            self.send_conn.send(init)
+        except (OSError, ValueError):
+            self.kill()
+            raise
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -249,8 +253,12 @@ class GrammarService:
             if self._start_failures >= 5:
                 self._fail_all("constrained decoding is unavailable: the compile worker process fails to start")
                 return
-            self._workers.append(_Worker(self._init))
             self.stats["worker_starts"] += 1
+            try:
+                self._workers.append(_Worker(self._init))
+            except (OSError, ValueError) as e:  # died before it read its vocabulary: a failed start, retried
+                self._start_failures += 1
+                logger.warning("a compile worker died while starting (%s); starting another", e)
 
     def _lost(self, w: _Worker, message: str) -> None:
         """A worker exited or was killed: fail its job (if still answered by nobody) and drop it."""

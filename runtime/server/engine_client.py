@@ -61,6 +61,7 @@ class EngineClient:
     factory: str
     engine_kwargs: dict
     log_level: str = "info"
+    max_inflight: int = 0  # generations in flight at most (0: no bound); more fail with 503 at once
     info: EngineInfo | None = None  # set once the engine reported Ready
     alive: bool = False
     dead_reason: str | None = None
@@ -205,6 +206,12 @@ class EngineClient:
         rid = inp.rid
         if rid in self._pending:
             raise EngineError(400, f"request id {rid!r} is already in flight")
+        if self.max_inflight and len(self._pending) >= self.max_inflight:
+            # the bound itself: ServerState.admit checks it at the door, but requests admitted in the same instant
+            # (a burst) all passed that check before any of them got here; from this line to the registration
+            # below nothing awaits, so the count cannot be overtaken
+            raise EngineError(503, f"server busy: {len(self._pending)} requests in flight (limit {self.max_inflight}); "
+                                   "retry later")
         pend = _Pending()
         self._send(inp)
         self._pending[rid] = pend

@@ -208,3 +208,26 @@ def test_a_long_compile_drops_to_the_lowest_priority_and_its_worker_is_replaced(
         assert os.getpriority(os.PRIO_PROCESS, svc._workers[0].proc.pid) == NICE
     finally:
         svc.close()
+
+
+def test_a_worker_that_dies_while_starting_is_replaced(monkeypatch):
+    # A worker killed before it read its vocabulary made the init send raise BrokenPipeError on the dispatcher
+    # thread, which ended the service: every later constrained request failed with "the compile service stopped".
+    import sglpy.runtime.engine.grammar_service as gs
+
+    real_popen, calls = gs.subprocess.Popen, []
+
+    def dies_first(cmd, **kw):
+        calls.append(cmd)
+        proc = real_popen(cmd if len(calls) > 1 else [sys.executable, "-c", "pass"], **kw)
+        if len(calls) == 1:
+            proc.wait()  # gone before its init is sent: no reader on its pipe
+        return proc
+
+    monkeypatch.setattr(gs.subprocess, "Popen", dies_first)
+    svc = GrammarService(INFO, workers=1)
+    try:
+        assert svc.compile("regex", r"up[0-9]").result(timeout=60) is not None
+        assert len(calls) == 2 and svc.stats["worker_starts"] == 2
+    finally:
+        svc.close()

@@ -95,6 +95,27 @@ def test_a_full_queue_is_a_503_with_retry_after(srv):
         t.join(30)
 
 
+def test_a_burst_past_the_queue_is_refused_not_admitted(srv):
+    # requests arriving in the same instant all passed the door's count before any reached the engine: a burst of
+    # 500 was admitted whole past a queue of 384
+    import asyncio
+
+    import aiohttp
+
+    async def burst():
+        async with aiohttp.ClientSession() as s:
+            async def one():
+                async with s.post(srv.url + "/generate", json={"text": "x", "sampling_params": {
+                        "max_new_tokens": 300}}) as r:
+                    await r.read()
+                    return r.status, r.headers.get("Retry-After")
+            return await asyncio.gather(*(one() for _ in range(20)))
+
+    got = asyncio.run(burst())
+    assert sorted(s for s, _ in got).count(200) == 3, got  # 2 running + 1 queued, the rest 503 + Retry-After
+    assert all(ra == "1" for s, ra in got if s == 503) and len(got) == 20
+
+
 def test_an_oversized_body_is_a_413(srv):
     error(srv.post("/generate", {"text": "x" * 200_000}), 413, "too large")
 
