@@ -238,21 +238,22 @@ class Storm:
             "max_new_tokens": 8, "regex": regex}}))
         ev = {"event": "kill -9 compile worker", "t": time.monotonic()}
         self.events.append(ev)
-        busiest, seen = None, {}
-        for _ in range(20):  # the worker whose CPU time grows is compiling (its compile runs on a thread)
+        busy, seen = [], {}
+        await asyncio.sleep(1.0)  # dispatched and compiling (its budget is seconds of CPU)
+        for _ in range(20):  # every worker whose CPU time grows: ours, and any worker starting meanwhile
             workers = engine_children(engine_pid)
             before = {w.pid: _cpu(w) for w in workers}
             await asyncio.sleep(0.5)
-            grew = sorted(((_cpu(w) - before[w.pid], w) for w in workers), key=lambda x: -x[0])
-            seen = {w.pid: round(g, 3) for g, w in grew}
-            if grew and grew[0][0] > 0.02 and not victim.done():
-                busiest = grew[0][1]
+            seen = {w.pid: round(_cpu(w) - before[w.pid], 3) for w in workers}
+            busy = [w for w in workers if seen[w.pid] > 0.02]
+            if busy and not victim.done():
                 break
-        if busiest is None:
+        if not busy or victim.done():
             ev["skipped"] = f"no compile worker was busy (CPU s per 0.5 s: {seen})"
         else:
-            ev["pid"] = busiest.pid
-            busiest.kill()
+            ev["pids"] = [w.pid for w in busy]
+            for w in busy:
+                w.kill()
         try:
             status, body, _ = await asyncio.wait_for(victim, 120)
             ev["victim_status"] = status
