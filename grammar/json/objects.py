@@ -170,8 +170,9 @@ def _extra_pair(conv, n: Norm, names: list, uneval: list, ctx) -> str | None:
             key_body = automata.combine(conv, key_body, m, "and" if p in q else "diff", "patternProperties")
             if key_body is None:
                 break
-        for k in names:
-            key_body = automata.combine(conv, key_body, automata.atom(conv, strings.key_body_dfa(conv, k)), "diff", "property names")
+        if names and key_body is not None:  # one difference with all named keys (a trie), not one per name
+            named = "(?:" + "|".join(automata.atom(conv, strings.key_body_dfa(conv, k)) for k in names) + ")"
+            key_body = automata.combine(conv, key_body, named, "diff", "property names")
         if key_body is None:
             continue
         key = '"' + key_body + '"'

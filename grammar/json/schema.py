@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from collections import Counter
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
@@ -134,7 +135,8 @@ class SchemaConverter:
         self.combine_cache: dict = {}
         self.sub_cache: dict = {}  # under / over per subschemas (see under_subs, over)
         self._dropped_branch = False  # a oneOf branch was dropped for size (see _exclusive_part)
-        self._cuts = 0  # depth / recursion cut-offs met so far (results shaped by one are not cached)
+        self._cuts = 0  # depth / recursion cut-offs met so far (results shaped by one are cached per position)
+        self._depth_cuts = 0  # the depth cut-offs among them (results shaped by one depend on the level)
         self.plain_text = False  # schema_to_regex: no fragments, everything as regex text
         self.ignored: set[str] = set()
         self.relaxed: list[str] = []
@@ -218,17 +220,29 @@ class SchemaConverter:
         return self.under_subs([sub])
 
     def under_subs(self, subs: list[Sub]) -> str | None:
-        """under() of the conjunction of `subs` at one position, cached per (subschemas, base URIs) unless a
-        depth or recursion cut-off shaped it (an instance valid here is valid wherever the same subschemas
-        apply)."""
+        """under() of the conjunction of `subs` at one position, cached per (subschemas, base URIs) (an instance
+        valid here is valid wherever the same subschemas apply); a result that a depth or recursion cut-off
+        shaped is cached per position as below."""
         key = ("under",) + tuple((id(s.schema), s.ctx.base, s.ctx.scope) for s in subs)
         got = self.sub_cache.get(key)
         if got is not None:
             return got[1]
-        cuts = self._cuts
+        # a result shaped by cut-offs depends on the position only through how often each $ref target was
+        # followed on the way, and through its level when a depth cut-off shaped it: a recursive definition
+        # reached along many paths is built once per such position, not once per path
+        counts = tuple(tuple(sorted(Counter(s.ctx.refs).items())) for s in subs)
+        got = self.sub_cache.get(key + counts)
+        if got is None:
+            got = self.sub_cache.get(key + counts + (subs[0].ctx.level,))
+        if got is not None:
+            self._cuts += 1  # whatever uses it is shaped too
+            self._depth_cuts += got[2]
+            return got[1]
+        cuts, depth_cuts = self._cuts, self._depth_cuts
         out = self.under_norm(self.norm(subs), subs[0].ctx)
-        if self._cuts == cuts:
-            self.sub_cache[key] = ([s.schema for s in subs], out)  # the schemas pin their ids
+        deep = self._depth_cuts != depth_cuts
+        where = key if self._cuts == cuts else key + counts + ((subs[0].ctx.level,) if deep else ())
+        self.sub_cache[where] = ([s.schema for s in subs], out, deep)  # the schemas pin their ids
         return out
 
     # ---- under-approximation ---------------------------------------------------------------------------
@@ -243,6 +257,7 @@ class SchemaConverter:
     def _under_norm(self, n: Norm, ctx: Ctx) -> str | None:
         if n.cut or ctx.level > self.max_level:
             self._cuts += 1
+            self._depth_cuts += not n.cut
             return None
         if n.false:
             return None
@@ -453,6 +468,7 @@ class SchemaConverter:
     def _any(self, depth: int, full: int) -> str:
         if depth < full:
             self._cuts += 1  # the depth limit shaped it
+            self._depth_cuts += 1
         # numbers apart: the rest is prefix-free, so a large any-value is one called module, not a copy per use
         return f"(?:{automata.atom(self, any_module(self._layout(), depth))}|{ANY_NUMBER_RE})"
 

@@ -103,3 +103,22 @@ def test_discriminator_outside_the_one_of_proves_exclusivity(products):
         assert v.is_valid(doc) and res.dfa.fullmatch(_text(doc)), doc
     for doc in [{"kind": "a", "x": "s"}, {"kind": "d", "x": 1}, {"x": 1}]:
         assert not res.dfa.fullmatch(_text(doc)), doc
+
+
+def test_recursive_definition_reached_along_many_paths_is_built_once_per_level(monkeypatch):
+    """A $ref cycle shapes its results (recursion cut-offs): they are cached per (level, $ref counts), so six
+    recursive properties three levels deep build a handful of objects, not one per path (6^3)."""
+    from sglpy.grammar.json import objects
+
+    calls = []
+    real = objects.object_under
+    monkeypatch.setattr(objects, "object_under", lambda conv, n, ctx: calls.append(1) or real(conv, n, ctx))
+    props = {f"p{i}": {"$ref": "#/$defs/node"} for i in range(6)}
+    schema = {"$defs": {"node": {"type": "object", "properties": {**props, "v": {"type": "integer"}}}},
+              "$ref": "#/$defs/node"}
+    res = compile_schema(schema)
+    assert len(calls) <= 16
+    v = jsonschema.Draft202012Validator(schema)
+    for doc in [{}, {"p0": {"v": 1}}, {"p1": {"p2": {"v": 1}}, "v": 2}, {"p5": {"p0": {}}, "v": 3}]:
+        assert v.is_valid(doc) and res.dfa.fullmatch(_text(doc)), doc
+    assert not res.dfa.fullmatch(_text({"p0": {"v": "x"}}))
