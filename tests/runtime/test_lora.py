@@ -175,6 +175,8 @@ def test_lora_refusals_in_config():
         EngineConfig(enable_lora=True, enable_deterministic_inference=True)
     with pytest.raises(ValueError, match="lru or fifo"):
         EngineConfig(enable_lora=True, lora_eviction_policy="random")
+    with pytest.raises(ValueError, match="lora_dtype must be one of"):
+        EngineConfig(enable_lora=True, lora_dtype="float16")
     with pytest.raises(ValueError, match="unique"):
         EngineConfig(lora_paths=["a=/x", "a=/y"])
     refs = EngineConfig(lora_paths=["a=/x", '{"lora_name": "b", "lora_path": "/y", "pinned": true}', "/z"]).lora_paths

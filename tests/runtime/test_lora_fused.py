@@ -94,3 +94,15 @@ def test_fused_layers_with_adapters_equal_the_per_op_path(adapters, monkeypatch,
             _hf_close(base, folders, eng, fused)
     finally:
         eng.shutdown()
+
+
+def test_pool_dtype():
+    from sglpy.runtime.lora.manager import pool_dtype
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert pool_dtype("auto", torch.float32, cpu, "int4") == torch.bfloat16  # the fused layers' faster pool
+    assert pool_dtype("auto", torch.float32, cpu, "none") == torch.float32  # HF + PEFT equality mode
+    assert pool_dtype("float32", torch.float32, cpu, "int8") == torch.float32
+    assert pool_dtype("auto", torch.float16, cuda, "none") == torch.float16
+    with pytest.raises(ValueError, match="lora_dtype bfloat16 differs from the model's"):
+        pool_dtype("bfloat16", torch.float16, cuda, "none")
