@@ -132,11 +132,12 @@ def integer_bounds(lo, lo_excl: bool, hi, hi_excl: bool) -> tuple[int | None, in
 
 
 def residue_dfa(d: int, with_zero_fraction: bool) -> ByteDFA:
-    """Integer texts divisible by d (d >= 1); with_zero_fraction also accepts `N.0`, `N.00`, ... (draft 6+ floats)."""
+    """Integer texts divisible by d (d >= 1); with_zero_fraction also accepts `N.0`, `N.00`, ... and `-0.0`, ...
+    (floats: json.loads reads `-0.0` as -0.0, a multiple of every d)."""
     if d < 1:
         raise GrammarError(f"multipleOf must be > 0, got {d}")
-    # states: 0 dead, 1 start, 2 after '-', 3 after a leading '0', 4 '.', 5 '.0+', 6.. residues
-    n = 6 + d
+    # states: 0 dead, 1 start, 2 after '-', 3 after a leading '0', 4 '.', 5 '.0+', 6.. residues, 6 + d after "-0"
+    n = 7 + d
     t = np.zeros((n, 256), np.int32)
     acc = np.zeros(n, bool)
     dig = [ord(c) for c in "0123456789"]
@@ -156,6 +157,8 @@ def residue_dfa(d: int, with_zero_fraction: bool) -> ByteDFA:
         t[4, ord("0")] = 5
         t[5, ord("0")] = 5
         acc[5] = True
+        t[2, ord("0")] = 6 + d  # "-0" alone is an integer text (not accepted here); "-0.0" is a float
+        t[6 + d, ord(".")] = 4
     cls = np.unique(t.T, axis=0, return_inverse=True)[1].reshape(-1)
     _, first = np.unique(cls, return_index=True)
     ct = t[:, first]
@@ -218,16 +221,18 @@ def float_text(conv, v: float) -> str | None:
 
 
 def number_equal(conv, v) -> str | None:
-    """Over-approximation of the texts whose value equals v."""
+    """Over-approximation of the texts whose value equals v (decimals past 15 digits round: all kept)."""
     import re
 
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, int) or v.is_integer():
         i = str(int(v))
-        return f"{re.escape(i)}(?:\\.0+)?" if i != "0" else "-?0(?:\\.0+)?"
-    text = _plain_decimal(v)
-    return None if text is None else re.escape(text) + "0*"
+        exact = f"{re.escape(i)}(?:\\.0+)?" if i != "0" else "-?0(?:\\.0+)?"
+    else:
+        text = _plain_decimal(v)
+        exact = None if text is None else re.escape(text) + "0*"
+    return _long_decimals(conv) if exact is None else f"(?:{exact}|{_long_decimals(conv)})"
 
 
 def number_re(conv, n, integer_only: bool, mode: str) -> str | None:
@@ -296,8 +301,8 @@ def _number_re(conv, n, integer_only: bool, mode: str) -> str | None:
             parts.append(automata.atom(conv, d) if d.accepting.any() else None)
     if want_dec and mode == "over":
         parts.append(_long_decimals(conv))
-    if integer_only and mode == "over" and (a is None or a <= 0) and (b is None or b >= 0):
-        parts.append("-0")  # the integer 0 as numbers may write it
+    if mode == "over" and (a is None or a <= 0) and (b is None or b >= 0):
+        parts.append("-0")  # the integer 0 as numbers may write it (a multiple of every divisor)
     parts = [p for p in parts if p is not None]
     if not parts:
         return None

@@ -86,9 +86,16 @@ def safe_diff(conv, universe: str, sub: Sub) -> str | None:
 def typed_over(conv, n: Norm, ctx: Ctx) -> str | None:
     types = TYPES if n.types is None else [t for t in TYPES if t in n.types]
     if n.enum is not None:
-        vals = [v for v in n.enum if any(is_json_type(v, t, conv.draft) for t in types)]
+        vals = [v for v in n.enum if any(_may_have_type(v, t, conv.draft) for t in types)]
         return alt([const_over(conv, v, ctx) for v in vals])
     return conv.typed_alt(n, ctx, types, "over")
+
+
+def _may_have_type(v: Any, t: str, draft: str) -> bool:
+    """Some text equal to v has type t (draft 4: 1.0 is no integer, but the text 1 equals it)."""
+    if t == "integer" and isinstance(v, float) and not isinstance(v, bool) and v.is_integer():
+        return True
+    return is_json_type(v, t, draft)
 
 
 def const_over(conv, v: Any, ctx: Ctx) -> str | None:
