@@ -122,3 +122,11 @@ def test_recursive_definition_reached_along_many_paths_is_built_once_per_level(m
     for doc in [{}, {"p0": {"v": 1}}, {"p1": {"p2": {"v": 1}}, "v": 2}, {"p5": {"p0": {}}, "v": 3}]:
         assert v.is_valid(doc) and res.dfa.fullmatch(_text(doc)), doc
     assert not res.dfa.fullmatch(_text({"p0": {"v": "x"}}))
+
+
+def test_negated_integer_multiple_of_rejects_every_spelling_of_a_multiple():
+    """over(integer, multipleOf) holds "-0.0" (0 after json.loads), so `not` never generates it."""
+    dfa = compile_schema({"not": {"type": "integer", "multipleOf": 3}}).dfa
+    for text in ("0", "-0", "0.0", "-0.0", "-0.00", "3", "3.0", "-6.0"):
+        assert not dfa.fullmatch(text.encode()), text
+    assert dfa.fullmatch(b"1") and dfa.fullmatch(b"0.5")
