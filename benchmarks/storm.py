@@ -314,8 +314,10 @@ class Storm:
     async def sample_rss(self, every: float, until: float):
         t0 = time.monotonic()
         while time.monotonic() < until:
-            info = await asyncio.to_thread(self.server.info)
-            pid = info.get("engine_pid")
+            try:
+                pid = (await asyncio.to_thread(self.server.info, 5.0)).get("engine_pid")
+            except requests.RequestException:  # the engine is restarting: the server's RSS still counts
+                pid = None
             self.rss.append({"t_min": round((time.monotonic() - t0) / 60, 2), "server_mb": rss_mb(self.server.proc.pid),
                              "engine_mb": rss_mb(pid), "workers_mb": round(sum(
                                  rss_mb(w.pid) or 0 for w in engine_children(pid)), 1) if pid else None})
