@@ -9,8 +9,11 @@ import jsonschema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sglpy.grammar import GrammarError
+import pytest
+
+from sglpy.grammar import GrammarCompiler, GrammarError
 from sglpy.grammar.json.schema import compile_schema
+from sglpy.grammar.testing import small_vocab_info
 
 SPELLINGS = ["0", "-0", "0.0", "-0.0", "0.00", "-0.000", "-0.0000000", "3", "-3", "3.0", "3.00", "-3.0",
              "3.0000000", "6", "6.000", "-6.0", "1", "1.0", "-1", "1.5", "1.50", "-1.5", "2", "2.0", "0.5", "-0.5",
@@ -93,3 +96,17 @@ def test_not_const_rejects_spellings_that_round_onto_it():
     assert not compile_schema({"not": {"const": 0.30000000000000004}}).dfa.fullmatch(b"0.30000000000000004")
     dfa = compile_schema({"$schema": DRAFT4, "not": {"type": "integer", "enum": [1.0]}}).dfa
     assert not dfa.fullmatch(b"1")
+
+
+def test_guide_refuses_minus_zero_under_not_integer_multiple():
+    """The request path: the compiled guide refuses -0.0 and -0 under {"not": {"type": "integer", "multipleOf": 3}}."""
+    g = GrammarCompiler(small_vocab_info()).compile("json_schema", {"not": {"type": "integer", "multipleOf": 3}})
+
+    def accepts(text: bytes) -> bool:
+        try:
+            return g.is_final(g.advance_bytes(g.initial_state, text))
+        except ValueError:
+            return False
+
+    assert accepts(b"-0.5") and accepts(b"4")
+    assert not any(accepts(t) for t in (b"-0.0", b"-0", b"3.00", b"0"))
