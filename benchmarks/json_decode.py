@@ -123,6 +123,9 @@ def compare_schemas(eng, texts, repeat: int) -> None:
             schemas = [variant(base + (i if arm == "distinct" else 0) + (500 if arm == "shared" else 0))
                        for i in range(n)]
             rows[arm].append(_run_once(eng, texts, "constrained+jump", None, True, schemas))
+            x = rows[arm][-1]
+            print(f"  round {r + 1} {arm}: wall {x['seconds']:.2f} s, CPU {x['cpu_s']:.2f} s, steps {x['steps']}, "
+                  f"valid {x['valid']}/{n}", flush=True)
     print(f"\n{n} constrained+jump requests, {repeat} interleaved rounds (cold schemas each round), median [min-max]:")
     med = {}
     for arm, runs in rows.items():
