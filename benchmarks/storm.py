@@ -158,11 +158,12 @@ class Storm:
         self.phase = "warmup"
         self.stop_at = 0.0
         self.hostile_tasks: set = set()
+        self.faults_pending = False  # the storm's clients keep going until the last fault has ended
 
     # ---- honest clients ----
     async def client(self, t: Traffic, i: int, hostile_rate: float):
         rng = random.Random(self.args.seed * 1000 + i)
-        while time.monotonic() < self.stop_at:
+        while time.monotonic() < self.stop_at or self.faults_pending:  # honest traffic around every fault
             if hostile_rate and rng.random() < hostile_rate / (1 - hostile_rate):
                 kind = rng.choice(sorted(HOSTILE))
                 task = asyncio.ensure_future(self.run_hostile(t, kind))
@@ -192,9 +193,13 @@ class Storm:
         """The faults one after another, each at its moment or as soon as the one before has ended (an engine
         restart can outlast a short storm's third)."""
         t0 = time.monotonic()
-        for delay, name in schedule:
-            await asyncio.sleep(max(0.0, t0 + delay - time.monotonic()))
-            await getattr(self, name)(t)
+        self.faults_pending = True
+        try:
+            for delay, name in schedule:
+                await asyncio.sleep(max(0.0, t0 + delay - time.monotonic()))
+                await getattr(self, name)(t)
+        finally:
+            self.faults_pending = False
 
     async def kill_engine(self, t: Traffic):
         pid = (await asyncio.to_thread(self.server.info))["engine_pid"]
@@ -238,22 +243,25 @@ class Storm:
             "max_new_tokens": 8, "regex": regex}}))
         ev = {"event": "kill -9 compile worker", "t": time.monotonic()}
         self.events.append(ev)
-        busy, seen = [], {}
+        seen, killed = {}, []
         await asyncio.sleep(1.0)  # dispatched and compiling (its budget is seconds of CPU)
-        for _ in range(20):  # every worker whose CPU time grows: ours, and any worker starting meanwhile
+        for _ in range(40):  # kill every worker whose CPU time grows (ours, and any other compile or starting
+            if victim.done():  # worker meanwhile) until our request has its answer: it may wait behind another
+                break
             workers = engine_children(engine_pid)
             before = {w.pid: _cpu(w) for w in workers}
             await asyncio.sleep(0.5)
             seen = {w.pid: round(_cpu(w) - before[w.pid], 3) for w in workers}
             busy = [w for w in workers if seen[w.pid] > 0.02]
             if busy and not victim.done():
-                break
-        if not busy or victim.done():
-            ev["skipped"] = f"no compile worker was busy (CPU s per 0.5 s: {seen})"
+                killed += [w.pid for w in busy]
+                for w in busy:
+                    w.kill()
+                await asyncio.sleep(0.5)
+        if killed:
+            ev["pids"] = killed
         else:
-            ev["pids"] = [w.pid for w in busy]
-            for w in busy:
-                w.kill()
+            ev["skipped"] = f"no compile worker was busy (CPU s per 0.5 s: {seen})"
         try:
             status, body, _ = await asyncio.wait_for(victim, 120)
             ev["victim_status"] = status
