@@ -38,6 +38,8 @@ from .grammar_worker import (CancelJob, CompileDone, CompileJob, WorkerInit, Wor
 
 logger = logging.getLogger(__name__)
 
+START_TRIES = 5  # failed worker starts in a row before pending compiles fail and starts pause
+RETRY_MAX_S = 30.0  # the longest pause between tries to start a worker
 GRACE_S = 1.0  # a cancelled worker that is still busy after this is killed and replaced
 CACHE_BYTES = 1 << 30  # compiled guides kept at most (a 20k-state guide is tens of MB)
 # Worker priority. Measured on the 2-core box (plain request during a 5 s compile, vs alone): nice 0
@@ -146,7 +148,9 @@ class GrammarService:
         fields = {f.name: getattr(info, f.name) for f in dataclasses.fields(info) if f.name != "walker"}
         self._init = WorkerInit(fields, max_states, timeout_s, nice)
         self._workers: list[_Worker] = []
-        self._start_failures = 0
+        self._start_failures = 0  # consecutive: reset when a worker reads its vocabulary
+        self._pauses = 0  # pauses since a worker last started (1 s, 2 s, 4 s ... RETRY_MAX_S)
+        self._retry_at = 0.0  # after START_TRIES failed starts in a row: no start before this (monotonic)
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name="sglpy-grammar-service", daemon=True)
         self._thread.start()
@@ -230,7 +234,9 @@ class GrammarService:
                 self._ensure_workers()
                 self._dispatch()
                 busy = any(w.job is not None or w.kill_at is not None or not w.ready for w in self._workers)
-                ready = wait([self._wake_r] + [w.recv_conn for w in self._workers], timeout=0.05 if busy else None)
+                pause = max(0.0, self._retry_at - time.monotonic()) if self._retry_at else None
+                timeout = 0.05 if busy else pause
+                ready = wait([self._wake_r] + [w.recv_conn for w in self._workers], timeout=timeout)
                 for obj in ready:
                     if obj == self._wake_r:
                         os.read(self._wake_r, 4096)
@@ -250,9 +256,17 @@ class GrammarService:
         for w in [w for w in self._workers if w.proc.poll() is not None]:
             self._lost(w, f"the compile worker died (exit code {w.proc.returncode}) while compiling this constraint")
         while len(self._workers) < self.num_workers:
-            if self._start_failures >= 5:
+            if self._start_failures >= START_TRIES:
+                # a pause, not the end: workers killed while starting (an operator, the OOM killer) come back later
                 self._fail_all("constrained decoding is unavailable: the compile worker process fails to start")
-                return
+                now = time.monotonic()
+                if not self._retry_at:
+                    self._retry_at = now + min(RETRY_MAX_S, 2.0 ** self._pauses)
+                    self._pauses += 1
+                if now < self._retry_at:
+                    return
+                self._retry_at = 0.0
+                self._start_failures = START_TRIES - 1  # one try; another failure pauses again, for longer
             self.stats["worker_starts"] += 1
             try:
                 self._workers.append(_Worker(self._init))
@@ -293,7 +307,7 @@ class GrammarService:
             self._lost(w, f"the compile worker died (exit code {w.proc.poll()}) while compiling this constraint")
             return
         if isinstance(msg, WorkerReady):
-            w.ready, self._start_failures = True, 0
+            w.ready, self._start_failures, self._pauses = True, 0, 0
         elif isinstance(msg, CompileDone) and w.job is not None and msg.job_id == w.job.job_id:
             job, w.job, w.kill_at = w.job, None, None
             if w.demoted:

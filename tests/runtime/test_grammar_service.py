@@ -231,3 +231,30 @@ def test_a_worker_that_dies_while_starting_is_replaced(monkeypatch):
         assert len(calls) == 2 and svc.stats["worker_starts"] == 2
     finally:
         svc.close()
+
+
+def test_workers_that_keep_dying_while_starting_pause_the_service_then_it_serves_again(monkeypatch):
+    # Five failed starts in a row used to end constrained decoding for the engine's life (the storm's compile-worker
+    # kills hit starting workers): now pending compiles fail with a 503-class error and starts resume after a pause.
+    import sglpy.runtime.engine.grammar_service as gs
+
+    real_popen, calls = gs.subprocess.Popen, []
+
+    def dies_five_times(cmd, **kw):
+        calls.append(cmd)
+        dead = len(calls) <= gs.START_TRIES
+        proc = real_popen([sys.executable, "-c", "pass"] if dead else cmd, **kw)
+        if dead:
+            proc.wait()
+        return proc
+
+    monkeypatch.setattr(gs.subprocess, "Popen", dies_five_times)
+    svc = GrammarService(INFO, workers=1)
+    try:
+        with pytest.raises(CompileServiceError, match="fails to start"):
+            svc.compile("regex", r"first[0-9]").result(timeout=60)
+        time.sleep(1.5)  # the first pause is 1 s
+        assert svc.compile("regex", r"again[0-9]").result(timeout=60) is not None
+        assert len(calls) == gs.START_TRIES + 1
+    finally:
+        svc.close()
