@@ -210,21 +210,28 @@ def test_a_long_compile_drops_to_the_lowest_priority_and_its_worker_is_replaced(
         svc.close()
 
 
-def test_a_worker_that_dies_while_starting_is_replaced(monkeypatch):
-    # A worker killed before it read its vocabulary made the init send raise BrokenPipeError on the dispatcher
-    # thread, which ended the service: every later constrained request failed with "the compile service stopped".
+def _workers_die_while_starting(monkeypatch, deaths: int) -> list:
+    """The first `deaths` worker starts exit before they read their vocabulary; returns the list of starts."""
     import sglpy.runtime.engine.grammar_service as gs
 
     real_popen, calls = gs.subprocess.Popen, []
 
-    def dies_first(cmd, **kw):
+    def popen(cmd, **kw):
         calls.append(cmd)
-        proc = real_popen(cmd if len(calls) > 1 else [sys.executable, "-c", "pass"], **kw)
-        if len(calls) == 1:
+        dead = len(calls) <= deaths
+        proc = real_popen([sys.executable, "-c", "pass"] if dead else cmd, **kw)
+        if dead:
             proc.wait()  # gone before its init is sent: no reader on its pipe
         return proc
 
-    monkeypatch.setattr(gs.subprocess, "Popen", dies_first)
+    monkeypatch.setattr(gs.subprocess, "Popen", popen)
+    return calls
+
+
+def test_a_worker_that_dies_while_starting_is_replaced(monkeypatch):
+    # A worker killed before it read its vocabulary made the init send raise BrokenPipeError on the dispatcher
+    # thread, which ended the service: every later constrained request failed with "the compile service stopped".
+    calls = _workers_die_while_starting(monkeypatch, 1)
     svc = GrammarService(INFO, workers=1)
     try:
         assert svc.compile("regex", r"up[0-9]").result(timeout=60) is not None
@@ -238,17 +245,7 @@ def test_workers_that_keep_dying_while_starting_pause_the_service_then_it_serves
     # kills hit starting workers): now pending compiles fail with a 503-class error and starts resume after a pause.
     import sglpy.runtime.engine.grammar_service as gs
 
-    real_popen, calls = gs.subprocess.Popen, []
-
-    def dies_five_times(cmd, **kw):
-        calls.append(cmd)
-        dead = len(calls) <= gs.START_TRIES
-        proc = real_popen([sys.executable, "-c", "pass"] if dead else cmd, **kw)
-        if dead:
-            proc.wait()
-        return proc
-
-    monkeypatch.setattr(gs.subprocess, "Popen", dies_five_times)
+    calls = _workers_die_while_starting(monkeypatch, gs.START_TRIES)
     svc = GrammarService(INFO, workers=1)
     try:
         with pytest.raises(CompileServiceError, match="fails to start"):
