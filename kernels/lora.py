@@ -86,7 +86,7 @@ def lora_delta(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tens
                seg: LoraSegments) -> torch.Tensor:
     """Checked: add the segments' LoRA deltas to y in place. x: [t, in], y: [t, out], a: [slots, slices * R, in],
     bt: [slots, R, out] (a and bt of one float dtype, x and y of one); offsets: the slices' column bounds in y
-    (0 .. out). CUDA -> Triton, CPU -> the native kernel for a few rows, else the reference."""
+    (0 .. out). CUDA -> Triton, CPU -> the native kernel (float32 x), else the reference."""
     check_tensor("x", x, 2, FLOAT_DTYPES, last_dim_contiguous=True)
     check_tensor("y", y, 2, FLOAT_DTYPES, last_dim_contiguous=True)
     check_tensor("a", a, 3, FLOAT_DTYPES, last_dim_contiguous=True)
@@ -121,7 +121,7 @@ def lora_delta_unchecked(x, y, a, bt, offsets, seg):
     if x.device.type == "cpu":
         from .lora_cpu import lora_delta_cpu, lora_lib
 
-        lib = lora_lib(x, y, a, bt, seg.host_indptr[-1])
+        lib = lora_lib(x, y, a, bt)
         if lib is not None:
             return lora_delta_cpu(lib, x, y, a, bt, _offsets_tensor(offsets), seg)
     return lora_delta_reference(x, y, a, bt, offsets, seg)

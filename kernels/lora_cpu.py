@@ -1,6 +1,7 @@
-"""Native CPU segmented LoRA for a few rows (csrc/lora.cpp): every segment's shrink and expand of one projection in
-one call, split across threads; beside kernels/lora.py's torch reference (one matmul pair per adapter, which costs
-~11 small torch ops per adapter per layer in a decode step). The fused decode layer runs the same entry point."""
+"""Native CPU segmented LoRA (csrc/lora.cpp): every segment's shrink and expand of one projection in one call, split
+across threads, for decode steps and prefill chunks alike; beside kernels/lora.py's torch reference (one matmul pair
+per adapter, ~11 small torch ops per adapter per layer: a prefill of 16 prompts over 8 adapters spent longer in them
+than in the base model's layers). The fused decode layer runs the same entry point."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from .cpu_native import DTYPE_CODES, bind_signatures, native_lib
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 _SIGNATURES = {"sglpy_lora_delta": (_I64, [_P, _I64, _P, _I64, _P, _P, _I32, _I64, _I64, _I64, _P, _P, _P, _P, _P,
                                            _I64, _I64, _I64, _I32])}
-NATIVE_MAX_ROWS = 64  # more adapter rows (prefill chunks) run the reference: its GEMMs beat per-row dot products
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)  # the adapter pool's dtypes the kernel reads
 
 
@@ -23,11 +23,10 @@ def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
     return bind_signatures(lib, _SIGNATURES)
 
 
-def lora_lib(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
-             n_rows: int) -> ctypes.CDLL | None:
+def lora_lib(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor) -> ctypes.CDLL | None:
     """The native library when it runs this call (x, y float32 on CPU with unit column strides; a, bt contiguous
-    float32 or bf16; a few rows), else None."""
-    if x.device.type != "cpu" or n_rows > NATIVE_MAX_ROWS or x.dtype != torch.float32 or y.dtype != torch.float32:
+    float32 or bf16), else None."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or y.dtype != torch.float32:
         return None
     if a.dtype not in WEIGHT_DTYPES or bt.dtype != a.dtype:
         return None

@@ -7,6 +7,7 @@
 // the shrink by (segment, slice, block of rank rows), the expand by (segment, block of output columns); every
 // output element is summed by one thread in a fixed order (the result does not depend on the thread count).
 // The fused decode layer (decode_layer.cpp) calls the same entry point per projection.
+#include <type_traits>
 #include <vector>
 
 #include "cpu_common.h"
@@ -17,6 +18,7 @@ namespace {
 
 constexpr int64_t SHRINK_ROWS = 4;   // rank rows of A per shrink work item
 constexpr int64_t EXPAND_COLS = 128;  // output columns per expand work item (Bt block: rank x 128 stays in L1)
+constexpr int64_t ROW_BLOCK = 16;  // rows of x per shrink work item
 
 static inline float to_f32(float v) { return v; }
 static inline float to_f32(bf16_t v) {
@@ -107,6 +109,91 @@ static inline void expand_tail(const float* hp, const T* bs, int64_t n_out, int6
   }
 }
 
+// bf16 weights widened to float32 once per work item pay when they serve this many rows (decode rows, one or two
+// per adapter, widen in registers instead: the same products either way, the widening is exact)
+template <typename T>
+static inline bool widen_pays(int64_t rows) { return !std::is_same<T, float>::value && rows >= 4; }
+
+template <typename T>
+static inline void widen(const T* w, int64_t n, std::vector<float>& out) {
+  out.resize(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = to_f32(w[i]);
+}
+
+// h[p * hw + j] = A[j] . x[rows[p]] for p in [p0, p1), j < nj (A: nj rows of n_in, row-major)
+template <typename T>
+static inline void shrink_rows(const float* x, int64_t x_stride, const int64_t* rows, int64_t p0, int64_t p1,
+                               const T* as, int64_t n_in, int64_t nj, float* h, int64_t hw) {
+  int64_t p = p0;
+  if (nj == SHRINK_ROWS)  // rows in pairs: each weight load (and bf16 widening) serves two rows
+    for (; p + 2 <= p1; p += 2)
+      dot4x2_w(x + rows[p] * x_stride, x + rows[p + 1] * x_stride, as, n_in, h + p * hw, h + (p + 1) * hw);
+  for (; p < p1; ++p) {
+    float* hp = h + p * hw;
+    const float* xp = x + rows[p] * x_stride;
+    if (nj == SHRINK_ROWS)
+      dot4_w(xp, as, n_in, hp);
+    else
+      for (int64_t j = 0; j < nj; ++j) hp[j] = dot_w(xp, as + j * n_in, n_in);
+  }
+}
+
+// y[rows[p], 0:nc] += sum_j h[p * hw + j] Bt[j, 0:nc] for p in [p0, p1), j < r (Bt rows ld apart; y and bs point at
+// the block's first column)
+template <typename T>
+static void expand_rows(const float* h, int64_t hw, const T* bs, int64_t ld, int64_t nc, int64_t r,
+                        const int64_t* rows, int64_t p0, int64_t p1, float* y, int64_t y_stride) {
+  int64_t p = p0;
+  const int64_t c4 = nc / (4 * NW) * (4 * NW);
+  for (; p + 2 <= p1 && c4 > 0; p += 2) {  // rows in pairs over the 4-register groups
+    const float* hp0 = h + p * hw;
+    const float* hp1 = hp0 + hw;
+    float* y0 = y + rows[p] * y_stride;
+    float* y1 = y + rows[p + 1] * y_stride;
+    for (int64_t c = 0; c < c4; c += 4 * NW) {
+      vn a0 = vn{}, a1 = vn{}, a2 = vn{}, a3 = vn{}, b0 = vn{}, b1 = vn{}, b2 = vn{}, b3 = vn{};
+      for (int64_t j = 0; j < r; ++j) {
+        const T* bj = bs + j * ld + c;
+        const vn w0 = loadn(bj), w1 = loadn(bj + NW), w2 = loadn(bj + 2 * NW), w3 = loadn(bj + 3 * NW);
+        const vn h0 = splatn(hp0[j]), h1 = splatn(hp1[j]);
+        a0 += h0 * w0, a1 += h0 * w1, a2 += h0 * w2, a3 += h0 * w3;
+        b0 += h1 * w0, b1 += h1 * w1, b2 += h1 * w2, b3 += h1 * w3;
+      }
+      storen(y0 + c, loadn(y0 + c) + a0);
+      storen(y0 + c + NW, loadn(y0 + c + NW) + a1);
+      storen(y0 + c + 2 * NW, loadn(y0 + c + 2 * NW) + a2);
+      storen(y0 + c + 3 * NW, loadn(y0 + c + 3 * NW) + a3);
+      storen(y1 + c, loadn(y1 + c) + b0);
+      storen(y1 + c + NW, loadn(y1 + c + NW) + b1);
+      storen(y1 + c + 2 * NW, loadn(y1 + c + 2 * NW) + b2);
+      storen(y1 + c + 3 * NW, loadn(y1 + c + 3 * NW) + b3);
+    }
+    for (int64_t q = p; q < p + 2; ++q)  // the columns past the groups, row by row
+      expand_tail(h + q * hw, bs, ld, r, c4, nc, y + rows[q] * y_stride);
+  }
+  for (; p < p1; ++p) {
+    const float* hp = h + p * hw;
+    float* yr = y + rows[p] * y_stride;
+    int64_t c = 0;
+    for (; c + 4 * NW <= nc; c += 4 * NW) {  // four registers of columns: four independent FMA chains
+      vn acc0 = vn{}, acc1 = vn{}, acc2 = vn{}, acc3 = vn{};
+      for (int64_t j = 0; j < r; ++j) {
+        const vn hj = splatn(hp[j]);
+        const T* bj = bs + j * ld + c;
+        acc0 += hj * loadn(bj);
+        acc1 += hj * loadn(bj + NW);
+        acc2 += hj * loadn(bj + 2 * NW);
+        acc3 += hj * loadn(bj + 3 * NW);
+      }
+      storen(yr + c, loadn(yr + c) + acc0);
+      storen(yr + c + NW, loadn(yr + c + NW) + acc1);
+      storen(yr + c + 2 * NW, loadn(yr + c + 2 * NW) + acc2);
+      storen(yr + c + 3 * NW, loadn(yr + c + 3 * NW) + acc3);
+    }
+    expand_tail(hp, bs, ld, r, c, nc, yr);
+  }
+}
+
 struct Segs {
   const int64_t* rows;
   const int64_t* indptr;
@@ -124,7 +211,15 @@ void lora_apply(const float* x, int64_t x_stride, float* y, int64_t y_stride, co
   if (hbuf.size() < static_cast<size_t>(n * hw)) hbuf.resize(n * hw);
   float* h = hbuf.data();  // [n, slices, pool_rank] in segment order (position p of rows[p])
   const int64_t jb = (pool_rank + SHRINK_ROWS - 1) / SHRINK_ROWS;
-  const int64_t shrink_items = sg.n_seg * n_slices * jb;
+  // the shrink's row blocks: (segment, first row) of at most ROW_BLOCK rows each, so that a work item's x rows stay
+  // in L1 / L2 while it reads its rank rows of A (a prefill segment's x can be megabytes)
+  thread_local std::vector<int64_t> blocks;
+  blocks.clear();
+  for (int64_t k = 0; k < sg.n_seg; ++k)
+    for (int64_t p = sg.indptr[k]; p < sg.indptr[k + 1]; p += ROW_BLOCK) blocks.push_back(k), blocks.push_back(p);
+  const int64_t n_blocks = static_cast<int64_t>(blocks.size()) / 2;
+  const int64_t* blk_of = blocks.data();
+  const int64_t shrink_items = n_blocks * n_slices * jb;
   int64_t col_blocks = 0;  // output column blocks, per slice (a block never straddles two slices)
   for (int64_t s = 0; s < n_slices; ++s) col_blocks += (offsets[s + 1] - offsets[s] + EXPAND_COLS - 1) / EXPAND_COLS;
   const int64_t expand_items = sg.n_seg * col_blocks;
@@ -133,21 +228,18 @@ void lora_apply(const float* x, int64_t x_stride, float* y, int64_t y_stride, co
   {
 #pragma omp for schedule(dynamic)
     for (int64_t u = 0; u < shrink_items; ++u) {  // h[p, s, j] = A_s[j] . x[rows[p]]
-      const int64_t k = u / (n_slices * jb), s = (u / jb) % n_slices, j0 = (u % jb) * SHRINK_ROWS;
+      const int64_t b = u / (n_slices * jb), s = (u / jb) % n_slices, j0 = (u % jb) * SHRINK_ROWS;
+      const int64_t k = blk_of[2 * b], p0 = blk_of[2 * b + 1], p1 = std::min(p0 + ROW_BLOCK, sg.indptr[k + 1]);
       const int64_t r = sg.ranks[k], j1 = std::min(j0 + SHRINK_ROWS, r);
-      const T* as = a + sg.slots[k] * a_slot + (s * pool_rank) * n_in;
-      int64_t p = sg.indptr[k];
-      if (j1 - j0 == SHRINK_ROWS)  // rows in pairs: each weight load (and bf16 widening) serves two rows
-        for (; p + 2 <= sg.indptr[k + 1]; p += 2)
-          dot4x2_w(x + sg.rows[p] * x_stride, x + sg.rows[p + 1] * x_stride, as + j0 * n_in, n_in,
-                   h + p * hw + s * pool_rank + j0, h + (p + 1) * hw + s * pool_rank + j0);
-      for (; p < sg.indptr[k + 1]; ++p) {
-        float* hp = h + p * hw + s * pool_rank;
-        const float* xp = x + sg.rows[p] * x_stride;
-        if (j1 - j0 == SHRINK_ROWS)
-          dot4_w(xp, as + j0 * n_in, n_in, hp + j0);
-        else
-          for (int64_t j = j0; j < j1; ++j) hp[j] = dot_w(xp, as + j * n_in, n_in);
+      if (j0 >= r) continue;  // rank rows past the adapter's rank (the pool's padding)
+      const T* as = a + sg.slots[k] * a_slot + (s * pool_rank + j0) * n_in;
+      float* hs = h + s * pool_rank + j0;
+      if (widen_pays<T>(p1 - p0)) {  // widen the bf16 rank rows once for all the block's rows (exact)
+        thread_local std::vector<float> wbuf;
+        widen(as, (j1 - j0) * n_in, wbuf);
+        shrink_rows(x, x_stride, sg.rows, p0, p1, wbuf.data(), n_in, j1 - j0, hs, hw);
+      } else {
+        shrink_rows(x, x_stride, sg.rows, p0, p1, as, n_in, j1 - j0, hs, hw);
       }
     }
 #pragma omp for schedule(dynamic)
@@ -160,56 +252,16 @@ void lora_apply(const float* x, int64_t x_stride, float* y, int64_t y_stride, co
         blk -= nb;
       }
       const int64_t c0 = offsets[s] + blk * EXPAND_COLS, c1 = std::min(c0 + EXPAND_COLS, offsets[s + 1]);
-      const int64_t r = sg.ranks[k];
-      const T* bs = bt + sg.slots[k] * b_slot;
-      int64_t p = sg.indptr[k];
-      const int64_t c4 = c0 + (c1 - c0) / (4 * NW) * (4 * NW);
-      for (; p + 2 <= sg.indptr[k + 1] && c4 > c0; p += 2) {  // rows in pairs over the 4-register groups
-        const float* hp0 = h + p * hw + s * pool_rank;
-        const float* hp1 = hp0 + hw;
-        float* y0 = y + sg.rows[p] * y_stride;
-        float* y1 = y + sg.rows[p + 1] * y_stride;
-        for (int64_t c = c0; c < c4; c += 4 * NW) {
-          vn a0 = vn{}, a1 = vn{}, a2 = vn{}, a3 = vn{}, b0 = vn{}, b1 = vn{}, b2 = vn{}, b3 = vn{};
-          for (int64_t j = 0; j < r; ++j) {
-            const T* bj = bs + j * n_out + c;
-            const vn w0 = loadn(bj), w1 = loadn(bj + NW), w2 = loadn(bj + 2 * NW), w3 = loadn(bj + 3 * NW);
-            const vn h0 = splatn(hp0[j]), h1 = splatn(hp1[j]);
-            a0 += h0 * w0, a1 += h0 * w1, a2 += h0 * w2, a3 += h0 * w3;
-            b0 += h1 * w0, b1 += h1 * w1, b2 += h1 * w2, b3 += h1 * w3;
-          }
-          storen(y0 + c, loadn(y0 + c) + a0);
-          storen(y0 + c + NW, loadn(y0 + c + NW) + a1);
-          storen(y0 + c + 2 * NW, loadn(y0 + c + 2 * NW) + a2);
-          storen(y0 + c + 3 * NW, loadn(y0 + c + 3 * NW) + a3);
-          storen(y1 + c, loadn(y1 + c) + b0);
-          storen(y1 + c + NW, loadn(y1 + c + NW) + b1);
-          storen(y1 + c + 2 * NW, loadn(y1 + c + 2 * NW) + b2);
-          storen(y1 + c + 3 * NW, loadn(y1 + c + 3 * NW) + b3);
-        }
-        for (int64_t q = p; q < p + 2; ++q)  // the columns past the groups, row by row
-          expand_tail(h + q * hw + s * pool_rank, bs, n_out, r, c4, c1, y + sg.rows[q] * y_stride);
-      }
-      for (; p < sg.indptr[k + 1]; ++p) {
-        const float* hp = h + p * hw + s * pool_rank;
-        float* yr = y + sg.rows[p] * y_stride;
-        int64_t c = c0;
-        for (; c + 4 * NW <= c1; c += 4 * NW) {  // four registers of columns: four independent FMA chains
-          vn acc0 = vn{}, acc1 = vn{}, acc2 = vn{}, acc3 = vn{};
-          for (int64_t j = 0; j < r; ++j) {
-            const vn hj = splatn(hp[j]);
-            const T* bj = bs + j * n_out + c;
-            acc0 += hj * loadn(bj);
-            acc1 += hj * loadn(bj + NW);
-            acc2 += hj * loadn(bj + 2 * NW);
-            acc3 += hj * loadn(bj + 3 * NW);
-          }
-          storen(yr + c, loadn(yr + c) + acc0);
-          storen(yr + c + NW, loadn(yr + c + NW) + acc1);
-          storen(yr + c + 2 * NW, loadn(yr + c + 2 * NW) + acc2);
-          storen(yr + c + 3 * NW, loadn(yr + c + 3 * NW) + acc3);
-        }
-        expand_tail(hp, bs, n_out, r, c, c1, yr);
+      const int64_t r = sg.ranks[k], p0 = sg.indptr[k], p1 = sg.indptr[k + 1];
+      const T* bs = bt + sg.slots[k] * b_slot + c0;
+      if (widen_pays<T>(p1 - p0)) {  // the r x (c1 - c0) block of Bt widened once for all the segment's rows
+        thread_local std::vector<float> wbuf;
+        wbuf.resize(r * (c1 - c0));
+        for (int64_t j = 0; j < r; ++j)
+          for (int64_t c = 0; c < c1 - c0; ++c) wbuf[j * (c1 - c0) + c] = to_f32(bs[j * n_out + c]);
+        expand_rows(h + s * pool_rank, hw, wbuf.data(), c1 - c0, c1 - c0, r, sg.rows, p0, p1, y + c0, y_stride);
+      } else {
+        expand_rows(h + s * pool_rank, hw, bs, n_out, c1 - c0, r, sg.rows, p0, p1, y + c0, y_stride);
       }
     }
   }

@@ -105,6 +105,8 @@ def test_triton_long_segment_crosses_row_blocks():
 NATIVE_CASES = CASES + [  # decode-sized: 16 rows over 8 adapters, fused q/k/v, enough work for the threads
     ([k % 8 for k in range(16)], {k: (8, 16, 64)[k % 3] for k in range(8)}, 96, (0, 64, 96, 128), 64),
     ([5], {5: 16}, 200, (0, 300), 16),  # one row, one adapter: the work split across rank rows and columns
+    # prefill-sized: segments of several 16-row shrink blocks (odd lengths, base rows between), ranks below the pool's
+    ([0] * 37 + [-1] * 5 + [3] * 50 + [0] * 6 + [6] * 3, {0: 16, 3: 5, 6: 12}, 72, (0, 48, 80, 200), 16),
 ]
 
 
@@ -116,7 +118,7 @@ def test_native_cpu_matches_reference(row_slots, ranks, n_in, offsets, pool_rank
 
     x, y, a, b, seg = _case(row_slots, ranks, n_in, offsets, pool_rank, F32, seed=3, slots=8)
     a, b = a.to(wdtype), b.to(wdtype)
-    lib = lora_lib(x, y, a, b, len(row_slots))
+    lib = lora_lib(x, y, a, b)
     if lib is None:
         pytest.skip("the native CPU kernels are not built here")
     want = lora_delta_reference(x, y.clone(), a, b, offsets, seg)  # upcasts the weights: same products
@@ -135,10 +137,10 @@ def test_native_cpu_refuses_segments_outside_the_tensors():
     from sglpy.kernels.lora_cpu import lora_delta_cpu, lora_lib
 
     x, y, a, b, _ = _case([0, 1], {0: 4, 1: 4}, 16, (0, 8), 4, F32)
-    if lora_lib(x, y, a, b, 2) is None:
+    if lora_lib(x, y, a, b) is None:
         pytest.skip("the native CPU kernels are not built here")
     bad = group_rows([0, 9], {0: 4, 9: 4}, x.device)
     before = y.clone()
     with pytest.raises(ValueError, match="outside the tensors"):
-        lora_delta_cpu(lora_lib(x, y, a, b, 2), x, y, a, b, torch.tensor((0, 8)), bad)
+        lora_delta_cpu(lora_lib(x, y, a, b), x, y, a, b, torch.tensor((0, 8)), bad)
     assert torch.equal(y, before)  # nothing written

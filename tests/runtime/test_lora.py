@@ -5,6 +5,8 @@ are refused by name; adapters load and unload at run time; a quantized base runs
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -110,6 +112,34 @@ def test_load_and_unload_at_run_time(served, tmp_path):
         eng.generate(PROMPTS[1], GREEDY, lora_path="again")
     with pytest.raises(ValueError, match="no LoRA adapter named 'again'"):
         eng.unload_lora_adapter("again")
+
+
+def test_a_load_does_not_pause_running_requests(served, monkeypatch):
+    """The adapter's files are read on the caller's thread: a whole request runs while a load is stuck reading."""
+    import sglpy.runtime.lora.manager as manager
+
+    eng, _, folders = served
+    reading, release = threading.Event(), threading.Event()
+    real = manager.load_adapter
+
+    def stuck_read(*args, **kwargs):
+        reading.set()
+        assert release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(manager, "load_adapter", stuck_read)
+    want = eng.generate(PROMPTS[2], GREEDY, lora_path="attn4")["output_ids"]
+    loader = threading.Thread(target=eng.load_lora_adapter, args=("slow", folders["mlp16"]))
+    loader.start()
+    try:
+        assert reading.wait(60)
+        assert eng.generate(PROMPTS[2], GREEDY, lora_path="attn4")["output_ids"] == want
+        assert loader.is_alive()  # still reading: the request above ran all its steps meanwhile
+    finally:
+        release.set()
+        loader.join(60)
+    assert "slow" in [a["name"] for a in eng.list_lora_adapters()]
+    eng.unload_lora_adapter("slow")
 
 
 def test_unload_refused_while_a_request_uses_it(served):
