@@ -7,7 +7,7 @@ request's tokens while another thread loads an adapter, in decode steps).
     python benchmarks/lora.py --quantization none --rank 8 --rounds 5 --json lora.json
     python benchmarks/lora.py --lora-dtype float32     # the adapter pool in float32 (auto: bf16 under int8/int4)
 
-Rounds are interleaved (base, mixed, one-by-one, single base, single adapter per round); each figure is the
+Rounds are interleaved (base, mixed, one-by-one, the same batches on the base, single base, single adapter per round); each figure is the
 median over rounds with its min-max spread, in tokens per wall second and per process CPU second (steadier on a
 shared box; with --threads 1 it is the work itself). Adapters have random weights (benchmarks at real shapes need no
 trained adapter: the work is the same).
@@ -54,15 +54,16 @@ def _tok_s(eng, prompts, loras, sp) -> tuple[float, float]:
     return _rate(run)
 
 
-def _one_by_one(eng, prompts, loras, sp, adapters: int) -> tuple[float, float]:
-    """Each adapter's requests as their own batch, adapter after adapter."""
+def _one_by_one(eng, prompts, loras, sp, adapters: int, base: bool = False) -> tuple[float, float]:
+    """Each adapter's requests as their own batch, adapter after adapter (base: the same batches on the base model,
+    the bound of mixed/one_by_one: what the base alone gains from one batch of all the requests)."""
     eng.flush_cache()
 
     def run():
         n = 0
         for a in range(adapters):
             idx = [i for i, name in enumerate(loras) if name == f"a{a}"]
-            outs = eng.generate([prompts[i] for i in idx], sp, lora_path=[loras[i] for i in idx])
+            outs = eng.generate([prompts[i] for i in idx], sp, lora_path=None if base else [loras[i] for i in idx])
             n += sum(len(o["output_ids"]) for o in outs)
         return n
     return _rate(run)
@@ -128,13 +129,14 @@ def main() -> None:
     prompts = [PROMPT.format(k=k) for k in range(args.requests)]
     loras = [f"a{k % args.adapters}" for k in range(args.requests)]
     eng.generate(prompts[:2], sp, lora_path=loras[:2])  # warm-up (native kernels, first forwards)
-    modes = ("base", "mixed", "one_by_one", "single_base", "single_adapter")
+    modes = ("base", "mixed", "one_by_one", "base_one_by_one", "single_base", "single_adapter")
     runs: dict[str, list[float]] = {k: [] for k in modes}  # tokens per wall second
     cpu: dict[str, list[float]] = {k: [] for k in modes}  # tokens per process CPU second
     for r in range(args.rounds):
         for mode, (wall, per_cpu) in (("base", _tok_s(eng, prompts, None, sp)),
                                       ("mixed", _tok_s(eng, prompts, loras, sp)),
                                       ("one_by_one", _one_by_one(eng, prompts, loras, sp, args.adapters)),
+                                      ("base_one_by_one", _one_by_one(eng, prompts, loras, sp, args.adapters, True)),
                                       ("single_base", _tok_s(eng, prompts[0], None, sp)),
                                       ("single_adapter", _tok_s(eng, prompts[0], "a0", sp))):
             runs[mode].append(wall)
@@ -145,6 +147,7 @@ def main() -> None:
     def ratios_of(d):
         return {"mixed/base": [m / b for m, b in zip(d["mixed"], d["base"])],
                 "mixed/one_by_one": [m / s for m, s in zip(d["mixed"], d["one_by_one"])],
+                "base/base_one_by_one": [m / s for m, s in zip(d["base"], d["base_one_by_one"])],
                 "single_adapter/single_base": [a / b for a, b in zip(d["single_adapter"], d["single_base"])]}
     ratios, cpu_ratios = ratios_of(runs), ratios_of(cpu)
     pause = _load_pause(eng, late, {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True})
