@@ -193,6 +193,11 @@ class EngineInfo:
     image_placeholder: str | None = None  # vision models: the prompt text that stands for one image; None: text-only
 
 
+@dataclass(frozen=True)
+class LoadModel:
+    """Server -> a standby engine process (imports done, waiting): build the engine now."""
+
+
 # ---------------------------------------------------------------- engine process -> server process
 @dataclass(frozen=True)
 class Ready:

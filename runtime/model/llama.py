@@ -32,6 +32,19 @@ def rope_settings(config) -> tuple[float, dict | None]:
     return float(theta), (None if rope_type in (None, "default") else dict(scaling, rope_type=rope_type))
 
 
+def fused_linear(weights: list[torch.Tensor], biases: list[torch.Tensor] | None) -> nn.Linear:
+    """One Linear whose rows are `weights` stacked (and `biases`): built on meta, so no random init is computed
+    only to be overwritten (that init was a few seconds of every engine start)."""
+    w = weights[0]
+    with torch.device("meta"):
+        fused = nn.Linear(w.shape[1], sum(x.shape[0] for x in weights), bias=biases is not None, dtype=w.dtype)
+    with torch.no_grad():
+        fused.weight = nn.Parameter(torch.cat(weights), requires_grad=w.requires_grad)
+        if biases is not None:
+            fused.bias = nn.Parameter(torch.cat(biases), requires_grad=w.requires_grad)
+    return fused
+
+
 @dataclass(frozen=True)
 class StepPlan:
     """Per-forward work shared by every layer: rotary cos/sin and how decode attention reads K/V."""
@@ -71,13 +84,8 @@ class LlamaAttention(nn.Module):
     def fuse(self) -> None:
         """Replace q/k/v projections by one matmul (fewer, larger GEMMs; called after loading weights)."""
         projs = [self.q_proj, self.k_proj, self.v_proj]
-        fused = nn.Linear(projs[0].in_features, sum(p.out_features for p in projs), bias=projs[0].bias is not None)
-        fused = fused.to(device=projs[0].weight.device, dtype=projs[0].weight.dtype)
-        with torch.no_grad():
-            fused.weight.copy_(torch.cat([p.weight for p in projs]))
-            if fused.bias is not None:
-                fused.bias.copy_(torch.cat([p.bias for p in projs]))
-        self.qkv_proj = fused
+        self.qkv_proj = fused_linear([p.weight for p in projs],
+                                     [p.bias for p in projs] if projs[0].bias is not None else None)
         del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch, kv: KVBuffers, plan: StepPlan) -> torch.Tensor:
@@ -111,11 +119,7 @@ class LlamaMLP(nn.Module):
 
     def fuse(self) -> None:
         """One matmul for gate and up projections (called after loading weights)."""
-        g, u = self.gate_proj, self.up_proj
-        fused = nn.Linear(g.in_features, 2 * g.out_features, bias=False).to(device=g.weight.device, dtype=g.weight.dtype)
-        with torch.no_grad():
-            fused.weight.copy_(torch.cat([g.weight, u.weight]))
-        self.gate_up_proj = fused
+        self.gate_up_proj = fused_linear([self.gate_proj.weight, self.up_proj.weight], None)
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

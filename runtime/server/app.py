@@ -102,6 +102,7 @@ async def server_info(request: web.Request) -> web.Response:
                     "free": stats.free_tokens},
         "num_inflight_requests": state.engine.num_inflight, "version": __version__,
         "engine_restarts": state.engine_restarts, "engine_pid": state.engine.pid,
+        "engine_standby_pid": state.engine.standby_pid,
         # what sglang-router reads as worker metadata (a TP group is one worker; replicas are separate workers)
         "tp_size": state.config.engine.tp_size, "dp_size": 1, "served_model_name": state.model_name, "disaggregation_mode": "null"},
         dumps=_dumps)
@@ -220,7 +221,7 @@ async def _drain(state: ServerState, deadline: float) -> None:
 async def serve(config: ServerConfig) -> int:
     """Bind, start the engine process, serve until SIGTERM/SIGINT, shut down cleanly; return the exit code."""
     engine = EngineClient(config.engine_factory, dataclasses.asdict(config.engine), config.log_level,
-                          max_inflight=config.max_inflight_requests)
+                          max_inflight=config.max_inflight_requests, standby=config.engine_standby)
     state = ServerState(config, engine)
     runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None,
                            keepalive_timeout=config.timeout_keep_alive, shutdown_timeout=HANDLERS_GRACE_S)

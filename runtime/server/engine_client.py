@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator
 
 from ..messages import (AbortReq, Call, CallRequest, CallResult, EngineError, EngineInfo, EngineProgress, Failed,
-                        GenerateReqInput, Ready, ReqOutput, ShutdownReq, StartupFailed, StepOutputs)
+                        GenerateReqInput, LoadModel, Ready, ReqOutput, ShutdownReq, StartupFailed, StepOutputs)
 from .engine_process import engine_main
 
 logger = logging.getLogger("sglpy.server.engine")
@@ -62,6 +62,7 @@ class EngineClient:
     engine_kwargs: dict
     log_level: str = "info"
     max_inflight: int = 0  # generations in flight at most (0: no bound); more fail with 503 at once
+    standby: bool = False  # keep a spare engine process with its imports done: a restart skips them
     info: EngineInfo | None = None  # set once the engine reported Ready
     alive: bool = False
     dead_reason: str | None = None
@@ -72,6 +73,7 @@ class EngineClient:
         self._ids = itertools.count()
         self._ready: asyncio.Future | None = None
         self._proc = None
+        self._spare: _Spawned | None = None  # the standby process, waiting for LoadModel
         self._send_lock = threading.Lock()
         self._stopping = False  # shutdown() was asked: the process exiting is expected
         self._incarnation = 0
@@ -89,6 +91,11 @@ class EngineClient:
         """The engine process id (None before start)."""
         return self._proc.pid if self._proc else None
 
+    @property
+    def standby_pid(self) -> int | None:
+        """The standby engine process id (None when there is none)."""
+        return self._spare.proc.pid if self._spare else None
+
     async def start(self, timeout: float) -> EngineInfo:
         """Spawn the engine process and wait until its model is loaded; return the engine info."""
         loop = asyncio.get_running_loop()
@@ -98,17 +105,11 @@ class EngineClient:
             self.died = asyncio.Event()
         self.died.clear()
         self._incarnation += 1
-        ctx = multiprocessing.get_context("spawn")
-        cmd_r, self._cmd_w = ctx.Pipe(duplex=False)
-        out_r, out_w = ctx.Pipe(duplex=False)
         self._ready = loop.create_future()
-        # daemon: if the server dies without cleanup, multiprocessing's exit hook still ends the engine.
-        self._proc = proc = ctx.Process(target=engine_main, name="sglpy-engine", daemon=True,
-                                        args=(self.factory, self.engine_kwargs, cmd_r, out_w, self.log_level))
-        proc.start()
-        cmd_r.close()
-        out_w.close()  # the engine holds the only write end, so its death closes the pipe
-        threading.Thread(target=self._read_loop, args=(loop, out_r, proc, self._incarnation), daemon=True,
+        spawned = self._take_spare() or self._spawn(standby=False)
+        self._proc = proc = spawned.proc
+        self._cmd_w = spawned.cmd_w
+        threading.Thread(target=self._read_loop, args=(loop, spawned.out_r, proc, self._incarnation), daemon=True,
                          name="engine-reader").start()
         try:
             self.info = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
@@ -120,7 +121,36 @@ class EngineClient:
             raise
         self.alive, self.dead_reason = True, None
         self.progress, self.progress_at = None, time.monotonic()
+        if self.standby and not self._stopping:  # after the load, so the two never compete for the cores
+            self._spare = self._spawn(standby=True)
         return self.info
+
+    def _spawn(self, standby: bool) -> _Spawned:
+        """Start an engine process (a standby one waits for LoadModel after its imports)."""
+        ctx = multiprocessing.get_context("spawn")
+        cmd_r, cmd_w = ctx.Pipe(duplex=False)
+        out_r, out_w = ctx.Pipe(duplex=False)
+        # daemon: if the server dies without cleanup, multiprocessing's exit hook still ends the engine.
+        proc = ctx.Process(target=engine_main, name="sglpy-engine", daemon=True,
+                           args=(self.factory, self.engine_kwargs, cmd_r, out_w, self.log_level, standby))
+        proc.start()
+        cmd_r.close()
+        out_w.close()  # the engine holds the only write end, so its death closes the pipe
+        return _Spawned(proc, cmd_w, out_r)
+
+    def _take_spare(self) -> _Spawned | None:
+        """The standby process told to load the model, or None when there is none (or it died)."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        try:
+            if spare.proc.is_alive():
+                spare.cmd_w.send(LoadModel())
+                return spare
+        except (BrokenPipeError, OSError):
+            pass
+        spare.kill()
+        return None
 
     def _read_loop(self, loop, conn, proc, incarnation: int) -> None:
         while True:
@@ -258,9 +288,10 @@ class EngineClient:
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Ask the engine process to exit; kill it if it does not within `timeout`."""
+        self._stopping = True
+        self.stop_spare()
         if self._proc is None:
             return
-        self._stopping = True
         if not self.alive:  # still loading (or already dead): nothing to finish
             self.kill()
             return
@@ -279,3 +310,25 @@ class EngineClient:
         if self._proc is not None and self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)
+
+    def stop_spare(self) -> None:
+        """End the standby process (shutdown)."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.kill()
+
+
+@dataclass
+class _Spawned:
+    """One engine process and the server's ends of its two pipes."""
+
+    proc: multiprocessing.process.BaseProcess
+    cmd_w: object
+    out_r: object
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        self.cmd_w.close()
+        self.out_r.close()

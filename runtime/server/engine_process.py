@@ -24,7 +24,7 @@ from ..engine.admission import BuildWindow
 from ..engine.output import aborted_output
 from ..messages import (AbortReq, Call, CallResult, ChatPromptReq, DetokenizeReq, Failed, FlushCacheReq, ListLorasReq,
                         LoadLoraReq, UnloadLoraReq,
-                        GenerateReqInput, GetServerInfoReq, Ready, ShutdownReq, StartupFailed, StepOutputs,
+                        GenerateReqInput, GetServerInfoReq, LoadModel, Ready, ShutdownReq, StartupFailed, StepOutputs,
                         TokenizeReq)
 
 logger = logging.getLogger("sglpy.server.engine")
@@ -155,14 +155,39 @@ def load_factory(path: str):
     return getattr(importlib.import_module(module), attr)
 
 
-def engine_main(factory: str, engine_kwargs: dict, cmd_conn, out_conn, log_level: str) -> None:
-    """Entry point of the engine process: build the engine, then serve commands until told to stop."""
+def preload(factory: str, engine_kwargs: dict) -> None:
+    """A standby's head start: import the factory's module and run its module-level `preload(**engine_kwargs)`
+    where it has one (the runtime engine's imports torch, transformers and reads the model's config)."""
+    module = importlib.import_module(factory.partition(":")[0])
+    hook = getattr(module, "preload", None)
+    if callable(hook):
+        hook(**engine_kwargs)
+
+
+def engine_main(factory: str, engine_kwargs: dict, cmd_conn, out_conn, log_level: str, standby: bool = False) -> None:
+    """Entry point of the engine process: build the engine, then serve commands until told to stop.
+
+    standby: a spare process (EngineClient keeps one while an engine serves): it does its imports, then waits
+    for LoadModel before it builds the engine, so a restart after an engine death skips them."""
     # The server process coordinates shutdown (drain, then ShutdownReq): a Ctrl-C or a SIGTERM sent to the
-    # whole process group must not kill the engine under requests that are still finishing.
+    # whole process group must not kill the engine under requests that are still finishing. A standby serves
+    # nothing yet: a SIGTERM ends it (multiprocessing's exit hook relies on that).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL if standby else signal.SIG_IGN)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s engine %(levelname)s %(message)s")
     sender = PipeSender(out_conn)
+    if standby:
+        try:
+            preload(factory, engine_kwargs)
+        except Exception:  # noqa: BLE001 - the start proper reports the same failure by name
+            logger.warning("standby engine preload failed", exc_info=True)
+        try:
+            msg = cmd_conn.recv()
+        except (EOFError, OSError):
+            return  # the server is gone, or dropped this spare
+        if not isinstance(msg, LoadModel):
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         engine = load_factory(factory)(**engine_kwargs)
         missing = missing_engine_methods(engine)

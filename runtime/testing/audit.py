@@ -18,6 +18,13 @@ PROC_STAT = re.compile(r"^/proc/\d+/stat$")  # GrammarService reads its workers'
 EVENTS = ("socket.connect", "socket.getaddrinfo", "os.system", "os.exec", "os.posix_spawn", "os.spawn")
 
 
+def preload(model=None, **kwargs) -> None:
+    """The runtime engine's preload (a standby engine process runs it before it waits)."""
+    from sglpy.runtime.engine import preload as engine_preload
+
+    engine_preload(model, **kwargs)
+
+
 def AuditedEngine(model=None, **kwargs):
     """Build the runtime Engine, then start recording (a factory: the Engine class is imported here, with torch)."""
     from sglpy.runtime.engine import Engine

@@ -68,6 +68,31 @@ def test_a_dead_engine_is_restarted_and_serves_again():
     assert "engine restarted" in s.log()
 
 
+def test_a_restart_loads_the_model_in_the_standby_process():
+    with run_server("--engine-factory", FAKE, env=ENV) as s:
+        info = s.get("/get_server_info").json()
+        spare = info["engine_standby_pid"]
+        assert spare and spare != info["engine_pid"]
+        os.kill(info["engine_pid"], signal.SIGKILL)
+        time.sleep(0.5)
+        wait_health(s, 200)
+        info = s.get("/get_server_info").json()
+        assert info["engine_pid"] == spare  # the spare became the engine
+        assert info["engine_standby_pid"] not in (None, spare)  # and a new spare waits
+        assert s.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 2}}).status_code == 200
+        os.kill(info["engine_standby_pid"], signal.SIGKILL)  # a dead spare: the next restart starts afresh
+        os.kill(info["engine_pid"], signal.SIGKILL)
+        time.sleep(0.5)
+        wait_health(s, 200)
+        assert s.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 2}}).status_code == 200
+    assert s.log().count("engine restarted") == 2
+
+
+def test_no_standby_when_disabled():
+    with run_server("--engine-factory", FAKE, "--no-engine-standby", env=ENV) as s:
+        assert s.get("/get_server_info").json()["engine_standby_pid"] is None
+
+
 def test_a_dead_step_loop_is_restarted_too():
     with run_server("--engine-factory", FAKE, env=ENV) as s:
         assert_error(s.post("/generate", {"text": "__stall__"}), 503, "exit code 70")
