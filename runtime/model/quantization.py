@@ -11,7 +11,8 @@ from torch import nn
 from sglpy.kernels.cpu_native import native_isa, native_lib
 from sglpy.kernels.quant_linear import (PackedLinear, dequantize_int4, dequantize_int8, pack_linear,
                                         quant_linear_unchecked, quantize_int4, quantize_int8)
-from sglpy.kernels.quant_linear_cpu import NATIVE_MAX_ROWS, linear_f32_cpu, quant_linear_cpu
+from sglpy.kernels.quant_linear_cpu import (NATIVE_MAX_ROWS, SCALE_TILE, linear_f32_cpu, native_layout_fits,
+                                            quant_linear_cpu)
 from ..config import QUANTIZATION_MODES
 
 INT4_GROUP_SIZE = 32  # GGUF Q4_1's block: the embedded model's weights sit exactly on this grid
@@ -55,16 +56,19 @@ def int4_loses_nothing(model: nn.Module) -> bool:
 
 def int4_loses_nothing_in(layers: list[nn.Module]) -> bool:
     """int4_loses_nothing over these (float, fused) decoder layers."""
+    lins = [getattr(p, "inner", p) for layer in layers for p in _projections(layer)]  # unwrapped
+    return all(on_4bit_grid(lin.weight) for lin in lins)
+
+
+def on_4bit_grid(weight: torch.Tensor) -> bool:
+    """Whether int4 (group 32) re-quantizes this float [N, K] weight at least as closely as int8 does."""
     with torch.no_grad():
-        for lin in [getattr(p, "inner", p) for layer in layers for p in _projections(layer)]:  # unwrapped
-            w = lin.weight.detach().to(torch.float32)
-            n, k = w.shape
-            if n % 16 or k % INT4_GROUP_SIZE:
-                return False
-            err4 = (dequantize_int4(*quantize_int4(w, INT4_GROUP_SIZE), INT4_GROUP_SIZE) - w).norm()
-            if err4 > (dequantize_int8(*quantize_int8(w)) - w).norm():
-                return False
-    return True
+        w = weight.detach().to(torch.float32)
+        n, k = w.shape
+        if n % 16 or k % INT4_GROUP_SIZE:
+            return False
+        err4 = (dequantize_int4(*quantize_int4(w, INT4_GROUP_SIZE), INT4_GROUP_SIZE) - w).norm()
+        return bool(err4 <= (dequantize_int8(*quantize_int8(w)) - w).norm())
 
 
 def dense_copy_dtype() -> torch.dtype:
@@ -332,13 +336,35 @@ def quantize_layer(layer: nn.Module, mode: str, keep_dense: bool = False) -> int
     return total
 
 
-def quantize_head(model: nn.Module, keep_dense: bool = False, embedding: bool = False) -> int:
-    """The lm_head's own int8 copy (see quantize_model); returns its bytes. embedding: the token lookups then read
-    int8 rows too (PackedEmbedding: the tied head's copy, else the embedding's own), freeing the float table."""
+HEAD_CHECK_ROWS = 4096  # vocabulary rows (spread over the table) head_kind judges
+
+
+def head_kind(weight: torch.Tensor, mode: str | None) -> str:
+    """The lm_head copy's format: int4 when the layers run int4 (or auto, still undecided) and the head's weights sit
+    on a 4-bit grid (a Q4_0/Q4_1 GGUF's table: re-quantizing only re-rounds its block scales), else int8.
+
+    Every decode step reads the whole head: at Qwen2.5-0.5B's 151,936 x 896 the int8 copy (136 MB) was a third of
+    an int4 step's time, the int4 one is half the bytes. A table stored in 8 bits (the default model's Q8_0
+    embedding) stays int8: 4 bits lose 15 points of top-1 agreement there (benchmarks/quality_gate.py)."""
+    if mode not in ("int4", None) or native_lib() is None:
+        return "int8"
+    n, k = weight.shape
+    if not native_layout_fits("int4", n, k, INT4_GROUP_SIZE):
+        return "int8"
+    rows = weight[:: max(1, n // HEAD_CHECK_ROWS)][:HEAD_CHECK_ROWS]
+    return "int4" if on_4bit_grid(rows[: len(rows) // 16 * 16]) else "int8"
+
+
+def quantize_head(model: nn.Module, keep_dense: bool = False, embedding: bool = False,
+                  mode: str | None = "int8") -> int:
+    """The lm_head's own quantized copy (head_kind: int8, or int4 for a 4-bit table under `mode` int4/auto(None));
+    returns its bytes. embedding: the token lookups then read packed rows too (PackedEmbedding: the tied head's
+    copy, else the embedding's own int8 one), freeing the float table."""
     with torch.no_grad():
         vocab_parallel = model.logits_head is not None and hasattr(model.logits_head, "inner")
         head_weight = model.logits_head.inner.weight if vocab_parallel else model.lm_head_weight()
-        head = QuantizedLinear.from_weight(head_weight, None, "int8", dense_copy_dtype(), keep_dense)
+        kind = "int8" if vocab_parallel else head_kind(head_weight, mode)
+        head = QuantizedLinear.from_weight(head_weight, None, kind, dense_copy_dtype(), keep_dense)
         del head_weight
         if vocab_parallel:
             model.logits_head.inner = head  # this rank's vocabulary slice
@@ -346,8 +372,8 @@ def quantize_head(model: nn.Module, keep_dense: bool = False, embedding: bool = 
             model.set_lm_head(head)
         if embedding and not vocab_parallel:
             emb = model.model.embed_tokens
-            if model.tie_word_embeddings and head.packed.kind == "int8":
-                model.model.embed_tokens = PackedEmbedding(head.packed.qweight, head.packed.scales)
+            if model.tie_word_embeddings and (head.packed.kind == "int8" or head.packed.native):
+                model.model.embed_tokens = PackedEmbedding(head.packed.qweight, head.packed.scales, head.packed.kind)
             else:
                 model.model.embed_tokens = PackedEmbedding.from_weight(emb.weight)
             del emb
@@ -355,14 +381,18 @@ def quantize_head(model: nn.Module, keep_dense: bool = False, embedding: bool = 
 
 
 class PackedEmbedding(nn.Module):
-    """Token embedding lookups from an int8 table with one scale per row, each gathered row dequantized: no float
-    copy of the vocabulary is kept (for a tied model the table is the lm_head's own int8 copy)."""
+    """Token embedding lookups from a packed table, each gathered row dequantized: no float copy of the vocabulary is
+    kept (for a tied model the table is the lm_head's own copy). int8: one scale per row; int4: the native GEMV
+    layout (kernels/quant_linear_cpu.py: codes [vocab, K / 32, 16], scales/zeros per tile of 8 rows and group)."""
 
-    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor):
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, kind: str = "int8"):
         super().__init__()
-        self.qweight, self.scales = qweight, scales  # int8 [vocab, hidden], [vocab] float32 or bf16
-        self.weight = qweight  # where the table lives (device checks); its values are qweight * scales
-        self.num_embeddings, self.embedding_dim = qweight.shape
+        if kind not in ("int8", "int4"):
+            raise ValueError(f"kind must be 'int8' or 'int4', got {kind!r}")
+        self.qweight, self.scales, self.kind = qweight, scales, kind  # int8 [vocab, hidden] | uint8 [vocab, G, 16]
+        self.weight = qweight  # where the table lives (device checks); its values are the dequantized rows
+        self.num_embeddings = qweight.shape[0]
+        self.embedding_dim = qweight.shape[1] if kind == "int8" else qweight.shape[1] * 2 * qweight.shape[2]
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor) -> "PackedEmbedding":
@@ -372,15 +402,20 @@ class PackedEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         # ids: [tokens] -> [tokens, hidden] float32
-        return self.qweight[ids].to(torch.float32) * self.scales[ids].to(torch.float32)[:, None]
+        if self.kind == "int8":
+            return self.qweight[ids].to(torch.float32) * self.scales[ids].to(torch.float32)[:, None]
+        q = self.qweight[ids]  # [tokens, G, 16]: input i in the low nibble, i + 16 in the high one
+        codes = torch.cat([q & 15, q >> 4], dim=-1).to(torch.float32)  # [tokens, G, 32]
+        sz = self.scales[ids // SCALE_TILE, :, :, ids % SCALE_TILE].to(torch.float32)  # [tokens, G, 2]
+        return ((codes - 8.0) * sz[..., 0:1] + sz[..., 1:2]).reshape(len(ids), self.embedding_dim)
 
 
 def quantize_model(model: nn.Module, mode: str, dense: bool = False, skip_layers: bool = False) -> int:
     """Replace every projection of a loaded, fused LlamaForCausalLM by its quantized form; returns weight bytes.
 
-    The lm_head gets its own quantized copy (int8 per channel in both modes: the embedded model's
-    embedding is Q8_0, and 4 bits lose 15 points of top-1 agreement); while loading (LayerPacker) the embedding
-    lookups read int8 rows as well (PackedEmbedding), here they stay exact.
+    The lm_head gets its own quantized copy (head_kind: int8 per channel, int4 in mode int4 when the table sits on a
+    4-bit grid); while loading (LayerPacker) the embedding lookups read the packed rows as well (PackedEmbedding),
+    here they stay exact.
     Many-row calls (prefill chunks and batches) multiply weights in dense_copy_dtype() (bf16 above 8 rows where the
     CPU multiplies bf16 natively, 5-12x faster than the packed kernels there; float32 above 16 rows elsewhere):
     dequantized per call, a tile of output rows at a time (kernels/quant_linear_cpu.py: tiled_linear_cpu), so only
@@ -404,7 +439,8 @@ def quantize_model(model: nn.Module, mode: str, dense: bool = False, skip_layers
     if skip_layers:
         total = 0
     else:
-        total = sum(quantize_layer(layer, mode, dense) for layer in model.model.layers) + quantize_head(model, dense)
+        total = sum(quantize_layer(layer, mode, dense) for layer in model.model.layers)
+        total += quantize_head(model, dense, mode=mode)
     if model.batch_invariant:
         make_batch_invariant(model)
     return total
@@ -423,9 +459,9 @@ class LayerPacker:
 
     def __call__(self, model: nn.Module, index: int | None) -> None:
         self.used = True
-        if index is None:  # the embedding, final norm and head came first: the head is int8 in every mode
+        if index is None:  # the embedding, final norm and head came first (head_kind: int8, or int4 from a 4-bit table)
             if self.mode != "none" and (self.mode is not None or self.device.type == "cpu"):
-                quantize_head(model, self.keep_dense, embedding=not self.keep_dense)
+                quantize_head(model, self.keep_dense, embedding=not self.keep_dense, mode=self.mode)
             return
         self.pending.append(model.model.layers[index])
         last = len(model.model.layers) - 1

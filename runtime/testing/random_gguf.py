@@ -67,6 +67,9 @@ def _random_blocks(rng, shape: tuple[int, int], qtype):
     raw[..., 0:2] = np.frombuffer(d.tobytes(), dtype=np.uint8)
     if qtype == gguf.GGMLQuantizationType.Q4_1:  # w = d * q + m with q in 0..15: centre the codes at zero
         raw[..., 2:4] = np.frombuffer(np.float16(-7.5 * float(d)).tobytes(), dtype=np.uint8)
+        # llama.cpp's quantizer maps each block's minimum to code 0 and its maximum to 15: every block spans them
+        # (what lets a re-quantization find the same grid: runtime/model/quantization.py, on_4bit_grid)
+        raw[..., 4] = 0xF0  # input 0 -> code 0, input 16 -> code 15
     return raw.reshape(rows, -1)
 
 

@@ -114,3 +114,30 @@ def test_large_tensor_dequantized_in_place_of_a_second_copy(tmp_path, monkeypatc
                                   gguf.GGMLQuantizationType.Q8_0)
     assert out.shape == (512, 2048) and np.array_equal(out, want)
     assert peak < 1.5 * out.nbytes, f"read peak {peak} bytes for a {out.nbytes}-byte tensor"
+
+
+@pytest.mark.parametrize("qtype,head,bound", [("Q4_1", "int4", 0.05), ("Q8_0", "int8", 0.3)])
+def test_head_is_int4_only_for_a_table_in_4bit_blocks(tmp_path, qtype, head, bound):
+    """Mode int4 on a GGUF: the lm_head's copy is int4 when the file's (tied) table is in 4-bit blocks (re-quantizing
+    only re-rounds their scales; a decode step then reads half the head's bytes), int8 when the table has 8 bits;
+    the embedding lookups read the head's own rows either way (no second table), and the logits stay close to
+    the file's weights run in float32 (bound: mean |error| / logit std; Q8_0's layers lose more to int4)."""
+    from sglpy.kernels.cpu_native import native_lib
+    from sglpy.kernels.quant_linear import dequantize
+    from sglpy.runtime.model.loader import convert_gguf
+    from sglpy.runtime.testing.tiny_gguf import write_family_gguf
+
+    if native_lib() is None:
+        pytest.skip("the native kernels are not built here")
+    hf = make_tiny_model(tmp_path / "hf", extra=dict(vocab_size=512))
+    folder = str(convert_gguf(pathlib.Path(write_family_gguf(hf, tmp_path / f"t.{qtype}.gguf", quantize=qtype)),
+                              tmp_path / "converted", hf_copy=False))
+    runner = make_runner(folder, quantization="int4", max_total_tokens=128)
+    packed, emb = runner.model.logits_head.packed, runner.model.model.embed_tokens
+    assert packed.kind == head and emb.kind == head and emb.qweight.data_ptr() == packed.qweight.data_ptr()
+    ids = torch.tensor([0, 7, 8, 300, 511])
+    torch.testing.assert_close(emb(ids), dequantize(packed)[ids])
+    prompts = [[1, 5, 9, 200, 300], list(range(100, 137))]
+    for a, b in zip(our_logits(runner, prompts), our_logits(make_runner(folder, max_total_tokens=128), prompts)):
+        err = ((a - b).abs().mean() / b.std()).item()
+        assert 0 < err < bound, err
