@@ -161,6 +161,79 @@ void int8_tiles_q8(const Q8Pass& a, int64_t K, const int8_t* q, const float* sca
 }
 #endif
 
+#if defined(SGLPY_Q8_TILE16)
+// int4_tiles_q8 and int8_tiles_q8 on tile pairs: tiles t0 .. t1 (t1 - t0 even), 16 channels per step, each lane
+// the same operations in the same order as the 8-channel tile (equal outputs); the prefetch reaches the pair ahead.
+template <int MR>
+void int4_tiles16_q8(const Q8Pass& a, int64_t K, const uint8_t* q, const uint16_t* sz, const float* bias, float* y,
+                     int64_t N, int64_t t0, int64_t t1) {
+  const int64_t groups = K / 32, tile_q = TILE * groups * 16, tile_s = groups * 16;
+  const PrefetchShare pf_q(2 * tile_q, groups), pf_s(2 * tile_s * 2, groups);
+  for (int64_t t = t0; t < t1; t += 2) {
+    const uint8_t* qt = q + t * tile_q;
+    const uint16_t* st = sz + t * tile_s;
+    __m512 acc[MR];
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      pf_q(qt + 2 * tile_q, g);
+      pf_s(st + 2 * tile_s, g);
+      TileBlock16 w;
+      load_tile16_u4(qt + g * 16, groups * 16, w);
+      const __m512 s = bf16x16(st + g * 16, st + tile_s + g * 16);
+      const __m512 z = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), s, bf16x16(st + g * 16 + 8, st + tile_s + g * 16 + 8));
+      const int8_t* xg = a.q + g * PASS * QBLOCK;
+      const float *dg = a.d + g * PASS, *qg = a.qsf + g * PASS;
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        const __m512 dot = _mm512_cvtepi32_ps(dpbusd16(_mm512_setzero_si512(), w, xg + m * QBLOCK));
+        const __m512 r = _mm512_fmadd_ps(dot, s, _mm512_mul_ps(z, _mm512_set1_ps(qg[m])));
+        acc[m] = _mm512_fmadd_ps(r, _mm512_set1_ps(dg[m]), acc[m]);
+      }
+    }
+    const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias + t * TILE) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) _mm512_storeu_ps(y + m * N + t * TILE, _mm512_add_ps(acc[m], b));
+  }
+}
+
+template <int MR>
+void int8_tiles16_q8(const Q8Pass& a, int64_t K, const int8_t* q, const float* scale, const float* bias, float* y,
+                     int64_t N, int64_t t0, int64_t t1) {
+  const int64_t full = K / 32, blocks = (K + 31) / 32;
+  const PrefetchShare pf(2 * TILE * K, blocks);
+  for (int64_t t = t0; t < t1; t += 2) {
+    const int8_t* qt = q + t * TILE * K;
+    __m512 acc[MR];
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      pf(qt + 2 * TILE * K, b);
+      TileBlock16 w;
+      if (b < full) {
+        load_tile16_s8(qt + b * 32, K, w);
+      } else {
+        alignas(64) int8_t pad[2 * TILE * 32] = {};
+        for (int c = 0; c < 2 * TILE; ++c) std::memcpy(pad + c * 32, qt + c * K + b * 32, (size_t)(K - b * 32));
+        load_tile16_s8(pad, 32, w);
+      }
+      const int8_t* xb = a.q + b * PASS * QBLOCK;
+      const float* db = a.d + b * PASS;
+      const int32_t* sb = a.qs + b * PASS;
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        const __m512 dot = _mm512_cvtepi32_ps(dpbusd16(_mm512_set1_epi32(-128 * sb[m]), w, xb + m * QBLOCK));
+        acc[m] = _mm512_fmadd_ps(dot, _mm512_set1_ps(db[m]), acc[m]);
+      }
+    }
+    const __m512 sc = _mm512_loadu_ps(scale + t * TILE);
+    const __m512 bb = bias != nullptr ? _mm512_loadu_ps(bias + t * TILE) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) _mm512_storeu_ps(y + m * N + t * TILE, _mm512_fmadd_ps(acc[m], sc, bb));
+  }
+}
+#endif
+
 #if defined(SGLPY_Q8_I16)
 // SSE2 (pmaddwd): one output channel at a time against the pass's rows, read side by side per block (Q8Pass). A
 // block's weights are widened to int16 once (q8_dot.h) for every row; per row, 4 pmaddwd and 3 paddd give the

@@ -253,6 +253,70 @@ static inline __m256 bf16x8(const uint16_t* p) {  // 8 bf16 -> float32
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// ---- Tiles of 16 channels (AVX-512 VNNI): two 8-channel tiles side by side in one zmm register, lane c = channel
+// c. Every lane runs the 8-channel tile's operations in its order (the same integer sums, then the same float
+// convert, multiplies and FMAs), so the results are bit for bit those of the 8-channel tiles; but each row's
+// broadcasts, convert and scaling serve 16 channels instead of 8, and those, not the dot products, bound a row.
+#define SGLPY_Q8_TILE16 1
+struct TileBlock16 {
+  __m512i u[8];
+};
+// 16 bytes of channels c, c + 4, c + 8, c + 12 (channel stride `stride`)
+static inline __m512i load_quad(const uint8_t* p, int64_t stride) {
+  __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4 * stride)), 1);
+  v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * stride)), 2);
+  return _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 12 * stride)), 3);
+}
+// int4 codes of group g for channels c = 0..15 at p + c * stride (load_tile_u4's layout, 16 lanes)
+static inline void load_tile16_u4(const uint8_t* p, int64_t stride, TileBlock16& t) {
+  __m512i y[4];
+  for (int c = 0; c < 4; ++c) y[c] = load_quad(p + c * stride, stride);
+  const __m512i t0 = _mm512_unpacklo_epi32(y[0], y[1]), t1 = _mm512_unpackhi_epi32(y[0], y[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(y[2], y[3]), t3 = _mm512_unpackhi_epi32(y[2], y[3]);
+  const __m512i d[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2), _mm512_unpacklo_epi64(t1, t3),
+                        _mm512_unpackhi_epi64(t1, t3)};
+  const __m512i low = _mm512_set1_epi8(15);
+  for (int j = 0; j < 4; ++j) {
+    t.u[j] = _mm512_and_si512(d[j], low);
+    t.u[j + 4] = _mm512_and_si512(_mm512_srli_epi16(d[j], 4), low);
+  }
+}
+// int8 weights of one block for channels c = 0..15 at p + c * stride (load_tile_s8's layout, 16 lanes)
+static inline void load_tile16_s8(const int8_t* p, int64_t stride, TileBlock16& t) {
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(p);
+  for (int half = 0; half < 2; ++half) {
+    __m512i y[4];
+    for (int c = 0; c < 4; ++c) y[c] = load_quad(b + c * stride + 16 * half, stride);
+    const __m512i t0 = _mm512_unpacklo_epi32(y[0], y[1]), t1 = _mm512_unpackhi_epi32(y[0], y[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(y[2], y[3]), t3 = _mm512_unpackhi_epi32(y[2], y[3]);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);  // w + 128: unsigned
+    t.u[4 * half] = _mm512_xor_si512(_mm512_unpacklo_epi64(t0, t2), flip);
+    t.u[4 * half + 1] = _mm512_xor_si512(_mm512_unpackhi_epi64(t0, t2), flip);
+    t.u[4 * half + 2] = _mm512_xor_si512(_mm512_unpacklo_epi64(t1, t3), flip);
+    t.u[4 * half + 3] = _mm512_xor_si512(_mm512_unpackhi_epi64(t1, t3), flip);
+  }
+}
+// exact int32 sums over a block of 32 inputs, lane c = channel c (tile_dot_u4 / tile_dot_s8 with 16 lanes)
+static inline __m512i dpbusd16(__m512i acc, const TileBlock16& t, const int8_t* xq) {
+  __m512i b = _mm512_setzero_si512();
+  for (int j = 0; j < 8; j += 2) {
+    int32_t x0, x1;
+    std::memcpy(&x0, xq + 4 * j, 4);
+    std::memcpy(&x1, xq + 4 * j + 4, 4);
+    acc = _mm512_dpbusd_epi32(acc, t.u[j], _mm512_set1_epi32(x0));
+    b = _mm512_dpbusd_epi32(b, t.u[j + 1], _mm512_set1_epi32(x1));
+  }
+  return _mm512_add_epi32(acc, b);
+}
+static inline __m512 bf16x16(const uint16_t* lo, const uint16_t* hi) {  // 8 bf16 at lo, 8 at hi -> 16 float32
+  const __m256i h = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)),
+                                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
 #elif defined(SGLPY_Q8_ACT) && defined(__aarch64__)  // aarch64 + dotprod
 
 typedef float32x4_t facc;
