@@ -42,12 +42,15 @@ class Compiled:
 
 class SglpyEngine:
     name = "sglpy"
+    native = True  # automata built by the native kernel, as the engine builds them
 
     def __init__(self, tok, info):
         from sglpy.grammar import GrammarCompiler, GrammarError
+        from sglpy.kernels.automata import native_automata
 
         self.info, self._error = info, GrammarError
-        self.compiler = GrammarCompiler(info, cache_size=0)
+        self.compiler = GrammarCompiler(info, cache_size=0,
+                                        native_automata=native_automata() if self.native else None)
         self.compiler.warmup()
 
     def compile(self, schema) -> Compiled:
@@ -133,7 +136,14 @@ class XgrammarEngine:
         return m.accept_token(token)
 
 
-ENGINES = {"sglpy": SglpyEngine, "llguidance": LlguidanceEngine, "xgrammar": XgrammarEngine}
+class SglpyPythonEngine(SglpyEngine):
+    """sglpy with its Python automaton constructions (the reference the native kernel is tested against)."""
+
+    name = "sglpy-python"
+    native = False
+
+
+ENGINES = {"sglpy": SglpyEngine, "sglpy-python": SglpyPythonEngine, "llguidance": LlguidanceEngine, "xgrammar": XgrammarEngine}
 
 
 def walk(engine, compiled: Compiled, info, rng: random.Random, max_steps: int, eos_bias: float = 0.8):

@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/json_schema_coverage.py --dir /path/schemas  # a folder of *.json schemas
     .venv/bin/python benchmarks/json_schema_coverage.py --dir ... --tokenizer  # + token index, real tokenizer
     .venv/bin/python benchmarks/json_schema_coverage.py --bench /path/jsonschemabench [--per-split 50]
-        [--engines sglpy,llguidance,xgrammar] [--walks 2] [--jsonl out.jsonl]
+        [--engines sglpy,llguidance,xgrammar] [--walks 2] [--jsonl out.jsonl]   (sglpy-python: Python automata)
 
 Bench mode (a JSONSchemaBench sample: one folder per split) runs sglpy, llguidance and xgrammar in the same
 process on the default model's tokenizer (benchmarks/grammar_peers.py): coverage per split, time until the
@@ -313,7 +313,8 @@ def run_bench(folder: str, per_split: int, engines: list[str], walks: int, max_s
             cpu = time.process_time() - c0
             rec = {"split": split, "file": name, "engine": ename, "ok": got.error is None, "compile_s": got.seconds,
                    "compile_cpu_s": cpu, "error": (got.error or "")[:200],
-                   "reason": None if got.error is None else reason(got.error) if ename == "sglpy" else got.error[:60],
+                   "reason": None if got.error is None
+                   else reason(got.error) if ename.startswith("sglpy") else got.error[:60],
                    "docs": 0, "invalid": 0, "unfinished": 0, "mask_s": [], "advance_s": []}
             rng = random.Random(i)
             for _ in range(walks if got.new is not None else 0):

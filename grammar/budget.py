@@ -23,13 +23,16 @@ class CompileBudget:
     time_s: seconds from creation (None = no deadline) on `clock`: "wall" (perf_counter) or "cpu" (this thread's
     CPU time, so a loaded box does not refuse a compile that got little CPU; whoever runs it must bound its wall
     time, as the engine's compile workers do); max_states: cap on any one automaton;
-    cancel: any object with `is_set()` (threading.Event, multiprocessing.Event) to stop the compile early.
+    cancel: any object with `is_set()` (threading.Event, multiprocessing.Event) to stop the compile early;
+    native: the native automata kernel the constructions use (sglpy.kernels.automata.NativeAutomata: subset
+    construction, trim, minimisation) or None (the Python constructions, the reference).
     """
 
     time_s: float | None = COMPILE_TIME_S
     max_states: int = 20_000
     cancel: Any = None
     clock: str = COMPILE_CLOCK
+    native: Any = None
     started: float = -1.0  # set from `clock` at creation
 
     def __post_init__(self):

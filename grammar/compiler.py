@@ -56,6 +56,7 @@ class GrammarCompiler:
         compile_timeout_s: float | None = COMPILE_TIME_S,
         budget_clock: str = COMPILE_CLOCK,
         schema_documents: Mapping[str, Any] | None = None,
+        native_automata: Any = None,
     ):
         """cache_dir: optional folder for compiled regex/JSON guides keyed by constraint + tokenizer hash.
 
@@ -65,6 +66,8 @@ class GrammarCompiler:
         budget_clock: "cpu" (the compiling thread's CPU time, the default on every path) or "wall".
         schema_documents: schemas that JSON schemas' remote `$ref`s may point into, URI -> schema (pre-loaded
         here: nothing is ever fetched; a `$ref` to any other URI is refused by name).
+        native_automata: a native kernel for subset construction, trimming and minimisation
+        (sglpy.kernels.automata.native_automata(); the same automata, built faster), or None: Python.
         """
         if not isinstance(tokenizer_info, TokenizerInfo):
             raise ValueError("GrammarCompiler needs a TokenizerInfo (use TokenizerInfo.from_hf(tokenizer))")
@@ -92,6 +95,7 @@ class GrammarCompiler:
         self.max_recursion_depth = max_recursion_depth
         self.cache_dir = cache_dir
         self.unicode_classes = bool(unicode_classes)
+        self.native_automata = native_automata
         self._cache: OrderedDict[tuple, Guide] = OrderedDict()
         self._lock = threading.Lock()
         self._inflight: dict[tuple, threading.Event] = {}
@@ -101,6 +105,8 @@ class GrammarCompiler:
         those of EBNF terminal indexes and jump-forward, and those of the mask walk this TokenizerInfo runs."""
         info = self.info
         _ = info.trie, info.first_byte_masks, info.sorted_tokens, info.longest_token, info.string_tokens
+        if self.native_automata is not None:
+            self.native_automata.ready()  # loads (or builds, once per machine) the native library
         if info.walker is not None and info.walker.ready():
             _ = info.flat_trie, info.string_rest, info.packed_bytes
         else:
@@ -109,7 +115,8 @@ class GrammarCompiler:
     def budget(self, cancel: Any = None, timeout_s: Any = ...) -> CompileBudget:
         """A fresh budget with this compiler's limits (timeout_s overrides compile_timeout_s)."""
         t = self.compile_timeout_s if timeout_s is ... else timeout_s
-        return CompileBudget(time_s=t, max_states=self.max_states, cancel=cancel, clock=self.budget_clock)
+        return CompileBudget(time_s=t, max_states=self.max_states, cancel=cancel, clock=self.budget_clock,
+                             native=self.native_automata)
 
     def _cached(self, key: tuple, build: Callable[[], Guide]) -> Guide:
         while True:

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..budget import CompileBudget
 from ..errors import GrammarError, too_large
+from .native import native_finish, native_subset
 
 if TYPE_CHECKING:  # annotations only: nfa.py determinises its character classes here
     from .nfa import NFA
@@ -58,6 +59,10 @@ def nfa_to_dfa(nfa: NFA, max_states: int, budget: CompileBudget | None = None, w
     """Subset construction over byte classes, then trimming and minimisation (budget checked as it grows)."""
     if nfa.embeds:
         raise GrammarError("internal: an NFA embedding modules needs rtn.build.nfa_to_module")
+    built = native_subset(nfa, max_states, budget, what)
+    if built is not None:  # the same construction in native code (the budget carries the kernel)
+        res = built[1]
+        return ByteDFA(np.ascontiguousarray(res.table[:, res.class_of]), res.accepting, res.initial)
     class_of, n_classes = _byte_classes(nfa)
     cedges = [[(int(class_of[lo]), int(class_of[hi]), t) for lo, hi, t in es] for es in nfa.edges]
     eps, accept = nfa.eps, nfa.accept
@@ -161,6 +166,17 @@ def _trim(ctrans: np.ndarray, accepting: np.ndarray, initial: int):
     remap = np.zeros(n, np.int32)  # dropped states -> DEAD
     remap[keep] = np.arange(len(keep), dtype=np.int32)
     return remap[ctrans[keep]], accepting[keep], int(remap[initial])
+
+
+def trim_minimise(ctrans: np.ndarray, accepting: np.ndarray, initial: int, budget: CompileBudget | None = None,
+                  what: str = "the automaton"):
+    """_trim then _minimise (natively when the budget carries the kernel): (table, accepting, initial)."""
+    built = native_finish(ctrans, accepting, initial, [], budget, what)
+    if built is not None:
+        res = built[1]
+        return res.table, res.accepting, res.initial
+    ctrans, accepting, initial = _trim(ctrans, accepting, initial)
+    return _minimise(ctrans, accepting, initial, budget, what)
 
 
 def group_rows(sig: np.ndarray) -> tuple[np.ndarray, int]:

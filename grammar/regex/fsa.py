@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..budget import CompileBudget
-from .dfa import DEAD, ByteDFA, _minimise, _trim
+from .dfa import DEAD, ByteDFA, trim_minimise
 
 _OPS = {
     "and": lambda a, b: a & b,
@@ -96,8 +96,7 @@ def product(a: ByteDFA, b: ByteDFA, op: str, max_states: int = 20_000, budget: C
     pa, pb = karr // nb, karr % nb
     accepting = _OPS[op](a.accepting[pa], b.accepting[pb])
     accepting[DEAD] = False
-    ctrans, accepting, initial = _trim(ctrans, accepting, 1)
-    ctrans, accepting, initial = _minimise(ctrans, accepting, initial, budget, what)
+    ctrans, accepting, initial = trim_minimise(ctrans, accepting, 1, budget, what)
     return ByteDFA(np.ascontiguousarray(ctrans[:, class_of]), accepting, initial)
 
 

@@ -59,17 +59,30 @@ class NFA:
         self.accept = 0
         self.embeds: dict[int, list] = {}  # state -> [(module, end)]: run the module, then continue at end
 
+    def _too_large(self) -> GrammarError:
+        return GrammarError(f"regex too large: its automaton exceeds {self.max_states} NFA states "
+                            "(large bounded repeats such as {m,n} or maxLength multiply states)")
+
     def new(self) -> int:
-        if len(self.eps) >= self.max_states:
-            raise GrammarError(
-                f"regex too large: its automaton exceeds {self.max_states} NFA states "
-                "(large bounded repeats such as {{m,n}} or maxLength multiply states)"
-            )
-        if self.budget is not None and len(self.eps) % 4096 == 0:
+        n = len(self.eps)
+        if n >= self.max_states:
+            raise self._too_large()
+        if n % 4096 == 0 and self.budget is not None:
             self.budget.check("the regex automaton (NFA)")
         self.eps.append([])
         self.edges.append([])
-        return len(self.eps) - 1
+        return n
+
+    def new_block(self, k: int) -> int:
+        """k new states, numbered from the returned id on."""
+        n = len(self.eps)
+        if n + k > self.max_states:
+            raise self._too_large()
+        if (n + k) // 4096 != n // 4096 and self.budget is not None:
+            self.budget.check("the regex automaton (NFA)")
+        self.eps.extend([] for _ in range(k))
+        self.edges.extend([] for _ in range(k))
+        return n
 
 
 def parse(pattern: str):
@@ -79,6 +92,22 @@ def parse(pattern: str):
     use, and Perl's), which Python's parser lacks, are first written out as explicit code-point classes."""
     if not isinstance(pattern, str):
         raise GrammarError(f"regex must be a str, got {type(pattern).__name__}")
+    if len(pattern) <= _PARSE_CACHE_CHARS:
+        return _parse_cached(pattern)
+    return _parse(pattern)
+
+
+_PARSE_CACHE_CHARS = 4096  # longer texts are parsed each time (rare; they would crowd the cache)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_cached(pattern: str):
+    # the converter parses the same separators, slot texts and string/number patterns many times per compile and
+    # across compiles; trees are only read (the builder never changes them), so one tree serves every thread
+    return _parse(pattern)
+
+
+def _parse(pattern: str):
     try:
         return sre_parse.parse(expand_properties(pattern) if "\\p{" in pattern or "\\P{" in pattern else pattern, 0)
     except re.error as e:
@@ -204,9 +233,19 @@ class _Builder:
             s, e = self.any_run()
             nfa.eps[cur].append(s)
             cur = e
+        at = [o == sre_c.AT for o, _ in items]
+        last_real = max((i for i, a in enumerate(at) if not a), default=-1)  # later items are anchors only
+        first = at_start
+        literal, atoms = sre_c.LITERAL, self.atoms
         for i, (op, av) in enumerate(items):
-            first = at_start and all(o == sre_c.AT for o, _ in items[:i])
-            last = at_end and all(o == sre_c.AT for o, _ in items[i + 1 :])
+            if i and not at[i - 1]:
+                first = False
+            if op == literal and av < 0x80 and av not in atoms:  # an ASCII literal: one byte edge, no fragment
+                nxt = nfa.new()
+                nfa.edges[cur].append((av, av, nxt))
+                cur = nxt
+                continue
+            last = at_end and i >= last_real
             saved = self._open
             self._open = (first and lead == "delegate", last and tail == "delegate")
             try:
@@ -363,25 +402,7 @@ class _Builder:
         return start, end
 
     def class_items(self, items) -> utf8.Intervals:
-        negate = False
-        ivs: list[tuple[int, int]] = []
-        for op, av in items:
-            if op == sre_c.NEGATE:
-                negate = True
-            elif op == sre_c.LITERAL:
-                ivs.append((av, av))
-            elif op == sre_c.RANGE:
-                ivs.append(av)
-            elif op == sre_c.CATEGORY:
-                if av not in _CATEGORIES:
-                    raise GrammarError(f"unsupported regex construct: class category {av}")
-                name, neg = _CATEGORIES[av]
-                cat = utf8.category(name, self.ascii)
-                ivs.extend(utf8.complement(cat) if neg else cat)
-            else:
-                raise GrammarError(f"unsupported regex construct in character class: {op}")
-        res = utf8.normalize(ivs)
-        return utf8.complement(res) if negate else res
+        return _class_intervals(tuple(items), self.ascii)
 
     def cpset(self, intervals: utf8.Intervals) -> tuple[int, int]:
         """A fragment matching one code point of the set: a copy of the set's minimal byte automaton."""
@@ -389,10 +410,35 @@ class _Builder:
         n, edges, start, accept = _class_automaton(intervals)
         if n == 0:  # empty set: a fragment with no path through it
             return nfa.new(), nfa.new()
-        ids = [nfa.new() for _ in range(n)]
+        base = nfa.new_block(n)
+        out = nfa.edges
         for src, lo, hi, dst in edges:
-            nfa.edges[ids[src]].append((lo, hi, ids[dst]))
-        return ids[start], ids[accept]
+            out[base + src].append((lo, hi, base + dst))
+        return base + start, base + accept
+
+
+@functools.lru_cache(maxsize=4096)
+def _class_intervals(items: tuple, ascii_classes: bool) -> utf8.Intervals:
+    """The code points of a parsed character class (its items as the parser gives them)."""
+    negate = False
+    ivs: list[tuple[int, int]] = []
+    for op, av in items:
+        if op == sre_c.NEGATE:
+            negate = True
+        elif op == sre_c.LITERAL:
+            ivs.append((av, av))
+        elif op == sre_c.RANGE:
+            ivs.append(av)
+        elif op == sre_c.CATEGORY:
+            if av not in _CATEGORIES:
+                raise GrammarError(f"unsupported regex construct: class category {av}")
+            name, neg = _CATEGORIES[av]
+            cat = utf8.category(name, ascii_classes)
+            ivs.extend(utf8.complement(cat) if neg else cat)
+        else:
+            raise GrammarError(f"unsupported regex construct in character class: {op}")
+    res = utf8.normalize(ivs)
+    return utf8.complement(res) if negate else res
 
 
 class OptionalSlots:

@@ -16,6 +16,7 @@ import numpy as np
 from ..budget import CompileBudget
 from ..regex.dfa import DEAD
 from ..errors import too_large
+from ..regex.native import kernel_of, native_subset
 from ..regex.nfa import NFA
 from .module import Entry, Module, finish_module, refine_classes
 
@@ -34,6 +35,12 @@ def _nfa_classes(nfa: NFA, modules: list[Module]) -> tuple[np.ndarray, np.ndarra
 def nfa_to_module(nfa: NFA, max_states: int, budget: CompileBudget | None = None,
                   what: str = "the automaton") -> Module:
     """Deterministic module of an NFA with embedded modules (see the module docstring)."""
+    built = native_subset(nfa, max_states, budget, what)
+    if built is not None:  # the same construction in native code (the budget carries the kernel)
+        mods, res = built
+        entries = tuple(Entry(mods[c], a, r) for c, a, r in res.entries.tolist())
+        return Module(np.ascontiguousarray(res.table[:, res.class_of]), res.accepting, res.initial, entries,
+                      res.class_of)
     embedded = {id(m): m for es in nfa.embeds.values() for m, _ in es}
     class_of, reps = _nfa_classes(nfa, list(embedded.values()))
     n_classes = len(reps)
@@ -168,6 +175,6 @@ def regex_to_module(pattern: str, max_states: int, budget: CompileBudget | None 
 
     nfa = build_nfa(pattern, max_nfa_states=min(500_000, max(100_000, 50 * max_states)), atoms=atoms,
                     budget=budget)
-    if not nfa.embeds:
-        return module_of(nfa_to_dfa(nfa, max_states, budget=budget, what=what))
-    return nfa_to_module(nfa, max_states, budget, what)
+    if nfa.embeds or kernel_of(budget) is not None:  # natively, the module keeps the kernel's byte classes
+        return nfa_to_module(nfa, max_states, budget, what)
+    return module_of(nfa_to_dfa(nfa, max_states, budget=budget, what=what))

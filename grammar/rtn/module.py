@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..budget import CompileBudget
-from ..regex.dfa import DEAD, ByteDFA, coreachable, group_rows
+from ..regex.dfa import DEAD, ByteDFA, coreachable, group_rows, trim_minimise
+from ..regex.native import native_finish
 from ..errors import GrammarError, too_large
 
 CALL_MIN = 24  # modules smaller than this are inlined into their callers (a call costs a stack frame)
@@ -186,9 +187,15 @@ def minimise_module(ctrans: np.ndarray, accepting: np.ndarray, initial: int, ent
 
 def finish_module(ctrans, accepting, initial, entries, class_of, budget=None, what="the automaton") -> Module:
     """Trim, minimise and expand a class-compressed table into a Module."""
-    ctrans, accepting, initial, entries = trim_module(ctrans, accepting, initial, entries)
-    if initial != DEAD:
-        ctrans, accepting, initial, entries = minimise_module(ctrans, accepting, initial, entries, budget, what)
+    built = native_finish(ctrans, accepting, initial, entries, budget, what)
+    if built is not None:  # the same trim and minimisation in native code (the budget carries the kernel)
+        callees, res = built
+        ctrans, accepting, initial = res.table, res.accepting, res.initial
+        entries = [Entry(callees[c], a, r) for c, a, r in res.entries.tolist()]
+    else:
+        ctrans, accepting, initial, entries = trim_module(ctrans, accepting, initial, entries)
+        if initial != DEAD:
+            ctrans, accepting, initial, entries = minimise_module(ctrans, accepting, initial, entries, budget, what)
     return Module(np.ascontiguousarray(ctrans[:, class_of]).astype(np.int32), accepting, initial, tuple(entries),
                   class_of.astype(np.int32))
 
@@ -248,11 +255,8 @@ def flatten(mod: Module, max_states: int, budget: CompileBudget | None = None, w
 def flat_minimal(mod: Module, max_states: int, budget: CompileBudget | None = None,
                  what: str = "the automaton") -> ByteDFA:
     """flatten() followed by trimming and minimisation."""
-    from ..regex.dfa import _minimise, _trim
-
     d = flatten(mod, max_states, budget, what)
     if not mod.entries:
         return d
-    t, a, i = _trim(d.trans, d.accepting, d.initial)
-    t, a, i = _minimise(t, a, i, budget, what)
+    t, a, i = trim_minimise(d.trans, d.accepting, d.initial, budget, what)
     return ByteDFA(np.ascontiguousarray(t), a, i)

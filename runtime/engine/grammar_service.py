@@ -33,6 +33,7 @@ from typing import Any
 from sglpy.grammar import GrammarCompiler, GrammarError, Guide, TokenizerInfo
 from sglpy.grammar.budget import COMPILE_TIME_S
 from sglpy.grammar.errors import BudgetExceeded
+from sglpy.kernels.automata import native_automata
 from .grammar_worker import (CancelJob, CompileDone, CompileJob, WorkerInit, WorkerReady, compile_with_budget,
                               unpack_guide)
 
@@ -141,7 +142,9 @@ class GrammarService:
         self._closed = False
         self._threads = None
         if workers == 0:
-            self._compiler = GrammarCompiler(info, max_states=max_states, cache_size=cache_size)
+            # threads share this process's native kernels (automata built natively; Python where they cannot load)
+            self._compiler = GrammarCompiler(info, max_states=max_states, cache_size=cache_size,
+                                             native_automata=native_automata())
             self._threads = ThreadPoolExecutor(2, thread_name_prefix="grammar-compile")
             return
         # the vocabulary only: the native mask walker stays here (workers compile; masks are computed in this process)
