@@ -136,3 +136,37 @@ def timing_misses(r: dict) -> list[str]:
 
 def median(xs):
     return statistics.median(xs) if xs else None
+
+
+def markdown(s: dict, machine: str) -> str:
+    """The run's rows in benchmarks/README.md's storm format (a table per phase, then one line per finding)."""
+    a, lat = s["args"], s["latency_s"]
+    rows = [("control (half before + half after the storm)", lat["control"]), ("storm, all", lat["storm"]),
+            ("storm outside the restart window", lat["storm_outside_restart"]),
+            ("storm outside the restart and the burst", lat["storm_outside_restart_and_burst"])]
+    out = [f"{a['minutes']:g} minutes, {a['clients']} clients, {machine}", "",
+           "| phase | honest requests | answered 200 | p50 s | p95 s | p99 s | TTFT p50 s | TTFT p99 s |",
+           "|---|---|---|---|---|---|---|---|"]
+    out += [f"| {name} | {b['requests']:,} | {b['ok']:,} | {b['p50']} | {b['p95']} | {b['p99']} | {b['ttft_p50']} | "
+            f"{b['ttft_p99']} |" for name, b in rows]
+    out.append("")
+    fates = "; ".join(f"{phase}: " + ", ".join(f"{n:,} {k}" for k, n in sorted(c.items()))
+                      for phase, c in s["honest_fates"].items())
+    out.append(f"* Fates: {fates}. Served per second: {s['throughput_rps']}. p99 outside the restart window over "
+               f"the control's: {s['p99_storm_outside_restart_over_control']}x.")
+    for f in s["faults"]:
+        f = {k: v for k, v in f.items() if k not in ("example", "pids")}
+        out.append(f"* {f.pop('event')}: " + ", ".join(f"{k} {v}" for k, v in f.items()))
+    out.append(f"* Hostile ({s['hostile_requests']:,}, {100 * s['hostile_share']:.1f}% of the storm's requests): "
+               + "; ".join(f"{k} {v}" for k, v in s["hostile_statuses"].items())
+               + f"; not as documented: {len(s['hostile_undocumented'])}.")
+    out.append(f"* Idle connections: {s['idle_connections']}.")
+    out.append(f"* After the drain: {s['after_drain']} (baseline {s['baseline']}). Engine restarts: "
+               f"{s['engine_restarts']}. Startup {s['startup_s']} s.")
+    rss = ", ".join(f"{x['t_min']} min {x['server_mb']}/{x['engine_mb']} MB" for x in s["rss_per_sample"])
+    out.append(f"* RSS (server/engine): {rss}; server growth after minute 2: {s['server_rss_growth_after_min2_pct']}%.")
+    out.append(f"* SIGTERM at the end: {s['shutdown']}. Audit: {len(s['audit_opens'] or [])} opens after startup, "
+               f"{s['compile_worker_refused_opens']} refused in the compile workers.")
+    out.append(f"* Correctness targets missed: {s['failed_targets'] or 'none'}; timing targets missed: "
+               f"{s['missed_timing_targets'] or 'none'}.")
+    return "\n".join(out) + "\n"

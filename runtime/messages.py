@@ -248,7 +248,8 @@ class CallResult:
 class EngineError(Exception):
     """A request the engine rejected or could not finish; `status` is the HTTP status to answer with."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, retry_after: int | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after  # seconds for a 503's Retry-After (None: the server's --retry-after)

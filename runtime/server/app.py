@@ -221,7 +221,8 @@ async def _drain(state: ServerState, deadline: float) -> None:
 async def serve(config: ServerConfig) -> int:
     """Bind, start the engine process, serve until SIGTERM/SIGINT, shut down cleanly; return the exit code."""
     engine = EngineClient(config.engine_factory, dataclasses.asdict(config.engine), config.log_level,
-                          max_inflight=config.max_inflight_requests, standby=config.engine_standby)
+                          max_inflight=config.max_inflight_requests, standby=config.engine_standby,
+                          max_queue_wait=config.max_queue_wait)
     state = ServerState(config, engine)
     runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None,
                            keepalive_timeout=config.timeout_keep_alive, shutdown_timeout=HANDLERS_GRACE_S)

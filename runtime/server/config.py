@@ -117,6 +117,9 @@ SERVER_FLAG_HELP = {
     "timeout_keep_alive": "seconds an idle connection (no request in progress, or none sent yet) stays open before "
     "the server closes it (uvicorn's name, as SGLang's server uses it)",
     "max_queued_requests": "requests allowed to wait beyond max_running_requests; more get 503 + Retry-After",
+    "max_queue_wait": "seconds a new generation may expect to wait (generations in flight / generations finished "
+    "per busy second over the last 30 s); past it the server answers 503 + Retry-After at once instead of queueing "
+    "it (at least 8 generations are always admitted; 0: off)",
     "retry_after": "seconds suggested in the Retry-After header of a 503",
     "graceful_shutdown_timeout": "on SIGTERM: seconds to let in-flight requests finish before aborting them",
     "engine_startup_timeout": "seconds to wait for the engine process to load the model",
@@ -158,6 +161,7 @@ class ServerConfig:
     max_schema_depth: int = 128
     timeout_keep_alive: float = 30.0
     max_queued_requests: int = 256
+    max_queue_wait: float = 30.0
     retry_after: int = 1
     graceful_shutdown_timeout: float = 10.0
     engine_startup_timeout: float = 600.0
@@ -199,7 +203,7 @@ class ServerConfig:
                 or self.timeout_keep_alive <= 0:
             raise ValueError(f"timeout_keep_alive must be a finite number > 0, got {self.timeout_keep_alive!r}")
         for name in ("graceful_shutdown_timeout", "engine_startup_timeout", "health_generate_timeout",
-                     "health_stall_timeout", "engine_restart_backoff"):
+                     "health_stall_timeout", "engine_restart_backoff", "max_queue_wait"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")

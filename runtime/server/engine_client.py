@@ -21,6 +21,7 @@ from typing import AsyncIterator
 
 from ..messages import (AbortReq, Call, CallRequest, CallResult, EngineError, EngineInfo, EngineProgress, Failed,
                         GenerateReqInput, LoadModel, Ready, ReqOutput, ShutdownReq, StartupFailed, StepOutputs)
+from .backlog import BacklogGate
 from .engine_process import engine_main
 
 logger = logging.getLogger("sglpy.server.engine")
@@ -63,6 +64,7 @@ class EngineClient:
     log_level: str = "info"
     max_inflight: int = 0  # generations in flight at most (0: no bound); more fail with 503 at once
     standby: bool = False  # keep a spare engine process with its imports done: a restart skips them
+    max_queue_wait: float = 0.0  # refuse a generation expected to wait longer (backlog.py; 0: never)
     info: EngineInfo | None = None  # set once the engine reported Ready
     alive: bool = False
     dead_reason: str | None = None
@@ -74,6 +76,7 @@ class EngineClient:
         self._ready: asyncio.Future | None = None
         self._proc = None
         self._spare: _Spawned | None = None  # the standby process, waiting for LoadModel
+        self.backlog = BacklogGate(self.max_queue_wait)
         self._send_lock = threading.Lock()
         self._stopping = False  # shutdown() was asked: the process exiting is expected
         self._incarnation = 0
@@ -198,6 +201,7 @@ class EngineClient:
             return
         if last:
             del self._pending[rid]
+            self.backlog.finished(len(self._pending))
         if not pend.abandoned:
             pend.put(msg)
 
@@ -216,6 +220,7 @@ class EngineClient:
         for rid, pend in list(self._pending.items()):
             pend.put(Failed(rid, f"the engine is unavailable: {reason}", 503))
         self._pending.clear()
+        self.backlog.changed(0)
         for fut in self._calls.values():
             if not fut.done():
                 fut.set_exception(EngineError(503, f"the engine is unavailable: {reason}"))
@@ -242,9 +247,13 @@ class EngineClient:
             # below nothing awaits, so the count cannot be overtaken
             raise EngineError(503, f"server busy: {len(self._pending)} requests in flight (limit {self.max_inflight}); "
                                    "retry later")
+        refused = self.backlog.refusal(len(self._pending), 1)
+        if refused is not None:
+            raise EngineError(503, refused[0], retry_after=refused[1])
         pend = _Pending()
         self._send(inp)
         self._pending[rid] = pend
+        self.backlog.changed(len(self._pending))
         finished = False
         try:
             while not finished:

@@ -91,7 +91,8 @@ async def _errors_as_json(request: web.Request, handler):
                              " ".join(e.message.split())[:300])
         return error_response(e.status, e.message, e.param, e.headers)
     except EngineError as e:
-        return error_response(e.status, e.message)
+        return error_response(e.status, e.message,
+                              headers=None if e.retry_after is None else {"Retry-After": str(e.retry_after)})
     except web.HTTPRequestEntityTooLarge as e:
         return error_response(413, f"request body too large: {e.text}")
     except web.HTTPException as e:

@@ -84,6 +84,10 @@ class ServerState:
             self.metrics.num_rejected.inc()
             raise ApiError(503, f"server busy: {self.engine.num_inflight} requests in flight (limit {limit}); "
                                 "retry later", headers=headers)
+        refused = self.engine.backlog.refusal(self.engine.num_inflight, n)
+        if refused is not None:  # the whole request, before any of its generations is sent
+            self.metrics.num_rejected.inc()
+            raise ApiError(503, refused[0], headers={"Retry-After": str(refused[1])})
 
     async def pool_stats(self, timeout: float = 5.0) -> PoolStats | None:
         """The engine's current pool/scheduler numbers, or None when it does not answer."""

@@ -8,7 +8,8 @@ accounting (prompt + output tokens held while a request runs) so tests can check
 Constraints are refused (it cannot enforce them). Special prompts: "__die__" kills the engine process
 (os._exit), "__crash__" raises a RuntimeError while building the request, "__stall__" stops the step loop,
 "__hang__" blocks the step loop forever while it stays alive (what /health's stall check must catch).
-Environment: SGLPY_FAKE_TOKEN_DELAY (s per token), SGLPY_FAKE_STARTUP_DELAY, SGLPY_FAKE_STARTUP_FAIL,
+Environment: SGLPY_FAKE_TOKEN_DELAY (s per token), SGLPY_FAKE_ROW_DELAY (s more per step for each running
+request: a step slows with the batch, as on a CPU), SGLPY_FAKE_STARTUP_DELAY, SGLPY_FAKE_STARTUP_FAIL,
 SGLPY_FAKE_STARTUP_FAIL_IF (a path: starting fails while that file exists, for restart tests).
 """
 
@@ -72,6 +73,7 @@ class FakeEngine:
         self.model_path = "fake-model"
         self.context_len = self.config.max_context_len or 4096
         self.token_delay = float(os.environ.get("SGLPY_FAKE_TOKEN_DELAY", "0.005"))
+        self.row_delay = float(os.environ.get("SGLPY_FAKE_ROW_DELAY", "0"))
         self.tokenizer = FakeTokenizer()
         self.text = TokenizerOps(self.tokenizer)
         self.limits = RequestLimits(len(self.tokenizer), self.context_len, self.config.max_total_tokens or CPU_MAX_TOTAL_TOKENS)
@@ -155,7 +157,7 @@ class FakeEngine:
 
     # ---- the step loop ----
     def _loop(self) -> None:
-        while not self._stop.wait(self.token_delay):
+        while not self._stop.wait(self.token_delay + self.row_delay * len(self._running)):
             if self._hang:
                 threading.Event().wait()  # alive, never progressing
             self._steps, self._last = self._steps + 1, time.monotonic()
