@@ -307,7 +307,8 @@ class Storm:
             except OSError:
                 failed += 1
         t0 = time.monotonic()
-        closed_at = {}
+        until = max(until, t0 + 45)  # opening them can take a loaded box most of a short storm: watch past the
+        closed_at = {}  # server's keep-alive (30 s by default) whatever is left
         while time.monotonic() < until:
             for i, (reader, _) in enumerate(conns):
                 if i not in closed_at and reader.at_eof():

@@ -11,6 +11,7 @@ from ..config import EngineConfig
 from ..tools.registry import PARSER_NAMES
 
 DEFAULT_ENGINE_FACTORY = "sglpy.runtime.engine:Engine"
+STANDBY_CHOICES = ("off", "imports", "model")  # engine_process.STANDBY_MODES (not imported: it pulls the engine side)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")  # sglang-router's --policy values
 
@@ -129,9 +130,10 @@ SERVER_FLAG_HELP = {
     "engine_restart_attempts": "when the engine process dies: start attempts before giving up (0: never restart)",
     "engine_restart_backoff": "seconds before a retried engine start (doubling per failure, at most 30 s); the "
     "first restart after a death is immediate",
-    "engine_standby": "keep a spare engine process that has done its imports (torch, transformers, the model's "
-    "config) and waits: a restart after an engine death loads the model in it and skips them; costs the spare's "
-    "memory (~0.4 GB for the runtime engine)",
+    "engine_standby": "a spare engine process kept while the engine serves, so a restart after an engine death "
+    "skips its work: imports (torch, transformers, the model's config and tokenizer; ~0.4 GB for the runtime "
+    "engine), model (the whole engine built and waiting: a restart takes about a second; costs a second copy of "
+    "the weights, and on a GPU of its KV pool), or off",
     "log_level": "logging level",
     "log_requests": "log one line per finished request (id, route, tokens, latency)",
     "engine_factory": "import path 'module:callable' that builds the engine in the engine process "
@@ -169,7 +171,7 @@ class ServerConfig:
     health_stall_timeout: float = 30.0
     engine_restart_attempts: int = 5
     engine_restart_backoff: float = 1.0
-    engine_standby: bool = True
+    engine_standby: str = "imports"
     log_level: str = "info"
     log_requests: bool = True
     engine_factory: str = DEFAULT_ENGINE_FACTORY
@@ -207,6 +209,8 @@ class ServerConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if self.engine_standby not in STANDBY_CHOICES:
+            raise ValueError(f"engine_standby must be one of {STANDBY_CHOICES}, got {self.engine_standby!r}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if ":" not in self.engine_factory:
@@ -266,6 +270,8 @@ def _add_fields(group, cls, helps: dict, skip=()):
         kw = {"choices": LOG_LEVELS} if f.name == "log_level" else {}
         if f.name == "router_policy":
             kw = {"choices": ROUTER_POLICIES}
+        if f.name == "engine_standby":
+            kw = {"choices": STANDBY_CHOICES}
         if f.name == "tool_call_parser":
             kw = {"choices": PARSER_NAMES}
         if cls is EngineConfig and f.name == "dtype":

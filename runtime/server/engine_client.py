@@ -63,7 +63,7 @@ class EngineClient:
     engine_kwargs: dict
     log_level: str = "info"
     max_inflight: int = 0  # generations in flight at most (0: no bound); more fail with 503 at once
-    standby: bool = False  # keep a spare engine process with its imports done: a restart skips them
+    standby: str = "off"  # keep a spare engine process: "imports" done, or the "model" loaded (engine_process.py)
     max_queue_wait: float = 0.0  # refuse a generation expected to wait longer (backlog.py; 0: never)
     info: EngineInfo | None = None  # set once the engine reported Ready
     alive: bool = False
@@ -109,7 +109,7 @@ class EngineClient:
         self.died.clear()
         self._incarnation += 1
         self._ready = loop.create_future()
-        spawned = self._take_spare() or self._spawn(standby=False)
+        spawned = self._take_spare() or self._spawn("off")
         self._proc = proc = spawned.proc
         self._cmd_w = spawned.cmd_w
         threading.Thread(target=self._read_loop, args=(loop, spawned.out_r, proc, self._incarnation), daemon=True,
@@ -124,12 +124,12 @@ class EngineClient:
             raise
         self.alive, self.dead_reason = True, None
         self.progress, self.progress_at = None, time.monotonic()
-        if self.standby and not self._stopping:  # after the load, so the two never compete for the cores
-            self._spare = self._spawn(standby=True)
+        if self.standby != "off" and not self._stopping:  # after the load: the two never compete for the cores
+            self._spare = self._spawn(self.standby)
         return self.info
 
-    def _spawn(self, standby: bool) -> _Spawned:
-        """Start an engine process (a standby one waits for LoadModel after its imports)."""
+    def _spawn(self, standby: str) -> _Spawned:
+        """Start an engine process (a standby one waits for LoadModel: after its imports, or with its model)."""
         ctx = multiprocessing.get_context("spawn")
         cmd_r, cmd_w = ctx.Pipe(duplex=False)
         out_r, out_w = ctx.Pipe(duplex=False)

@@ -164,28 +164,36 @@ def preload(factory: str, engine_kwargs: dict) -> None:
         hook(**engine_kwargs)
 
 
-def engine_main(factory: str, engine_kwargs: dict, cmd_conn, out_conn, log_level: str, standby: bool = False) -> None:
+STANDBY_MODES = ("off", "imports", "model")
+
+
+def _wait_for_load(cmd_conn) -> bool:
+    """A standby waits here for LoadModel; False when the server is gone or dropped it."""
+    try:
+        return isinstance(cmd_conn.recv(), LoadModel)
+    except (EOFError, OSError):
+        return False
+
+
+def engine_main(factory: str, engine_kwargs: dict, cmd_conn, out_conn, log_level: str, standby: str = "off") -> None:
     """Entry point of the engine process: build the engine, then serve commands until told to stop.
 
-    standby: a spare process (EngineClient keeps one while an engine serves): it does its imports, then waits
-    for LoadModel before it builds the engine, so a restart after an engine death skips them."""
+    standby (a spare process EngineClient keeps while an engine serves; STANDBY_MODES): "imports" does its
+    imports and waits for LoadModel before it builds the engine; "model" builds the whole engine, then waits for
+    LoadModel before it reports Ready and serves. Either way a restart after an engine death skips that work."""
     # The server process coordinates shutdown (drain, then ShutdownReq): a Ctrl-C or a SIGTERM sent to the
     # whole process group must not kill the engine under requests that are still finishing. A standby serves
     # nothing yet: a SIGTERM ends it (multiprocessing's exit hook relies on that).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL if standby else signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if standby == "off" else signal.SIG_DFL)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s engine %(levelname)s %(message)s")
     sender = PipeSender(out_conn)
-    if standby:
+    if standby == "imports":
         try:
             preload(factory, engine_kwargs)
         except Exception:  # noqa: BLE001 - the start proper reports the same failure by name
             logger.warning("standby engine preload failed", exc_info=True)
-        try:
-            msg = cmd_conn.recv()
-        except (EOFError, OSError):
-            return  # the server is gone, or dropped this spare
-        if not isinstance(msg, LoadModel):
+        if not _wait_for_load(cmd_conn):
             return
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
@@ -197,6 +205,11 @@ def engine_main(factory: str, engine_kwargs: dict, cmd_conn, out_conn, log_level
     except BaseException as e:  # noqa: BLE001 - report any startup failure to the server
         sender.send(StartupFailed(f"{type(e).__name__}: {e}"))
         return
+    if standby == "model":
+        if not _wait_for_load(cmd_conn):
+            engine.shutdown()
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # The ~370k objects of imports, model and tokenizer live as long as the process: frozen, they are
     # never rescanned by a full GC pass during serving.
     gc.freeze()

@@ -88,9 +88,35 @@ def test_a_restart_loads_the_model_in_the_standby_process():
     assert s.log().count("engine restarted") == 2
 
 
-def test_no_standby_when_disabled():
-    with run_server("--engine-factory", FAKE, "--no-engine-standby", env=ENV) as s:
+def test_a_model_standby_serves_again_without_loading():
+    # every engine start takes 8 s here; the model standby did its start while the engine served
+    env = {**ENV, "SGLPY_FAKE_STARTUP_DELAY": "8"}
+    with run_server("--engine-factory", FAKE, "--engine-standby", "model", env=env) as s:
+        deadline = time.monotonic() + 30
+        while not s.get("/get_server_info").json()["engine_standby_pid"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(8.5)  # the spare has built its engine
+        info = s.get("/get_server_info").json()
+        t0 = time.monotonic()
+        os.kill(info["engine_pid"], signal.SIGKILL)
+        time.sleep(0.2)
+        wait_health(s, 200)
+        assert time.monotonic() - t0 < 6.0  # no 8 s start (a loaded box takes seconds to notice and switch)
+        assert s.get("/get_server_info").json()["engine_pid"] == info["engine_standby_pid"]
+        assert s.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 2}}).status_code == 200
+
+
+def test_no_standby_when_off():
+    with run_server("--engine-factory", FAKE, "--engine-standby", "off", env=ENV) as s:
         assert s.get("/get_server_info").json()["engine_standby_pid"] is None
+
+
+def test_the_standby_modes_agree_with_the_flag_choices():
+    from sglpy.runtime.server.config import STANDBY_CHOICES
+    from sglpy.runtime.server.engine_process import STANDBY_MODES
+
+    assert STANDBY_CHOICES == STANDBY_MODES
 
 
 def test_a_dead_step_loop_is_restarted_too():
