@@ -120,6 +120,66 @@ static inline void widen(const T* w, int64_t n, std::vector<float>& out) {
   for (int64_t i = 0; i < n; ++i) out[i] = to_f32(w[i]);
 }
 
+// x with each block of 2 NW floats split into its even then its odd elements (the tail past the last whole block
+// as is): the order in which the shrink below reads bf16 weights two to a 32-bit lane
+static inline void deinterleave(const float* x, int64_t n, float* out) {
+  const int64_t n2 = n / (2 * NW) * (2 * NW);
+  for (int64_t b = 0; b < n2; b += 2 * NW)
+    for (int64_t i = 0; i < NW; ++i) out[b + i] = x[b + 2 * i], out[b + NW + i] = x[b + 2 * i + 1];
+  for (int64_t j = n2; j < n; ++j) out[j] = x[j];
+}
+
+// out_r[i] = A[i] . x_r for i < 4 and ROWS rows, bf16 A read 32 bits at a time (a shift widens the even element, a
+// mask the odd one: two ops per two registers of weights, where widening 16 bits to 32 takes four); xd: the rows
+// deinterleaved (above), x: as is (the tail)
+template <int ROWS>
+static inline void dot4_bf16(const float* const* xd, const bf16_t* w, int64_t n, float* const* out) {
+  vn acc[ROWS][4];
+  for (int r = 0; r < ROWS; ++r)
+    for (int i = 0; i < 4; ++i) acc[r][i] = vn{};
+  const int64_t n2 = n / (2 * NW) * (2 * NW);
+  for (int64_t j = 0; j < n2; j += 2 * NW) {
+    vn xe[ROWS], xo[ROWS];
+    for (int r = 0; r < ROWS; ++r) xe[r] = loadn(xd[r] + j), xo[r] = loadn(xd[r] + j + NW);
+    for (int i = 0; i < 4; ++i) {
+      vnu u;
+      std::memcpy(&u, w + i * n + j, sizeof u);
+      const vnu ue = u << 16, uo = u & 0xFFFF0000u;
+      vn we, wo;
+      std::memcpy(&we, &ue, sizeof we);
+      std::memcpy(&wo, &uo, sizeof wo);
+      for (int r = 0; r < ROWS; ++r) acc[r][i] += xe[r] * we, acc[r][i] += xo[r] * wo;
+    }
+  }
+  for (int r = 0; r < ROWS; ++r)
+    for (int i = 0; i < 4; ++i) {
+      float s = hsumn(acc[r][i]);
+      for (int64_t j = n2; j < n; ++j) s += xd[r][j] * to_f32(w[i * n + j]);
+      out[r][i] = s;
+    }
+}
+
+// shrink_rows for bf16 A without widening it first (a few rows): xd [positions, n_in] deinterleaved rows
+static inline void shrink_rows_bf16(const float* xd, const float* x, int64_t x_stride, const int64_t* rows,
+                                    int64_t p0, int64_t p1, const bf16_t* as, int64_t n_in, int64_t nj, float* h,
+                                    int64_t hw) {
+  int64_t p = p0;
+  if (nj == SHRINK_ROWS) {
+    for (; p + 2 <= p1; p += 2) {
+      const float* xs[2] = {xd + p * n_in, xd + (p + 1) * n_in};
+      float* const hs[2] = {h + p * hw, h + (p + 1) * hw};
+      dot4_bf16<2>(xs, as, n_in, hs);
+    }
+    for (; p < p1; ++p) {
+      const float* xs[1] = {xd + p * n_in};
+      float* const hs[1] = {h + p * hw};
+      dot4_bf16<1>(xs, as, n_in, hs);
+    }
+  }
+  for (; p < p1; ++p)
+    for (int64_t j = 0; j < nj; ++j) h[p * hw + j] = dot_w(x + rows[p] * x_stride, as + j * n_in, n_in);
+}
+
 // h[p * hw + j] = A[j] . x[rows[p]] for p in [p0, p1), j < nj (A: nj rows of n_in, row-major)
 template <typename T>
 static inline void shrink_rows(const float* x, int64_t x_stride, const int64_t* rows, int64_t p0, int64_t p1,
@@ -138,6 +198,51 @@ static inline void shrink_rows(const float* x, int64_t x_stride, const int64_t* 
   }
 }
 
+// y[0:2 NW] += the columns of e (even) and o (odd) interleaved back: e[i] -> y[2 i], o[i] -> y[2 i + 1]
+static inline void add_interleaved(float* y, vn e, vn o) {
+#if SGLPY_NW == 16
+  const vn lo = __builtin_shufflevector(e, o, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const vn hi = __builtin_shufflevector(e, o, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+#elif SGLPY_NW == 8
+  const vn lo = __builtin_shufflevector(e, o, 0, 8, 1, 9, 2, 10, 3, 11);
+  const vn hi = __builtin_shufflevector(e, o, 4, 12, 5, 13, 6, 14, 7, 15);
+#else
+  const vn lo = __builtin_shufflevector(e, o, 0, 4, 1, 5);
+  const vn hi = __builtin_shufflevector(e, o, 2, 6, 3, 7);
+#endif
+  storen(y, loadn(y) + lo);
+  storen(y + NW, loadn(y + NW) + hi);
+}
+
+// The 4 NW columns at c of ROWS rows, bf16 Bt: each 32-bit load holds columns 2i (low half) and 2i + 1 (high half);
+// a shift widens the even ones, a mask the odd ones (one op each, where widening 16 bits to 32 takes a shuffle and
+// a shift per register). Each column's sum keeps expand_rows' order (0, then + h[j] Bt[j, c], j ascending).
+template <int ROWS>
+static inline void expand_group_bf16(const float* const* hp, const bf16_t* bs, int64_t ld, int64_t r, int64_t c,
+                                     float* const* yr) {
+  vn e0[ROWS], o0[ROWS], e1[ROWS], o1[ROWS];
+  for (int i = 0; i < ROWS; ++i) e0[i] = o0[i] = e1[i] = o1[i] = vn{};
+  for (int64_t j = 0; j < r; ++j) {
+    vnu w0, w1;
+    std::memcpy(&w0, bs + j * ld + c, sizeof w0);
+    std::memcpy(&w1, bs + j * ld + c + 2 * NW, sizeof w1);
+    const vnu ue0 = w0 << 16, uo0 = w0 & 0xFFFF0000u, ue1 = w1 << 16, uo1 = w1 & 0xFFFF0000u;
+    vn we0, wo0, we1, wo1;
+    std::memcpy(&we0, &ue0, sizeof we0);
+    std::memcpy(&wo0, &uo0, sizeof wo0);
+    std::memcpy(&we1, &ue1, sizeof we1);
+    std::memcpy(&wo1, &uo1, sizeof wo1);
+    for (int i = 0; i < ROWS; ++i) {
+      const vn hv = splatn(hp[i][j]);
+      e0[i] += hv * we0, o0[i] += hv * wo0, e1[i] += hv * we1, o1[i] += hv * wo1;
+    }
+  }
+  for (int i = 0; i < ROWS; ++i) {
+    add_interleaved(yr[i] + c, e0[i], o0[i]);
+    add_interleaved(yr[i] + c + 2 * NW, e1[i], o1[i]);
+  }
+}
+
 // y[rows[p], 0:nc] += sum_j h[p * hw + j] Bt[j, 0:nc] for p in [p0, p1), j < r (Bt rows ld apart; y and bs point at
 // the block's first column)
 template <typename T>
@@ -150,6 +255,11 @@ static void expand_rows(const float* h, int64_t hw, const T* bs, int64_t ld, int
     const float* hp1 = hp0 + hw;
     float* y0 = y + rows[p] * y_stride;
     float* y1 = y + rows[p + 1] * y_stride;
+    if constexpr (std::is_same<T, bf16_t>::value) {
+      const float* hps[2] = {hp0, hp1};
+      float* const ys[2] = {y0, y1};
+      for (int64_t c = 0; c < c4; c += 4 * NW) expand_group_bf16<2>(hps, bs, ld, r, c, ys);
+    } else
     for (int64_t c = 0; c < c4; c += 4 * NW) {
       vn a0 = vn{}, a1 = vn{}, a2 = vn{}, a3 = vn{}, b0 = vn{}, b1 = vn{}, b2 = vn{}, b3 = vn{};
       for (int64_t j = 0; j < r; ++j) {
@@ -175,6 +285,11 @@ static void expand_rows(const float* h, int64_t hw, const T* bs, int64_t ld, int
     const float* hp = h + p * hw;
     float* yr = y + rows[p] * y_stride;
     int64_t c = 0;
+    if constexpr (std::is_same<T, bf16_t>::value) {
+      const float* hps[1] = {hp};
+      float* const ys[1] = {yr};
+      for (; c + 4 * NW <= nc; c += 4 * NW) expand_group_bf16<1>(hps, bs, ld, r, c, ys);
+    }
     for (; c + 4 * NW <= nc; c += 4 * NW) {  // four registers of columns: four independent FMA chains
       vn acc0 = vn{}, acc1 = vn{}, acc2 = vn{}, acc3 = vn{};
       for (int64_t j = 0; j < r; ++j) {
@@ -210,6 +325,20 @@ void lora_apply(const float* x, int64_t x_stride, float* y, int64_t y_stride, co
   thread_local std::vector<float> hbuf;
   if (hbuf.size() < static_cast<size_t>(n * hw)) hbuf.resize(n * hw);
   float* h = hbuf.data();  // [n, slices, pool_rank] in segment order (position p of rows[p])
+  // bf16 weights of segments too short to widen them first: their x rows deinterleaved, by position
+  thread_local std::vector<float> xbuf;
+  float* xd = nullptr;
+  if (!std::is_same<T, float>::value) {
+    for (int64_t k = 0; k < sg.n_seg; ++k) {
+      if (widen_pays<T>(sg.indptr[k + 1] - sg.indptr[k])) continue;
+      if (xd == nullptr) {
+        if (xbuf.size() < static_cast<size_t>(n * n_in)) xbuf.resize(n * n_in);
+        xd = xbuf.data();
+      }
+      for (int64_t p = sg.indptr[k]; p < sg.indptr[k + 1]; ++p)
+        deinterleave(x + sg.rows[p] * x_stride, n_in, xd + p * n_in);
+    }
+  }
   const int64_t jb = (pool_rank + SHRINK_ROWS - 1) / SHRINK_ROWS;
   // the shrink's row blocks: (segment, first row) of at most ROW_BLOCK rows each, so that a work item's x rows stay
   // in L1 / L2 while it reads its rank rows of A (a prefill segment's x can be megabytes)
@@ -234,10 +363,13 @@ void lora_apply(const float* x, int64_t x_stride, float* y, int64_t y_stride, co
       if (j0 >= r) continue;  // rank rows past the adapter's rank (the pool's padding)
       const T* as = a + sg.slots[k] * a_slot + (s * pool_rank + j0) * n_in;
       float* hs = h + s * pool_rank + j0;
-      if (widen_pays<T>(p1 - p0)) {  // widen the bf16 rank rows once for all the block's rows (exact)
+      // a long segment: widen the bf16 rank rows once for all the block's rows (exact); else xd (above)
+      if (widen_pays<T>(sg.indptr[k + 1] - sg.indptr[k])) {
         thread_local std::vector<float> wbuf;
         widen(as, (j1 - j0) * n_in, wbuf);
         shrink_rows(x, x_stride, sg.rows, p0, p1, wbuf.data(), n_in, j1 - j0, hs, hw);
+      } else if constexpr (std::is_same<T, bf16_t>::value) {
+        shrink_rows_bf16(xd, x, x_stride, sg.rows, p0, p1, as, n_in, j1 - j0, hs, hw);
       } else {
         shrink_rows(x, x_stride, sg.rows, p0, p1, as, n_in, j1 - j0, hs, hw);
       }
