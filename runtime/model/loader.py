@@ -199,7 +199,7 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device, group: TPGro
         check_feature(config, "tp", f"tensor parallelism (tp_size={group.size})")
         from .parallel import shard_shape
 
-        shard = shard_shape(config, group.size, group.rank)
+        shard = shard_shape(config, group.size, group.rank, group)
     vision = is_vision_config(config)
     split = RowSplit() if batch_invariant and device.type == "cpu" else None  # the CPU linear layers' row kinds
     with torch.device("meta"):

@@ -97,14 +97,14 @@ class MoEBlock(nn.Module):
     """Router (`gate`) and experts; Mixtral always renormalises the top k, Qwen3-MoE when norm_topk_prob.
 
     Under tensor parallelism (`shard`) each rank holds every expert's slice of the intermediate dimension and the
-    router whole: its output is a partial sum that `group` (set by parallel.parallelize) all-reduces."""
+    router whole: its output is a partial sum that the shard's group all-reduces."""
 
     def __init__(self, config, family: str, shard=None, batch_invariant: bool = False):
         super().__init__()
         self.num_experts = getattr(config, "num_local_experts", None) or config.num_experts
         self.top_k = config.num_experts_per_tok
         inter = expert_intermediate_size(config) if shard is None else shard.expert_intermediate
-        self.group = None
+        self.group = None if shard is None else shard.group  # tensor parallel: the partial sums' all-reduce
         self.renormalize = True if family == "mixtral" else bool(getattr(config, "norm_topk_prob", False))
         self.gate = nn.Linear(config.hidden_size, self.num_experts, bias=False)
         self._native: NativeExperts | None = None  # pointer tables for csrc/moe.cpp, built on first CPU decode

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -36,10 +36,13 @@ class ShardShape:
     intermediate: int  # MLP intermediate size per rank
     vocab: int  # lm_head rows per rank (padded)
     expert_intermediate: int = 0  # each expert's intermediate size per rank (mixtures of experts)
+    # the group whose all-reduce sums a block's partial outputs (a mixture of experts reduces its own: moe.py)
+    group: TPGroup | None = field(default=None, compare=False, repr=False)
 
 
-def shard_shape(config, size: int, rank: int) -> ShardShape:
-    """Sizes of rank `rank` of `size`; ValueError names the numbers that do not divide."""
+def shard_shape(config, size: int, rank: int, group: TPGroup | None = None) -> ShardShape:
+    """Sizes of rank `rank` of `size` (and the group the model's blocks reduce over, when built for it); ValueError
+    names the numbers that do not divide."""
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     inter = config.intermediate_size
@@ -54,9 +57,9 @@ def shard_shape(config, size: int, rank: int) -> ShardShape:
     if expert_inter % size:
         raise ValueError(f"moe_intermediate_size ({expert_inter}) is not divisible by tp_size ({size})")
     h_local = heads // size
-    group = heads // kv  # q heads per KV head
-    return ShardShape(h_local, max(kv // size, 1), (rank * h_local) // group, inter // size,
-                      -(-config.vocab_size // size), expert_inter // size)
+    per_kv = heads // kv  # q heads per KV head
+    return ShardShape(h_local, max(kv // size, 1), (rank * h_local) // per_kv, inter // size,
+                      -(-config.vocab_size // size), expert_inter // size, group)
 
 
 @dataclass
@@ -214,10 +217,8 @@ def parallelize(model: nn.Module, group: TPGroup) -> None:
     """Wrap a loaded, fused shard: row-parallel o/down projections and the vocab-parallel lm_head."""
     for layer in model.model.layers:
         layer.self_attn.o_proj = RowParallel(layer.self_attn.o_proj, group)
-        if hasattr(layer.mlp, "down_proj"):
+        if hasattr(layer.mlp, "down_proj"):  # a mixture of experts sums its experts' slices itself (its shard's group)
             layer.mlp.down_proj = RowParallel(layer.mlp.down_proj, group)
-        else:  # a mixture of experts (runtime/model/moe.py) sums its experts' slices itself
-            layer.mlp.group = group
     s = shard_shape(model.config, group.size, group.rank)
     if model.tie_word_embeddings:  # a view of this rank's embedding rows (a copy only when padded)
         inner = ShardHead(_rows(model.model.embed_tokens.weight, group.rank * s.vocab, s.vocab)
