@@ -86,151 +86,88 @@ struct PrefetchShare {  // lines of `bytes` from base in `parts` equal shares (t
   }
 };
 
-// Tiles t0 .. t1 (channels 8 t .. 8 t + 7) of int4 weights for MR rows of int8 activations. Per group and row:
-// y += d * (s * (codes . xq) + z' * sum(xq)), lane-wise; a row's lanes run the same operations in the same order
-// whatever the other rows are.
-template <int MR>
+// Tiles t0 .. t1 (channels 8 t .. 8 t + 7) of int4 weights for MR rows of int8 activations, V::LANES / 8 tiles a
+// step (q8_dot.h: Lanes8, Lanes16). Per group and row: y += d * (s * (codes . xq) + z' * sum(xq)), lane-wise; a
+// row's lanes run the same operations in the same order whatever the other rows are, and whatever the lane width.
+template <typename V, int MR>
 void int4_tiles_q8(const Q8Pass& a, int64_t K, const uint8_t* q, const uint16_t* sz, const float* bias, float* y,
                    int64_t N, int64_t t0, int64_t t1) {
-  const int64_t groups = K / 32;
-  const PrefetchShare pf_q(TILE * groups * 16, groups), pf_s(groups * 16 * 2, groups);
-  for (int64_t t = t0; t < t1; ++t) {
-    const uint8_t* qt = q + t * TILE * groups * 16;
-    const uint16_t* st = sz + t * groups * 16;
-    __m256 acc[MR];
+  constexpr int64_t STEP = V::LANES / TILE;
+  const int64_t groups = K / 32, tile_q = TILE * groups * 16, tile_s = groups * 16;
+  const PrefetchShare pf_q(STEP * tile_q, groups), pf_s(STEP * tile_s * 2, groups);
+  for (int64_t t = t0; t < t1; t += STEP) {
+    const uint8_t* qt = q + t * tile_q;
+    const uint16_t* st = sz + t * tile_s;
+    typename V::F acc[MR];
 #pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
+    for (int m = 0; m < MR; ++m) acc[m] = V::zero();
     for (int64_t g = 0; g < groups; ++g) {
-      pf_q(qt + PREFETCH_TILES * TILE * groups * 16, g);
-      pf_s(st + PREFETCH_TILES * groups * 16, g);
-      TileBlock w;
-      load_tile_u4(qt + g * 16, groups * 16, w);
-      const __m256 s = bf16x8(st + g * 16);
-      const __m256 z = _mm256_fnmadd_ps(_mm256_set1_ps(8.f), s, bf16x8(st + g * 16 + 8));  // z - 8 s
+      pf_q(qt + PREFETCH_TILES * tile_q, g);
+      pf_s(st + PREFETCH_TILES * tile_s, g);
+      typename V::Tile w;
+      V::load_u4(qt + g * 16, groups * 16, w);
+      const typename V::F s = V::bf16(st + g * 16, tile_s);
+      const typename V::F z = V::fnmadd(V::set1(8.f), s, V::bf16(st + g * 16 + 8, tile_s));  // z - 8 s
       const int8_t* xg = a.q + g * PASS * QBLOCK;  // the pass's rows of block g, side by side
       const float *dg = a.d + g * PASS, *qg = a.qsf + g * PASS;
 #pragma GCC unroll 8
       for (int m = 0; m < MR; ++m) {
-        const __m256 dot = _mm256_cvtepi32_ps(tile_dot_u4(w, xg + m * QBLOCK));
-        const __m256 r = _mm256_fmadd_ps(dot, s, _mm256_mul_ps(z, _mm256_set1_ps(qg[m])));
-        acc[m] = _mm256_fmadd_ps(r, _mm256_set1_ps(dg[m]), acc[m]);
+        const typename V::F dot = V::dot_u4(w, xg + m * QBLOCK);
+        const typename V::F r = V::fmadd(dot, s, V::mul(z, V::set1(qg[m])));
+        acc[m] = V::fmadd(r, V::set1(dg[m]), acc[m]);
       }
     }
-    const __m256 b = bias != nullptr ? _mm256_loadu_ps(bias + t * TILE) : _mm256_setzero_ps();
+    const typename V::F b = bias != nullptr ? V::load(bias + t * TILE) : V::zero();
 #pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) _mm256_storeu_ps(y + m * N + t * TILE, _mm256_add_ps(acc[m], b));
+    for (int m = 0; m < MR; ++m) V::store(y + m * N + t * TILE, V::add(acc[m], b));
   }
 }
 
 // Tiles t0 .. t1 of int8 weights (per-channel scale) for MR rows: y = s * sum_b d_b (w . xq)_b. A last block of 16
 // inputs reads its weights through a zero-padded copy (the activations are zero-padded too).
-template <int MR>
+template <typename V, int MR>
 void int8_tiles_q8(const Q8Pass& a, int64_t K, const int8_t* q, const float* scale, const float* bias, float* y,
                    int64_t N, int64_t t0, int64_t t1) {
+  constexpr int64_t STEP = V::LANES / TILE;
   const int64_t full = K / 32, blocks = (K + 31) / 32;
-  const PrefetchShare pf(TILE * K, blocks);
-  for (int64_t t = t0; t < t1; ++t) {
+  const PrefetchShare pf(STEP * TILE * K, blocks);
+  for (int64_t t = t0; t < t1; t += STEP) {
     const int8_t* qt = q + t * TILE * K;
-    __m256 acc[MR];
+    typename V::F acc[MR];
 #pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
+    for (int m = 0; m < MR; ++m) acc[m] = V::zero();
     for (int64_t b = 0; b < blocks; ++b) {
       pf(qt + PREFETCH_TILES * TILE * K, b);
-      TileBlock w;
+      typename V::Tile w;
       if (b < full) {
-        load_tile_s8(qt + b * 32, K, w);
+        V::load_s8(qt + b * 32, K, w);
       } else {
-        alignas(32) int8_t pad[TILE * 32] = {};
-        for (int c = 0; c < TILE; ++c) std::memcpy(pad + c * 32, qt + c * K + b * 32, (size_t)(K - b * 32));
-        load_tile_s8(pad, 32, w);
+        alignas(64) int8_t pad[V::LANES * 32] = {};
+        for (int c = 0; c < V::LANES; ++c) std::memcpy(pad + c * 32, qt + c * K + b * 32, (size_t)(K - b * 32));
+        V::load_s8(pad, 32, w);
       }
       const int8_t* xb = a.q + b * PASS * QBLOCK;
       const float* db = a.d + b * PASS;
       const int32_t* sb = a.qs + b * PASS;
 #pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) {
-        const __m256 dot = _mm256_cvtepi32_ps(tile_dot_s8(w, xb + m * QBLOCK, sb[m]));
-        acc[m] = _mm256_fmadd_ps(dot, _mm256_set1_ps(db[m]), acc[m]);
-      }
+      for (int m = 0; m < MR; ++m) acc[m] = V::fmadd(V::dot_s8(w, xb + m * QBLOCK, sb[m]), V::set1(db[m]), acc[m]);
     }
-    const __m256 sc = _mm256_loadu_ps(scale + t * TILE);
-    const __m256 bb = bias != nullptr ? _mm256_loadu_ps(bias + t * TILE) : _mm256_setzero_ps();
+    const typename V::F sc = V::load(scale + t * TILE);
+    const typename V::F bb = bias != nullptr ? V::load(bias + t * TILE) : V::zero();
 #pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) _mm256_storeu_ps(y + m * N + t * TILE, _mm256_fmadd_ps(acc[m], sc, bb));
+    for (int m = 0; m < MR; ++m) V::store(y + m * N + t * TILE, V::fmadd(acc[m], sc, bb));
   }
 }
-#endif
 
+// Tiles t0 .. t1 through run(lanes, a, b): pairs of tiles 16 lanes wide where the build has them, the rest 8 wide.
+template <typename Run>
+void over_tiles(int64_t t0, int64_t t1, Run run) {
 #if defined(SGLPY_Q8_TILE16)
-// int4_tiles_q8 and int8_tiles_q8 on tile pairs: tiles t0 .. t1 (t1 - t0 even), 16 channels per step, each lane
-// the same operations in the same order as the 8-channel tile (equal outputs); the prefetch reaches the pair ahead.
-template <int MR>
-void int4_tiles16_q8(const Q8Pass& a, int64_t K, const uint8_t* q, const uint16_t* sz, const float* bias, float* y,
-                     int64_t N, int64_t t0, int64_t t1) {
-  const int64_t groups = K / 32, tile_q = TILE * groups * 16, tile_s = groups * 16;
-  const PrefetchShare pf_q(2 * tile_q, groups), pf_s(2 * tile_s * 2, groups);
-  for (int64_t t = t0; t < t1; t += 2) {
-    const uint8_t* qt = q + t * tile_q;
-    const uint16_t* st = sz + t * tile_s;
-    __m512 acc[MR];
-#pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g) {
-      pf_q(qt + 2 * tile_q, g);
-      pf_s(st + 2 * tile_s, g);
-      TileBlock16 w;
-      load_tile16_u4(qt + g * 16, groups * 16, w);
-      const __m512 s = bf16x16(st + g * 16, st + tile_s + g * 16);
-      const __m512 z = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), s, bf16x16(st + g * 16 + 8, st + tile_s + g * 16 + 8));
-      const int8_t* xg = a.q + g * PASS * QBLOCK;
-      const float *dg = a.d + g * PASS, *qg = a.qsf + g * PASS;
-#pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) {
-        const __m512 dot = _mm512_cvtepi32_ps(dpbusd16(_mm512_setzero_si512(), w, xg + m * QBLOCK));
-        const __m512 r = _mm512_fmadd_ps(dot, s, _mm512_mul_ps(z, _mm512_set1_ps(qg[m])));
-        acc[m] = _mm512_fmadd_ps(r, _mm512_set1_ps(dg[m]), acc[m]);
-      }
-    }
-    const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias + t * TILE) : _mm512_setzero_ps();
-#pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) _mm512_storeu_ps(y + m * N + t * TILE, _mm512_add_ps(acc[m], b));
-  }
-}
-
-template <int MR>
-void int8_tiles16_q8(const Q8Pass& a, int64_t K, const int8_t* q, const float* scale, const float* bias, float* y,
-                     int64_t N, int64_t t0, int64_t t1) {
-  const int64_t full = K / 32, blocks = (K + 31) / 32;
-  const PrefetchShare pf(2 * TILE * K, blocks);
-  for (int64_t t = t0; t < t1; t += 2) {
-    const int8_t* qt = q + t * TILE * K;
-    __m512 acc[MR];
-#pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-      pf(qt + 2 * TILE * K, b);
-      TileBlock16 w;
-      if (b < full) {
-        load_tile16_s8(qt + b * 32, K, w);
-      } else {
-        alignas(64) int8_t pad[2 * TILE * 32] = {};
-        for (int c = 0; c < 2 * TILE; ++c) std::memcpy(pad + c * 32, qt + c * K + b * 32, (size_t)(K - b * 32));
-        load_tile16_s8(pad, 32, w);
-      }
-      const int8_t* xb = a.q + b * PASS * QBLOCK;
-      const float* db = a.d + b * PASS;
-      const int32_t* sb = a.qs + b * PASS;
-#pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) {
-        const __m512 dot = _mm512_cvtepi32_ps(dpbusd16(_mm512_set1_epi32(-128 * sb[m]), w, xb + m * QBLOCK));
-        acc[m] = _mm512_fmadd_ps(dot, _mm512_set1_ps(db[m]), acc[m]);
-      }
-    }
-    const __m512 sc = _mm512_loadu_ps(scale + t * TILE);
-    const __m512 bb = bias != nullptr ? _mm512_loadu_ps(bias + t * TILE) : _mm512_setzero_ps();
-#pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) _mm512_storeu_ps(y + m * N + t * TILE, _mm512_fmadd_ps(acc[m], sc, bb));
-  }
+  const int64_t paired = t0 + (t1 - t0) / 2 * 2;
+  run(Lanes16{}, t0, paired);
+  t0 = paired;
+#endif
+  run(Lanes8{}, t0, t1);
 }
 #endif
 

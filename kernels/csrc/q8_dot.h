@@ -252,6 +252,25 @@ static inline __m256 bf16x8(const uint16_t* p) {  // 8 bf16 -> float32
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+// The tile kernels' vector of 8 channels (gemv_q8.h: int4_tiles_q8 / int8_tiles_q8 over tiles of 8).
+struct Lanes8 {
+  static constexpr int LANES = 8;
+  typedef __m256 F;
+  typedef TileBlock Tile;
+  static F zero() { return _mm256_setzero_ps(); }
+  static F set1(float x) { return _mm256_set1_ps(x); }
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+  static F bf16(const uint16_t* p, int64_t) { return bf16x8(p); }  // one tile's 8 values (the next tile's unread)
+  static void load_u4(const uint8_t* p, int64_t stride, Tile& t) { load_tile_u4(p, stride, t); }
+  static void load_s8(const int8_t* p, int64_t stride, Tile& t) { load_tile_s8(p, stride, t); }
+  static F dot_u4(const Tile& t, const int8_t* xq) { return _mm256_cvtepi32_ps(tile_dot_u4(t, xq)); }
+  static F dot_s8(const Tile& t, const int8_t* xq, int32_t qs) { return _mm256_cvtepi32_ps(tile_dot_s8(t, xq, qs)); }
+};
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 // ---- Tiles of 16 channels (AVX-512 VNNI): two 8-channel tiles side by side in one zmm register, lane c = channel
@@ -315,6 +334,28 @@ static inline __m512 bf16x16(const uint16_t* lo, const uint16_t* hi) {  // 8 bf1
                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+struct Lanes16 {  // Lanes8's operations on two tiles at once
+  static constexpr int LANES = 16;
+  typedef __m512 F;
+  typedef TileBlock16 Tile;
+  static F zero() { return _mm512_setzero_ps(); }
+  static F set1(float x) { return _mm512_set1_ps(x); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  static F bf16(const uint16_t* p, int64_t next_tile) { return bf16x16(p, p + next_tile); }
+  static void load_u4(const uint8_t* p, int64_t stride, Tile& t) { load_tile16_u4(p, stride, t); }
+  static void load_s8(const int8_t* p, int64_t stride, Tile& t) { load_tile16_s8(p, stride, t); }
+  static F dot_u4(const Tile& t, const int8_t* xq) {
+    return _mm512_cvtepi32_ps(dpbusd16(_mm512_setzero_si512(), t, xq));
+  }
+  static F dot_s8(const Tile& t, const int8_t* xq, int32_t qs) {
+    return _mm512_cvtepi32_ps(dpbusd16(_mm512_set1_epi32(-128 * qs), t, xq));  // (w + 128) . xq - 128 sum(xq)
+  }
+};
 #endif
 
 #elif defined(SGLPY_Q8_ACT) && defined(__aarch64__)  // aarch64 + dotprod

@@ -95,14 +95,10 @@ struct Int8Weights {
 #else
     int64_t n = n0;
 #if defined(SGLPY_Q8_TILE)
-    const int64_t tiles = (n1 - n0) / TILE, t0 = n0 / TILE;  // n0 is a multiple of ROW_BLOCK, hence of TILE
-#if defined(SGLPY_Q8_TILE16)
-    const int64_t paired = t0 + tiles / 2 * 2;
-    int8_tiles16_q8<MR>(p, K, q, scale, bias, y, N, t0, paired);
-#else
-    const int64_t paired = t0;
-#endif
-    int8_tiles_q8<MR>(p, K, q, scale, bias, y, N, paired, t0 + tiles);
+    const int64_t tiles = (n1 - n0) / TILE;  // n0 is a multiple of ROW_BLOCK, hence of TILE
+    over_tiles(n0 / TILE, n0 / TILE + tiles, [&](auto lanes, int64_t u0, int64_t u1) {
+      int8_tiles_q8<decltype(lanes), MR>(p, K, q, scale, bias, y, N, u0, u1);
+    });
     n += tiles * TILE;
 #endif
     int8_rows_q8<MR>(a, K, q, scale, bias, y, N, n, n1);
@@ -122,14 +118,10 @@ struct Int4Weights {
 #else
     int64_t n = n0;
 #if defined(SGLPY_Q8_TILE)
-    const int64_t tiles = (n1 - n0) / TILE, t0 = n0 / TILE;
-#if defined(SGLPY_Q8_TILE16)
-    const int64_t paired = t0 + tiles / 2 * 2;
-    int4_tiles16_q8<MR>(p, K, q, sz, bias, y, N, t0, paired);
-#else
-    const int64_t paired = t0;
-#endif
-    int4_tiles_q8<MR>(p, K, q, sz, bias, y, N, paired, t0 + tiles);
+    const int64_t tiles = (n1 - n0) / TILE;
+    over_tiles(n0 / TILE, n0 / TILE + tiles, [&](auto lanes, int64_t u0, int64_t u1) {
+      int4_tiles_q8<decltype(lanes), MR>(p, K, q, sz, bias, y, N, u0, u1);
+    });
     n += tiles * TILE;
 #endif
     int4_rows_q8<MR>(a, K, q, sz, bias, y, N, n, n1);
