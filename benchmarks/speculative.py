@@ -15,8 +15,9 @@ Workloads (greedy, up to 128 new tokens, natural ends):
 - free: short stories (little to copy: the adaptive draft length should back off).
 Concurrency 1 runs one request (the first prompt); 16 runs 16 different prompts at once.
 
-Each round builds a fresh engine per mode (speculation on, off; the order alternates per round), runs the case once
-untimed (the prompt enters the radix cache: the timed numbers are decode rates) and once timed, and shuts it down;
+Each round builds a fresh engine per mode (speculation on, off; the order alternates per round), runs the case twice
+untimed (the prompt enters the radix cache and the KV pages are touched: the timed numbers are decode rates) and once
+timed, and shuts it down;
 so the rounds sample what differs between engine instances (where the loop thread runs, where the weights land),
 not one engine's luck. Per case and mode: output tok/s, median and [min-max] over the rounds, and per round the
 speedup of that round's two engines; tokens per request-forward, draft acceptance; and whether the greedy outputs
@@ -161,19 +162,23 @@ def engine_kwargs(args, quant: str, spec: bool) -> dict:
     return kw
 
 
-def loop_stat(eng) -> tuple[int, float]:
-    """The engine's loop thread: the CPU it last ran on and the CPU seconds it used so far (its /proc stat)."""
+def loop_stat(eng) -> tuple[int, float, int]:
+    """The engine's loop thread: the CPU it last ran on, the CPU seconds it used so far and its minor page faults
+    so far (its /proc stat)."""
     try:
         with open(f"/proc/self/task/{eng._thread.native_id}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[36]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return int(fields[36]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
     except (OSError, ValueError, IndexError):
-        return -1, float("nan")
+        return -1, float("nan"), -1
 
 
 def run_sglpy(args, quant: str, prompts: list[str], sp: dict, mode: str) -> dict:
-    """A fresh engine for one mode ('spec', 'off', 'spec_ungated'): one untimed run, one timed run of all prompts at
-    once (ungated: NGRAM's acceptance gate for batches off, every request drafts up to the batch policy's cap)."""
+    """A fresh engine for one mode ('spec', 'off', 'spec_ungated'): two untimed runs, one timed run of all prompts at
+    once (ungated: NGRAM's acceptance gate for batches off, every request drafts up to the batch policy's cap). The
+    second untimed run touches the KV pool's pages the timed run writes: a first write to a page of a fresh engine's
+    pool is a page fault, which cost 0.4-2.6 ms of CPU each on the shared VM, and a run of 128 tokens met 60-300 of them
+    depending on where its slots fell; they are a fresh engine's cost, not decoding's."""
     from sglpy.runtime.engine import Engine
     from sglpy.runtime.engine.spec import ngram
 
@@ -184,15 +189,16 @@ def run_sglpy(args, quant: str, prompts: list[str], sp: dict, mode: str) -> dict
             ngram.ROW_COST = 0.0
         chat = [eng.tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
                                                   add_generation_prompt=True) for t in prompts]
-        eng.generate(prompt=chat, sampling_params=sp)  # untimed: the prompts enter the cache
+        for _ in range(2):  # untimed: the prompts enter the cache, the pool's pages are touched
+            eng.generate(prompt=chat, sampling_params=sp)
         info = eng.get_server_info()
         s0 = {k: info.get(k, 0) for k in ("spec_verify_steps", "spec_draft_tokens", "spec_accepted_tokens")}
         steps0 = info["num_steps"]
-        cpu_s0 = loop_stat(eng)[1]
+        _, cpu_s0, faults0 = loop_stat(eng)
         t = time.perf_counter()
         outs = eng.generate(prompt=chat, sampling_params=sp)
         dt = time.perf_counter() - t
-        cpu, cpu_s = loop_stat(eng)
+        cpu, cpu_s, faults = loop_stat(eng)
         info = eng.get_server_info()
     finally:
         ngram.ROW_COST = row_cost
@@ -202,7 +208,7 @@ def run_sglpy(args, quant: str, prompts: list[str], sp: dict, mode: str) -> dict
     forwards = sum(o["meta_info"]["completion_tokens"] - o["meta_info"].get("jump_forward_tokens", 0) for o in outs)
     forwards -= d["spec_accepted_tokens"]  # a request's forwards: decode steps + verify steps (accepted + 1 each)
     return {"s": dt, "n": n, "steps": info["num_steps"] - steps0, "ids": [o["output_ids"] for o in outs],
-            "tok_per_forward": n / max(forwards, 1), "cpu": cpu, "cpu_s": cpu_s - cpu_s0,
+            "tok_per_forward": n / max(forwards, 1), "cpu": cpu, "cpu_s": cpu_s - cpu_s0, "faults": faults - faults0,
             "quantization": info["quantization"],
             "load": os.getloadavg()[0], **d}
 
@@ -289,7 +295,7 @@ def run_cases(args, quant: str, peer, results: dict):
                 r = once(m)
                 runs[m].append(r)
                 extra = (f" ({r['n'] / r['cpu_s']:.1f} tok per loop-thread CPU s), loop thread on CPU {r['cpu']}, "
-                         f"load {r['load']:.1f}" if m in modes else "")
+                         f"{r['faults']} page faults, load {r['load']:.1f}" if m in modes else "")
                 print(f"  round {rnd + 1} {m:15s} {r['n'] / r['s']:7.1f} tok/s{extra}", flush=True)
         row = report(runs, modes)
         results[f"{quant}/{w}/{c}"] = row
