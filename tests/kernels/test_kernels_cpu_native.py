@@ -392,6 +392,8 @@ def test_avx512_and_avx2_gemvs_give_the_same_bits():
     """Both x86 int8-activation levels compute the same integer block dot products against int4 codes (vpdpbusd, or
     vpmaddubsw + vpmaddwd) and the same float steps after them: equal outputs (the int4 tail rows past the last tile
     of 8 sum their zero-point terms at the level's vector width, so they are equal only below 8 groups, as here).
+    With AVX-512 VNNI the avx512 level runs pairs of tiles 16 lanes wide (N = 48: three pairs; 45 (int8, int4):
+    two pairs, an 8-lane tile and a 5-channel tail), so this also checks those against the 8-lane tiles.
     Against int8 weights they are equal where both quantize activations alike (avx2 with AVX-VNNI); avx2 without it
     quantizes them to 7 bits (q8_dot.h: S8_QMAX), and each level stays within its own bound of the reference."""
     from sglpy.kernels.quant_linear import dequantize
