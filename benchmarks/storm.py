@@ -102,6 +102,24 @@ class ServerProc:
                 return r.json()
             time.sleep(0.2)
 
+    def wait_standby_idle(self, timeout: float = 600.0) -> float | None:
+        """Wait until the standby engine process (if any) has done its work and sleeps, so that the control phase
+        does not measure the spare's start; seconds waited, or None without a standby."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            pid = self.info().get("engine_standby_pid")
+            if not pid:
+                return None
+            try:
+                p = psutil.Process(pid)
+                before = _cpu(p)
+                time.sleep(2.0)
+                if _cpu(p) - before < 0.05:
+                    return round(time.monotonic() - t0, 1)
+            except psutil.Error:
+                time.sleep(0.5)
+        return round(time.monotonic() - t0, 1)
+
     def group_pids(self) -> list[int]:
         out = subprocess.run(["pgrep", "-g", str(self.proc.pid)], capture_output=True, text=True).stdout
         return [int(x) for x in out.split()]
@@ -440,10 +458,13 @@ def main(argv=None) -> int:
     try:
         startup_s = server.wait_healthy(600)
         print(f"server up in {startup_s:.1f} s: {' '.join(server.cmd[3:])}", flush=True)
+        standby_s = server.wait_standby_idle()
+        print(f"standby engine process idle after {standby_s} s more", flush=True)
         result = asyncio.run(run(args, server))
     finally:
         server.kill()
     result["startup_s"] = round(startup_s, 1)
+    result["standby_ready_s"] = standby_s
     summary = report(result)
     failed = targets(result)
     summary["failed_targets"] = failed

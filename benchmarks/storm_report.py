@@ -79,7 +79,7 @@ def report(r: dict) -> dict:
             "idle_connections": r["idle_connections"], "baseline": r["baseline"], "after_drain": r["drained"],
             "rss_per_sample": rss, "server_rss_growth_after_min2_pct": growth, "audit_opens": r["audit"],
             "compile_worker_refused_opens": r["refused_opens"], "shutdown": r["shutdown"],
-            "startup_s": r.get("startup_s"), "args": r["args"],
+            "startup_s": r.get("startup_s"), "standby_ready_s": r.get("standby_ready_s"), "args": r["args"],
             "throughput_rps": {p: round(len(fs) / max(1e-9, _span(fs)), 2) for p, fs in by_phase.items() if fs}}
 
 
@@ -162,7 +162,8 @@ def markdown(s: dict, machine: str) -> str:
                + f"; not as documented: {len(s['hostile_undocumented'])}.")
     out.append(f"* Idle connections: {s['idle_connections']}.")
     out.append(f"* After the drain: {s['after_drain']} (baseline {s['baseline']}). Engine restarts: "
-               f"{s['engine_restarts']}. Startup {s['startup_s']} s.")
+               f"{s['engine_restarts']}. Startup {s['startup_s']} s (the standby idle {s.get('standby_ready_s')} s "
+               "later).")
     rss = ", ".join(f"{x['t_min']} min {x['server_mb']}/{x['engine_mb']} MB" for x in s["rss_per_sample"])
     out.append(f"* RSS (server/engine): {rss}; server growth after minute 2: {s['server_rss_growth_after_min2_pct']}%.")
     out.append(f"* SIGTERM at the end: {s['shutdown']}. Audit: {len(s['audit_opens'] or [])} opens after startup, "
