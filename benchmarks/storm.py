@@ -228,13 +228,18 @@ class Storm:
         self.events.append(ev)
         while "first_status" not in ev and time.monotonic() - t0 < 60:  # what a new request gets, and how soon
             try:
-                status, _, retry = await t.post_json("/generate", {"text": "probe", "sampling_params": {"max_new_tokens": 1}})
+                status, body, retry = await t.post_json("/generate", {"text": "probe", "sampling_params": {
+                    "max_new_tokens": 1}})
             except Exception as e:  # noqa: BLE001 - a refused connection is a finding too
                 ev.setdefault("probe_errors", []).append(repr(e)[:120])
                 await asyncio.sleep(0.05)
                 continue
+            if status == 503 and "overloaded" in json.dumps(body):  # refused by load, not yet told of the death
+                ev["probes_refused_as_overloaded"] = ev.get("probes_refused_as_overloaded", 0) + 1
+                await asyncio.sleep(0.02)
+                continue
             ev["first_status"], ev["first_after_s"] = status, round(time.monotonic() - t0, 3)
-            ev["first_retry_after"] = retry
+            ev["first_retry_after"], ev["first_message"] = retry, json.dumps(body)[:160]
         while time.monotonic() - t0 < 120:
             status, _, _ = await t.raw("GET", "/health")
             if status == 200:

@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Callable
 
-WINDOW_S = 30.0  # completions and busy time counted over this many recent seconds
+WINDOW_S = 20.0  # completions and busy time counted over this many recent seconds
 FLOOR = 8  # generations always admitted, whatever the measured rate
 
 

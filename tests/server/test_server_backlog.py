@@ -50,7 +50,7 @@ def test_the_rate_forgets_what_is_older_than_the_window_and_idle_time_does_not_c
     gate.changed(1)
     clock.t += 1.0
     gate.finished(0)  # 1 per busy second
-    clock.t += 20.0  # idle: not busy time
+    clock.t += 10.0  # idle: not busy time
     gate.changed(1)
     clock.t += 3.0
     gate.finished(0)
