@@ -313,27 +313,38 @@ def make_batch_invariant(model: nn.Module) -> int:
     return count
 
 
-def _replace(parent: nn.Module, name: str, mode: str, dense: torch.dtype | None, keep_dense: bool) -> int:
+def _replace(parent: nn.Module, name: str, mode: str, dense: torch.dtype | None, keep_dense: bool,
+             packed: PackedLinear | None = None) -> PackedLinear:
     lin = getattr(parent, name)
     if hasattr(lin, "linear"):  # a tensor-parallel RowParallel wrapper: quantize this rank's shard inside it
         parent, name, lin = lin, "linear", lin.linear
-    q = QuantizedLinear.from_weight(lin.weight, lin.bias, mode, dense, keep_dense)
+    if packed is not None and (packed.kind != mode or packed.out_features != lin.out_features
+                               or packed.in_features != lin.in_features):
+        raise ValueError(f"packed {name} ({packed.kind} [{packed.out_features}, {packed.in_features}]) does not fit "
+                         f"the layer ({mode} [{lin.out_features}, {lin.in_features}])")
+    q = QuantizedLinear(packed) if packed is not None else QuantizedLinear.from_weight(lin.weight, lin.bias, mode,
+                                                                                      dense, keep_dense)
     setattr(parent, name, q)
-    return q.packed.nbytes
+    return q.packed
 
 
-def quantize_layer(layer: nn.Module, mode: str, keep_dense: bool = False) -> int:
-    """Pack one fused decoder layer's projections (its experts, for a mixture of experts); returns packed bytes."""
+PROJECTIONS = (("self_attn", "qkv_proj"), ("self_attn", "o_proj"), ("mlp", "gate_up_proj"), ("mlp", "down_proj"))
+
+
+def quantize_layer(layer: nn.Module, mode: str, keep_dense: bool = False,
+                   packed: dict[str, PackedLinear] | None = None) -> dict[str, PackedLinear]:
+    """Pack one fused decoder layer's projections (its experts, for a mixture of experts); returns the packed
+    projections by name (the experts' are not among them). packed: the projections packed by an earlier load
+    (runtime/model/pack_cache.py), used as they are."""
     dense = dense_copy_dtype()
-    total = 0
+    out: dict[str, PackedLinear] = {}
     with torch.no_grad():
-        for name in ("qkv_proj", "o_proj"):
-            total += _replace(layer.self_attn, name, mode, dense, keep_dense)
-        if hasattr(layer.mlp, "quantize_experts"):  # a mixture of experts packs each expert (moe.py)
-            return total + layer.mlp.quantize_experts(mode)
-        for name in ("gate_up_proj", "down_proj"):
-            total += _replace(layer.mlp, name, mode, dense, keep_dense)
-    return total
+        for part, name in PROJECTIONS:
+            if name == "gate_up_proj" and hasattr(layer.mlp, "quantize_experts"):  # a mixture of experts packs
+                layer.mlp.quantize_experts(mode)  # each expert (moe.py)
+                break
+            out[name] = _replace(getattr(layer, part), name, mode, dense, keep_dense, (packed or {}).get(name))
+    return out
 
 
 HEAD_CHECK_ROWS = 4096  # vocabulary rows (spread over the table) head_kind judges
@@ -355,16 +366,28 @@ def head_kind(weight: torch.Tensor, mode: str | None) -> str:
     return "int4" if on_4bit_grid(rows[: len(rows) // 16 * 16]) else "int8"
 
 
+def packed_bytes(layer: nn.Module) -> int:
+    """Bytes of a quantized layer's packed weights (its experts' included)."""
+    return sum(m.packed.nbytes for m in layer.modules() if isinstance(m, QuantizedLinear))
+
+
 def quantize_head(model: nn.Module, keep_dense: bool = False, embedding: bool = False,
-                  mode: str | None = "int8") -> int:
+                  mode: str | None = "int8", packed: PackedLinear | None = None) -> PackedLinear:
     """The lm_head's own quantized copy (head_kind: int8, or int4 for a 4-bit table under `mode` int4/auto(None));
-    returns its bytes. embedding: the token lookups then read packed rows too (PackedEmbedding: the tied head's
-    copy, else the embedding's own int8 one), freeing the float table."""
+    returns it. embedding: the token lookups then read packed rows too (PackedEmbedding: the tied head's
+    copy, else the embedding's own int8 one), freeing the float table. packed: the head packed by an earlier load
+    (runtime/model/pack_cache.py)."""
     with torch.no_grad():
         vocab_parallel = model.logits_head is not None and hasattr(model.logits_head, "inner")
         head_weight = model.logits_head.inner.weight if vocab_parallel else model.lm_head_weight()
-        kind = "int8" if vocab_parallel else head_kind(head_weight, mode)
-        head = QuantizedLinear.from_weight(head_weight, None, kind, dense_copy_dtype(), keep_dense)
+        if packed is not None and (packed.out_features, packed.in_features) != tuple(head_weight.shape):
+            raise ValueError(f"the packed head ({packed.kind} [{packed.out_features}, {packed.in_features}]) does not "
+                             f"fit the model's ({tuple(head_weight.shape)})")
+        if packed is not None:
+            head = QuantizedLinear(packed)
+        else:
+            kind = "int8" if vocab_parallel else head_kind(head_weight, mode)
+            head = QuantizedLinear.from_weight(head_weight, None, kind, dense_copy_dtype(), keep_dense)
         del head_weight
         if vocab_parallel:
             model.logits_head.inner = head  # this rank's vocabulary slice
@@ -377,7 +400,7 @@ def quantize_head(model: nn.Module, keep_dense: bool = False, embedding: bool = 
             else:
                 model.model.embed_tokens = PackedEmbedding.from_weight(emb.weight)
             del emb
-    return head.packed.nbytes
+    return head.packed
 
 
 class PackedEmbedding(nn.Module):
@@ -439,8 +462,9 @@ def quantize_model(model: nn.Module, mode: str, dense: bool = False, skip_layers
     if skip_layers:
         total = 0
     else:
-        total = sum(quantize_layer(layer, mode, dense) for layer in model.model.layers)
-        total += quantize_head(model, dense, mode=mode)
+        for layer in model.model.layers:
+            quantize_layer(layer, mode, dense)
+        total = sum(map(packed_bytes, model.model.layers)) + quantize_head(model, dense, mode=mode).nbytes
     if model.batch_invariant:
         make_batch_invariant(model)
     return total
@@ -449,28 +473,45 @@ def quantize_model(model: nn.Module, mode: str, dense: bool = False, skip_layers
 class LayerPacker:
     """Packs each decoder layer as the loader finishes it (loader.load_model's on_layer), so the float weights of at
     most two layers are ever held. Quantization 'auto' is decided on the first and the last layer, which the loader
-    hands over first (int4_loses_nothing); `mode` is what runs once decided."""
+    hands over first (int4_loses_nothing); `mode` is what runs once decided. cache: the packed weights of an earlier
+    load of this model (runtime/model/pack_cache.py), used instead of packing; what is packed here is recorded in it
+    and written by finish()."""
 
-    def __init__(self, requested: str, device: torch.device, keep_dense: bool = False):
-        self.requested, self.device, self.keep_dense = requested, device, keep_dense
+    def __init__(self, requested: str, device: torch.device, keep_dense: bool = False, cache=None):
+        self.requested, self.device, self.keep_dense, self.cache = requested, device, keep_dense, cache
         self.mode: str | None = None if requested == "auto" else resolve_quantization(requested, device)
-        self.pending: list[nn.Module] = []
+        if cache is not None and cache.hit:
+            self.mode = cache.mode  # what 'auto' decided for these weights before
+        self.pending: list[tuple[int, nn.Module]] = []
         self.used = False  # the loader streamed the model through it (not a vision-language checkpoint)
 
     def __call__(self, model: nn.Module, index: int | None) -> None:
         self.used = True
+        cache = self.cache
         if index is None:  # the embedding, final norm and head came first (head_kind: int8, or int4 from a 4-bit table)
             if self.mode != "none" and (self.mode is not None or self.device.type == "cpu"):
-                quantize_head(model, self.keep_dense, embedding=not self.keep_dense, mode=self.mode)
+                head = quantize_head(model, self.keep_dense, embedding=not self.keep_dense, mode=self.mode,
+                                     packed=cache.head() if cache is not None else None)
+                if cache is not None:
+                    cache.record("head", head)
             return
-        self.pending.append(model.model.layers[index])
+        self.pending.append((index, model.model.layers[index]))
         last = len(model.model.layers) - 1
         if self.mode is None:
             if len(self.pending) < 2 and index != last:
                 return  # the last layer comes next
-            four = self.device.type == "cpu" and int4_loses_nothing_in(self.pending)
+            four = self.device.type == "cpu" and int4_loses_nothing_in([layer for _, layer in self.pending])
             self.mode = resolve_quantization("auto", self.device) if not four else "int4"
         if self.mode != "none":
-            for layer in self.pending:
-                quantize_layer(layer, self.mode, self.keep_dense)
+            for i, layer in self.pending:
+                packed = quantize_layer(layer, self.mode, self.keep_dense,
+                                        packed=cache.layer(i) if cache is not None else None)
+                if cache is not None:
+                    for name, p in packed.items():
+                        cache.record(f"layers.{i}.{name}", p)
         self.pending = []
+
+    def finish(self) -> None:
+        """The model is loaded: write what was packed to the cache when it was not there."""
+        if self.cache is not None and self.used and self.mode not in (None, "none"):
+            self.cache.save(self.mode)

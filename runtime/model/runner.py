@@ -68,10 +68,16 @@ class ModelRunner:
 
             from .vlm import is_vision_config
 
+            from .pack_cache import PackCache
+
             config = AutoConfig.from_pretrained(model_path)
             if not is_vision_config(config):
-                packer = LayerPacker(fit_quantization(config, cfg.quantization), self.device, keep_dense=det)
+                mode = fit_quantization(config, cfg.quantization)
+                cache = PackCache.open(model_path, mode, self.device, keep_dense=det)  # a GGUF's packing, on disk
+                packer = LayerPacker(mode, self.device, keep_dense=det, cache=cache)
         self.model = load_model(model_path, self.dtype, self.device, self.group, packer, batch_invariant=det)
+        if packer is not None:
+            packer.finish()
         blocker = determinism_blocker(self.model.config, self.device.type)
         if cfg.enable_deterministic_inference and blocker is not None:
             raise ValueError(f"enable_deterministic_inference is not supported with {type(self.model).__name__}: "
