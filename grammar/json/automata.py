@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..regex.dfa import DEAD, ByteDFA
 from ..errors import GrammarError, is_fatal
 from ..regex.fsa import is_empty
+from . import recursion
 from .formats import ANY_NUMBER_RE
 from .universe import loose_module
 from ..regex.nfa import ATOM_BASE, ATOM_END, OptionalSlots
@@ -38,8 +39,9 @@ def module(conv, regex: str, what: str, cap: int | None = None) -> Module:
         return conv.atoms[ord(regex)]
     got = conv.module_cache.get(regex)
     if got is None:
-        got = conv.module_cache[regex] = regex_to_module(regex, cap or conv.max_states, conv.budget, conv.atoms,
-                                                         what)
+        got = recursion.check(conv, regex_to_module(regex, cap or conv.max_states, conv.budget, conv.atoms, what),
+                              (regex,))
+        conv.module_cache[regex] = got
     return got
 
 
@@ -71,6 +73,7 @@ def combine(conv, a: str | None, b: str | None, op: str, what: str) -> str | Non
 
 def _combine(conv, a: str, b: str, op: str, what: str, cap: int | None = None) -> str | None:
     d = module_product(module(conv, a, what), module(conv, b, what), op, cap or conv.max_states, conv.budget, what)
+    recursion.check(conv, d, (a, b))
     return None if is_empty(d) else atom(conv, mark_value(d))
 
 

@@ -19,20 +19,21 @@ from . import formats as F
 from ..budget import CompileBudget
 from ..errors import GrammarError, is_fatal, too_large
 from ..regex.fsa import is_empty
-from . import arrays, automata, negation, numbers, objects, over, strings
+from . import arrays, automata, negation, numbers, objects, over, recursion, strings
 from .formats import ANY_NUMBER_RE
 from .normal import TYPES, Ctx, Norm, Sub, add_part, alt, is_json_type
 from .numbers import MAX_DIGITS
 from .over import ANY_DEPTH
 from .refs import ROOT_URI, SchemaRegistry
 from .universe import any_module
-from .vocab import DEFAULT_DRAFT, detect_draft
+from .vocab import DEFAULT_DRAFT, detect_draft, ref_overrides_siblings
 from ..regex.nfa import ATOM_BASE, ATOM_END, OptionalSlots
 from ..rtn.module import Module
 from ..rtn.program import Program
 
 MAX_DEPTH = 16  # instance nesting the converter generates; deeper optional parts are dropped
 MAX_BRANCHES = 256  # anyOf / oneOf / if combinations explored at one instance position
+_LONE_REF = {"$ref", "description", "title", "$comment", "default", "examples"}  # $ref with annotations only
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,11 @@ class SchemaConverter:
         self.flat_cache: dict = {}
         self.combine_cache: dict = {}
         self.sub_cache: dict = {}  # under / over per subschemas (see under_subs, over)
+        self._canon_ids: dict[int, int] = {}  # id(subschema) -> id of the first equal one (see _canon)
+        self._canon_of: dict[str, Any] = {}
+        self.frames: dict = {}  # positions being built (under_subs key -> recursion.Frame)
+        self.pending = 0  # frames whose pending module is not resolved yet
+        self.unrolling = 0  # > 0: building below a position whose pending module could not stand (no calls)
         self._dropped_branch = False  # a oneOf branch was dropped for size (see _exclusive_part)
         self._cuts = 0  # depth / recursion cut-offs met so far (results shaped by one are cached per position)
         self._depth_cuts = 0  # the depth cut-offs among them (results shaped by one depend on the level)
@@ -223,7 +229,7 @@ class SchemaConverter:
         """under() of the conjunction of `subs` at one position, cached per (subschemas, base URIs) (an instance
         valid here is valid wherever the same subschemas apply); a result that a depth or recursion cut-off
         shaped is cached per position as below."""
-        key = ("under",) + tuple((id(s.schema), s.ctx.base, s.ctx.scope) for s in subs)
+        key = ("under",) + tuple(sorted(set(map(self._ident, subs))))
         got = self.sub_cache.get(key)
         if got is not None:
             return got[1]
@@ -238,12 +244,82 @@ class SchemaConverter:
             self._cuts += 1  # whatever uses it is shaped too
             self._depth_cuts += got[2]
             return got[1]
+        frame = self.frames.get(key)
+        if frame is not None and not self.unrolling:  # recursion: call the outer position's module
+            return self._recur(frame)
         cuts, depth_cuts = self._cuts, self._depth_cuts
-        out = self.under_norm(self.norm(subs), subs[0].ctx)
+        out = self.under_norm(self.norm(subs), subs[0].ctx) if self.unrolling else self._position(key, subs)
         deep = self._depth_cuts != depth_cuts
         where = key if self._cuts == cuts else key + counts + ((subs[0].ctx.level,) if deep else ())
         self.sub_cache[where] = ([s.schema for s in subs], out, deep)  # the schemas pin their ids
         return out
+
+    def _position(self, key: tuple, subs: list[Sub]) -> str | None:
+        """under() of one position; a recursion back into it calls its module (json/recursion.py), or is unrolled
+        (`max_recursion_depth`) where that module cannot stand."""
+        # $ref chains restart here: a recursion through this position calls it, so counting the references
+        # followed on the way (the unrolling bound) only matters inside one position
+        norm, first = self.norm([Sub(s.schema, s.ctx._replace(refs=())) for s in subs]), None
+        while True:
+            frame = self.frames[key] = recursion.Frame(len(self.frames), recursion.marks(self), norm, first)
+            counters = (self._cuts, self._depth_cuts, set(self.narrowed))
+            try:
+                out = self.under_norm(norm, subs[0].ctx._replace(refs=()))
+                if frame.pending is not None:
+                    recursion.resolve(self, frame, key, out and automata.module(self, out, "a recursive subschema"))
+                return out
+            except recursion.Unresolved as e:
+                if key not in e.keys or any(self.frames[k].order < frame.order for k in e.keys if k in self.frames):
+                    raise  # an outer position owns it
+                recursion.rollback(self, frame.marks)
+                self._cuts, self._depth_cuts, self.narrowed = counters
+                if not (e.first and first is None and e.keys == {key}):
+                    break
+                first = e.first  # once more, announcing the first bytes the position really has
+            finally:
+                if frame.pending is not None:
+                    self.pending -= 1
+                del self.frames[key]
+        self.unrolling += 1  # this position and all below it as before: recursion unrolled by $ref counts
+        try:
+            return self.under_norm(self.norm(subs), subs[0].ctx)
+        finally:
+            self.unrolling -= 1
+
+    def _recur(self, frame: "recursion.Frame") -> str:
+        """The atom of the pending module standing for an outer position being built."""
+        if frame.pending is None:
+            frame.pending = recursion.pending_module(frame.first or recursion.first_bytes(self, frame.norm))
+            frame.atom = automata.atom(self, frame.pending)
+            self.pending += 1
+        return frame.atom
+
+    def _ident(self, sub: Sub) -> tuple:
+        """(schema id, base, scope) of a subschema; a lone `$ref` is read as its target and equal subschemas share
+        an id (the same language), so a definition reached through its many references is one position (and
+        one recursion) to build."""
+        schema, base, scope = sub.schema, sub.ctx.base, sub.ctx.scope
+        for _ in range(8):
+            if not (isinstance(schema, dict) and isinstance(schema.get("$ref"), str)
+                    and (ref_overrides_siblings(self.draft) or schema.keys() <= _LONE_REF)):
+                break
+            try:
+                schema, base = self.registry.resolve(schema["$ref"], base)
+            except GrammarError:
+                return (id(sub.schema), sub.ctx.base, sub.ctx.scope)
+            scope = scope if base in scope else scope + (base,)
+        return (self._canon(schema), base, scope)
+
+    def _canon(self, schema: Any) -> int:
+        """One id for equal subschemas (the same text), so that copies of a definition are one position."""
+        got = self._canon_ids.get(id(schema))
+        if got is None:
+            try:
+                text = json.dumps(schema, sort_keys=True) if isinstance(schema, dict) else None
+            except (TypeError, ValueError):
+                text = None
+            got = self._canon_ids[id(schema)] = id(self._canon_of.setdefault(text, schema)) if text else id(schema)
+        return got
 
     # ---- under-approximation ---------------------------------------------------------------------------
     def under_norm(self, n: Norm, ctx: Ctx) -> str | None:

@@ -237,13 +237,21 @@ def test_non_strict_warns_and_ignores():
     assert g.is_final(g.advance_bytes(g.initial_state, b"[1, 1]"))
 
 
-def test_recursion_depth_is_bounded():
+def test_recursion_calls_itself():
+    """A recursive definition is one module that calls itself: instances nest as deep as they like (no unrolling
+    bound), and every level is still checked."""
     schema = SCHEMAS["recursive"]
-    deep = {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3, "kids": [{"v": 4}]}]}]}
-    r = _Matcher(schema, max_recursion_depth=3)
-    assert r.fullmatch(_serialize({"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]}).decode())
-    assert not r.fullmatch(_serialize(deep).decode())
-    assert _Matcher(schema, max_recursion_depth=4).fullmatch(_serialize(deep).decode())
+    doc = {"v": 0}
+    for i in range(1, 40):
+        doc = {"v": i, "kids": [doc, {"v": -i}]}
+    for depth in (1, 3):
+        r = _Matcher(schema, max_recursion_depth=depth)
+        assert r.fullmatch(_serialize(doc).decode())
+        bad = json.loads(json.dumps(doc).replace('{"v": 7,', '{"v": "7",'))
+        assert not r.fullmatch(_serialize(bad).decode())
+        too_many = json.loads(json.dumps(doc).replace('{"v": -20}', '{"v": -20}, {"v": 1}'))
+        assert not r.fullmatch(_serialize(too_many).decode())
+    assert compile_schema(schema).module.total_states() < 200  # one module per definition, not per level
 
 
 @settings(max_examples=60, deadline=None)
