@@ -269,7 +269,12 @@ class _Builder:
                 if av in anchors:
                     return "anchored"
                 continue
-            return "delegate" if op in (sre_c.SUBPATTERN, sre_c.BRANCH) else "pad"
+            if op in (sre_c.SUBPATTERN, sre_c.BRANCH):
+                # a group decides only where an anchor inside it needs to: `(a|b)` pads once outside, since one
+                # padding per alternative (`.*a.*|.*b.*`) makes the subset construction track which matched
+                alts = av[1] if op == sre_c.BRANCH else [av[-1]]
+                return "delegate" if any(_Builder._side(list(a), side) != "pad" for a in alts) else "pad"
+            return "pad"
         return "pad"
 
     def any_run(self) -> tuple[int, int]:

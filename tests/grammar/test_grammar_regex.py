@@ -255,6 +255,26 @@ def test_lookaheads_match_python_re(pattern, texts):
         assert search.fullmatch(t.encode()) == bool(re.search(pattern, t)), (pattern, t)
 
 
+WORDS = [f"{a}{b}{c}-az{d}" for a in "aeu" for b in "pns" for c in "ew" for d in "1234"]  # 72 literals
+
+
+@settings(max_examples=20, deadline=None)
+@given(texts=st.lists(st.text(alphabet="aepnsuwz-1234x", max_size=12), min_size=10, max_size=30),
+       anchor=st.sampled_from(["", "^", "$", "^$"]))
+def test_search_of_many_alternatives_is_small_and_exact(texts, anchor):
+    """An unanchored alternation of literals pads once outside the group: one padding per alternative made the
+    subset construction track which alternatives had matched (2^n subsets); anchors inside still delegate."""
+    body = "(" + "|".join(WORDS) + ")"
+    pattern = (anchor[:1] if anchor.startswith("^") else "") + body + ("$" if anchor.endswith("$") else "")
+    t0 = time.process_time()
+    dfa = regex_to_dfa(pattern, 2_000, allow_empty=True, search=True)
+    assert dfa.num_states < 1_000 and time.process_time() - t0 < 5.0
+    mixed = regex_to_dfa("(^ae|" + "|".join(WORDS[1:]) + ")", 2_000, allow_empty=True, search=True)
+    for t in texts + WORDS[:3] + ["xx" + WORDS[5] + "x", WORDS[0] + "x"]:
+        assert dfa.fullmatch(t.encode()) == bool(re.search(pattern, t)), (pattern, t)
+        assert mixed.fullmatch(t.encode()) == bool(re.search("(^ae|" + "|".join(WORDS[1:]) + ")", t)), t
+
+
 def test_state_blowup_is_a_clear_fast_error():
     comp = GrammarCompiler(INFO, max_states=500)
     t0 = time.perf_counter()
