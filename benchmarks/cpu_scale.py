@@ -16,7 +16,8 @@ Each round, interleaved: a STREAM-like probe of this machine's memory bandwidth 
 --threads threads), then per model, quant and level one child process (SGLPY_CPU_ISA forced, torch capped as
 benchmarks/isa_matrix.py does) measuring: one request's decode at 128 and 2,048 tokens of context (tokens after the
 first over their time; the prompt is put in the prefix cache first, so the CPU-time rate counts decode alone), pp512
-(one 512-token prompt, prompt tok/s), a batch of 8 requests (128-token prompts) against one of them alone, with
+(one 512-token prompt, prompt tok/s), a batch of 8 requests (128-token prompts, in the prefix cache first: decode
+throughput) against one of them alone, with
 --mixed 32 mixed requests (prompts 64-512, outputs 16-64 tokens: output tok/s), and the child's peak RSS. Every rate
 is given by wall time and by the process's CPU time (all threads): on a shared machine the wall time measures the
 neighbours too. The roofline: decode tok/s <= read bandwidth / (packed weight bytes + K/V bytes read per token).
@@ -130,11 +131,11 @@ def child(path: str, mode: str, threads: int, gen: int, mixed: bool, memory_only
         out["pp512_tok_cpu_s"] = 512 / (time.process_time() - c)
         prompts = [ids(128) for _ in range(8)]
         sp = {"max_new_tokens": gen, "temperature": 0, "ignore_eos": True}
-        eng.flush_cache()
+        eng.flush_cache()  # the prompts into the prefix cache first: both sides time decode, not 8 vs 1 prefills
+        eng.generate(input_ids=prompts, sampling_params=[{"max_new_tokens": 1}] * 8)
         t, c = time.perf_counter(), time.process_time()
         eng.generate(input_ids=prompts[0], sampling_params=sp)
         single, single_cpu = gen / (time.perf_counter() - t), gen / (time.process_time() - c)
-        eng.flush_cache()
         t, c = time.perf_counter(), time.process_time()
         eng.generate(input_ids=prompts, sampling_params=[sp] * 8)
         out["batch8_tok_s"], out["single_tok_s"] = 8 * gen / (time.perf_counter() - t), single
