@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -61,6 +62,21 @@ class NativeAutomata:
     def __init__(self):
         self._lib: ctypes.CDLL | None = None
         self._tried = False
+        # one callback for the instance's life (making a ctypes callback maps fresh executable memory: ~1 ms here);
+        # it runs on the calling thread, so each thread's construction reads its own check from thread-local state
+        self._local = threading.local()
+        self._callback = _CHECK(self._stop)
+
+    def _stop(self) -> int:
+        """Called back from C++ every few milliseconds of work: 1 = stop (the check raised; re-raised after)."""
+        local = self._local
+        try:
+            if local.check is not None:
+                local.check()
+        except BaseException as e:  # noqa: BLE001 - re-raised by _run, after the native call returned
+            local.raised = e
+            return 1
+        return 0
 
     def __reduce__(self):
         return (NativeAutomata, ())
@@ -76,25 +92,20 @@ class NativeAutomata:
         return self._lib is not None
 
     def _run(self, call: Callable[[object], int], check: Callable[[], None] | None) -> NativeAutomaton:
-        raised: list[BaseException] = []
-
-        def stop() -> int:  # called back from C++ every few milliseconds of work: 1 = stop
-            try:
-                if check is not None:
-                    check()
-            except BaseException as e:  # noqa: BLE001 - re-raised below, after the native call returned
-                raised.append(e)
-                return 1
-            return 0
-
-        cb = _CHECK(stop)
-        handle = call(cb)
+        local = self._local
+        outer = getattr(local, "check", None), getattr(local, "raised", None)  # a check may build automata too
+        local.check, local.raised = check, None
+        try:
+            handle = call(self._callback)
+            raised = local.raised
+        finally:
+            local.check, local.raised = outer
         try:
             info = np.zeros(5, np.int64)
             self._lib.sglpy_automaton_info(handle, info.ctypes.data)
             status, n, k, ne, initial = (int(x) for x in info)
-            if raised:
-                raise raised[0]
+            if raised is not None:
+                raise raised
             if status:
                 return NativeAutomaton(status, np.zeros((0, 0), np.int32), np.zeros(0, bool), 0,
                                        np.zeros((0, 3), np.int32), np.zeros(256, np.int32))

@@ -22,6 +22,7 @@ namespace {
 using Check = int32_t (*)();  // returns nonzero to stop (the compile budget ran out or was cancelled)
 
 enum Status : int64_t { kOk = 0, kTooLarge = 1, kStopped = 2 };
+constexpr int64_t kCheckWork = 1 << 20;  // table cells (or 16 per subset item) read between budget checks
 
 struct Result {
   int64_t status = kOk;
@@ -165,29 +166,52 @@ bool minimise(std::vector<int32_t>& table, std::vector<uint8_t>& acc, int32_t& i
     std::sort(seen.begin(), seen.end());
     count = std::unique(seen.begin(), seen.end()) - seen.begin();
   }
-  // open addressing over signatures (block, successor blocks): a slot holds the first state with that signature
+  // Signatures are sparse: (own block, then (class, successor block) for each live cell). DEAD is alone in block 0
+  // for good, so dead cells carry no information; a pseudo-state's row (its ret everywhere) is one cell of class -1.
+  std::vector<int32_t> cell_off(total + 1, 0), cell_cls, cell_dst;
+  for (int64_t s = 0; s < total; ++s) {
+    if (s >= n) {
+      cell_cls.push_back(-1);
+      cell_dst.push_back(ext[s * k]);
+    } else if (s != 0) {
+      for (int64_t c = 0; c < k; ++c)
+        if (ext[s * k + c] != 0) {
+          cell_cls.push_back(static_cast<int32_t>(c));
+          cell_dst.push_back(ext[s * k + c]);
+        }
+    }
+    cell_off[s + 1] = static_cast<int32_t>(cell_cls.size());
+  }
+  // open addressing over signatures: a slot holds the first state with that signature
   size_t cap = 16;
   while (cap < static_cast<size_t>(2 * total)) cap <<= 1;
   std::vector<int32_t> slot(cap), first_of;
-  std::vector<int32_t> sig(static_cast<size_t>(total) * (k + 1));
-  int64_t rounds = 0;
+  std::vector<int32_t> sig(static_cast<size_t>(total) + 2 * cell_cls.size());  // state s at sig_at(s)
+  auto sig_at = [&](int64_t s) { return static_cast<int64_t>(s) + 2 * static_cast<int64_t>(cell_off[s]); };
+  int64_t rounds = 0, work = 0;
   bool minimal = false;
   while (true) {
-    if (check != nullptr && check()) return false;
+    work += static_cast<int64_t>(sig.size()) * 4;
+    if (work >= kCheckWork) {  // a budget check costs a call into Python: about once per millisecond of work
+      work = 0;
+      if (check != nullptr && check()) return false;
+    }
     if (++rounds > round_budget) break;
     for (int64_t s = 0; s < total; ++s) {
-      int32_t* row = &sig[s * (k + 1)];
-      row[0] = block[s];
-      const int32_t* t = &ext[s * k];
-      for (int64_t c = 0; c < k; ++c) row[c + 1] = block[t[c]];
+      int32_t* row = &sig[sig_at(s)];
+      *row++ = block[s];
+      for (int32_t j = cell_off[s]; j < cell_off[s + 1]; ++j) {
+        *row++ = cell_cls[j];
+        *row++ = block[cell_dst[j]];
+      }
     }
     std::fill(slot.begin(), slot.end(), -1);
     first_of.clear();
-    const size_t width = static_cast<size_t>(k + 1) * sizeof(int32_t);
     for (int64_t s = 0; s < total; ++s) {
-      const int32_t* row = &sig[s * (k + 1)];
-      uint64_t h = 0x9E3779B97F4A7C15ull;
-      for (int64_t c = 0; c <= k; ++c) h = (h ^ static_cast<uint32_t>(row[c])) * 0x100000001B3ull;
+      const int32_t* row = &sig[sig_at(s)];
+      const int64_t len = sig_at(s + 1) - sig_at(s);
+      uint64_t h = 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(len);
+      for (int64_t c = 0; c < len; ++c) h = (h ^ static_cast<uint32_t>(row[c])) * 0x100000001B3ull;
       h ^= h >> 31;
       size_t p = static_cast<size_t>(h) & (cap - 1);
       while (true) {
@@ -198,7 +222,9 @@ bool minimise(std::vector<int32_t>& table, std::vector<uint8_t>& acc, int32_t& i
           first_of.push_back(static_cast<int32_t>(s));
           break;
         }
-        if (std::memcmp(&sig[first_of[r] * (k + 1)], row, width) == 0) {
+        const int64_t q = first_of[r];
+        if (sig_at(q + 1) - sig_at(q) == len &&
+            std::memcmp(&sig[sig_at(q)], row, static_cast<size_t>(len) * sizeof(int32_t)) == 0) {
           next[s] = r;
           break;
         }
@@ -298,7 +324,7 @@ struct Subset {
   int64_t n_classes = 0;
   int32_t class_of[256];
   std::vector<int32_t> reps;
-  std::vector<int32_t> edge_cls_off, edge_cls;  // classes each NFA edge covers
+  std::vector<int32_t> edge_cls_lo, edge_cls_hi, edge_cls;  // edge j covers edge_cls[edge_cls_lo[j]:edge_cls_hi[j]]
   // items: ids < n_nfa are NFA states; module items (m, x, cont) from n_nfa on
   std::vector<Triple> items;
   std::unordered_map<Triple, int32_t, TripleHash> item_ids;
@@ -383,6 +409,10 @@ void* sglpy_subset_build(int64_t n_nfa, int32_t start, int32_t accept, const int
                          const int32_t* entry_callee, const int32_t* entry_at, const int32_t* entry_ret,
                          int64_t max_states, Check check) {
   auto* res = new Result();
+  if (check != nullptr && check()) {  // cancelled or out of time before this construction started
+    res->status = kStopped;
+    return res;
+  }
   Subset S;
   S.n_nfa = n_nfa;
   S.accept = accept;
@@ -419,16 +449,28 @@ void* sglpy_subset_build(int64_t n_nfa, int32_t start, int32_t accept, const int
     S.n_classes = static_cast<int64_t>(S.reps.size());
     std::memcpy(res->class_of, S.class_of, sizeof(S.class_of));
     res->n_classes = S.n_classes;
-    // classes per edge (a range covers whole classes; consecutive bytes of one class are skipped together)
-    S.edge_cls_off.assign(edge_off[n_nfa] + 1, 0);
-    std::vector<int32_t> tmp;
-    for (int32_t j = 0; j < edge_off[n_nfa]; ++j) {
-      tmp.clear();
-      for (int b = edge_lo[j]; b <= edge_hi[j]; ++b) tmp.push_back(S.class_of[b]);
-      std::sort(tmp.begin(), tmp.end());
-      tmp.erase(std::unique(tmp.begin(), tmp.end()), tmp.end());
-      S.edge_cls.insert(S.edge_cls.end(), tmp.begin(), tmp.end());
-      S.edge_cls_off[j + 1] = static_cast<int32_t>(S.edge_cls.size());
+    // the classes each edge's byte range covers, once per distinct range (ranges repeat: copies of one class)
+    const int32_t n_edges = edge_off[n_nfa];
+    S.edge_cls_lo.resize(n_edges);
+    S.edge_cls_hi.resize(n_edges);
+    std::unordered_map<int32_t, std::pair<int32_t, int32_t>> spans;
+    std::vector<int32_t> seen(S.reps.size(), -1);
+    for (int32_t j = 0; j < n_edges; ++j) {
+      const int32_t key = edge_lo[j] * 256 + edge_hi[j];
+      auto it = spans.find(key);
+      if (it == spans.end()) {
+        const int32_t lo = static_cast<int32_t>(S.edge_cls.size());
+        for (int b = edge_lo[j]; b <= edge_hi[j]; ++b) {
+          const int32_t c = S.class_of[b];
+          if (seen[c] != key) {
+            seen[c] = key;
+            S.edge_cls.push_back(c);
+          }
+        }
+        it = spans.emplace(key, std::make_pair(lo, static_cast<int32_t>(S.edge_cls.size()))).first;
+      }
+      S.edge_cls_lo[j] = it->second.first;
+      S.edge_cls_hi[j] = it->second.second;
     }
   }
   const int64_t k = S.n_classes;
@@ -511,8 +553,8 @@ void* sglpy_subset_build(int64_t n_nfa, int32_t start, int32_t accept, const int
     const int32_t sid = work.back();
     work.pop_back();
     const std::vector<int32_t>& key = keys[sid];
-    work_done += static_cast<int64_t>(key.size());
-    if (work_done >= 4096) {
+    work_done += static_cast<int64_t>(key.size()) * 16;
+    if (work_done >= kCheckWork) {
       work_done = 0;
       if (check != nullptr && check()) {
         res->status = kStopped;
@@ -528,7 +570,7 @@ void* sglpy_subset_build(int64_t n_nfa, int32_t start, int32_t accept, const int
       const int32_t it = key[j];
       if (it < n_nfa) {
         for (int32_t e = edge_off[it]; e < edge_off[it + 1]; ++e)
-          for (int32_t q = S.edge_cls_off[e]; q < S.edge_cls_off[e + 1]; ++q) add(S.edge_cls[q], edge_dst[e]);
+          for (int32_t q = S.edge_cls_lo[e]; q < S.edge_cls_hi[e]; ++q) add(S.edge_cls[q], edge_dst[e]);
         continue;
       }
       const Triple t = S.items[it - n_nfa];

@@ -144,3 +144,32 @@ def test_dead_language():
     py, nat = budgets()
     want, got = (nfa_to_dfa(build_nfa(r"[^\x00-\U0010ffff]"), 100, budget=b) for b in (py, nat))
     assert isinstance(got, ByteDFA) and got.num_states == want.num_states == 1 and got.initial == 0
+
+
+def test_threads_share_the_kernel():
+    """Concurrent constructions each get their own budget check (the callback reads thread-local state)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Flag:
+        def __init__(self, on):
+            self.on = on
+
+        def is_set(self):
+            return self.on
+
+    def build(i):
+        stop = i % 2 == 1
+        budget = CompileBudget(time_s=None, native=KERNEL, cancel=Flag(stop))
+        try:
+            return compile_schema(SCHEMAS[i % len(SCHEMAS)], budget=budget).module
+        except CompileCancelled:
+            return "cancelled" if stop else "wrongly cancelled"
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(build, range(8)))
+    py, _ = budgets()
+    for i, mod in enumerate(got):
+        if i % 2:
+            assert mod == "cancelled"
+        else:
+            assert_same(compile_schema(SCHEMAS[i % len(SCHEMAS)], budget=py).module, mod)
