@@ -301,7 +301,7 @@ void finish(Result* r, Check check, bool merge) {
   trim(r->table, r->accepting, r->initial, r->entries, r->n_classes);
   if (r->initial != 0 && !minimise(r->table, r->accepting, r->initial, r->entries, r->n_classes, check))
     r->status = kStopped;
-  else if (merge)
+  else if (merge && r->entries.empty())  // a module that calls keeps classes refining its callees' (they read them)
     merge_columns(r);
 }
 
@@ -398,7 +398,8 @@ extern "C" {
 
 // Subset construction of an NFA (edges as byte ranges; state s embeds modules emb_mod[emb_off[s]:emb_off[s + 1]],
 // continuing at emb_end) over the byte classes its edges and the modules flagged in mod_refine induce, then trim and
-// minimise; the result's classes are the coarsest its table has (bytes whose columns agree share one). Returns a
+// minimise; without calls the result's classes are the coarsest its table has (bytes whose columns agree share one),
+// with calls they are the construction's (they refine every callee's classes, which stepping through it reads). Returns a
 // Result* (read its status: 0 ok, 1 more than max_states states, 2 stopped by check).
 void* sglpy_subset_build(int64_t n_nfa, int32_t start, int32_t accept, const int32_t* eps_off, const int32_t* eps_dst,
                          const int32_t* edge_off, const int32_t* edge_lo, const int32_t* edge_hi,
