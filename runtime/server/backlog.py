@@ -5,10 +5,10 @@ Continuous batching runs every admitted generation together, so on a slow machin
 batch: 64 closed-loop clients on 2 busy cores each waited 70-120 s. Little's law gives the wait a new generation
 would see: with N generations in flight and X finished per second of busy engine time (measured over the last
 WINDOW_S seconds), it is about (N + n) / X. Past `max_wait` (--max-queue-wait) the gate refuses, with a
-Retry-After of about one completion interval (1 / X, 1-30 s). Until the window holds a completion or max_wait
-seconds of busy time, nothing is known and everything is admitted (a burst after an idle spell); past that, a
-server that finished nothing in max_wait busy seconds admits only FLOOR generations (they are always admitted,
-so a server running only long generations still takes new ones). The rate follows the load: admitting more
+Retry-After of about one completion interval (1 / X, 1-30 s). While the window holds no completion, the rate is
+not known and everything is admitted (a burst after an idle spell) until the engine has been busy max_wait
+seconds since its last completion; then it admits only FLOOR generations (they are always admitted, so a
+server running only long generations still takes new ones) until something finishes. The rate follows the load: admitting more
 raises X while batching pays, so the admitted count settles where the expected wait is max_wait.
 """
 
@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Callable
 
-WINDOW_S = 20.0  # completions and busy time counted over this many recent seconds
+WINDOW_S = 30.0  # completions and busy time counted over this many recent seconds
 FLOOR = 8  # generations always admitted, whatever the measured rate
 
 
@@ -32,6 +32,7 @@ class BacklogGate:
         self._buckets: collections.deque = collections.deque()  # [second, busy seconds, completions]
         self._at: float | None = None  # the last update
         self._inflight = 0  # in flight since the last update
+        self._busy_since_done = 0.0  # busy seconds since the last completion (not windowed)
 
     def _advance(self, inflight: int) -> float:
         now = self._clock()
@@ -40,6 +41,7 @@ class BacklogGate:
             self._buckets.append([second, 0.0, 0])
         if self._at is not None and self._inflight > 0:
             self._buckets[-1][1] += now - self._at
+            self._busy_since_done += now - self._at
         while self._buckets and self._buckets[0][0] < now - WINDOW_S:
             self._buckets.popleft()
         self._at, self._inflight = now, inflight
@@ -53,15 +55,16 @@ class BacklogGate:
         """A generation finished; `inflight` is the number left."""
         self._advance(inflight)
         self._buckets[-1][2] += 1
+        self._busy_since_done = 0.0
 
     def rate(self) -> float | None:
-        """Generations finished per busy second over the window; None while that is not known (no completion,
-        and less than max_wait seconds of busy time)."""
+        """Generations finished per busy second over the window; None while that is not known (no completion in
+        the window, and less than max_wait busy seconds since the last one), 0.0 when nothing finished for longer."""
         busy = sum(b[1] for b in self._buckets)
         done = sum(b[2] for b in self._buckets)
-        if done == 0 and busy < self.max_wait:
-            return None
-        return done / busy if busy > 0 else None
+        if done == 0:
+            return 0.0 if self._busy_since_done >= self.max_wait else None
+        return done / busy
 
     def refusal(self, inflight: int, n: int) -> tuple[str, int] | None:
         """(message, retry-after seconds) when `n` more generations would wait longer than max_wait, else None."""

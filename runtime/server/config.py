@@ -119,7 +119,7 @@ SERVER_FLAG_HELP = {
     "the server closes it (uvicorn's name, as SGLang's server uses it)",
     "max_queued_requests": "requests allowed to wait beyond max_running_requests; more get 503 + Retry-After",
     "max_queue_wait": "seconds a new generation may expect to wait (generations in flight / generations finished "
-    "per busy second over the last 20 s); past it the server answers 503 + Retry-After at once instead of queueing "
+    "per busy second over the last 30 s); past it the server answers 503 + Retry-After at once instead of queueing "
     "it (at least 8 generations are always admitted; 0: off)",
     "retry_after": "seconds suggested in the Retry-After header of a 503",
     "graceful_shutdown_timeout": "on SIGTERM: seconds to let in-flight requests finish before aborting them",

@@ -27,6 +27,10 @@ def test_nothing_is_refused_before_the_rate_is_known_and_the_floor_always_passes
     msg, retry = gate.refusal(50, 1)  # busy for 11 s > 10 s and nothing finished
     assert "nothing finished" in msg and retry == 3
     assert gate.refusal(FLOOR - 1, 1) is None  # the floor
+    clock.t += WINDOW_S * 3  # still busy, nothing finished: still refused (not forgotten with the window)
+    assert "nothing finished" in gate.refusal(50, 1)[0]
+    gate.finished(49)
+    assert gate.refusal(50, 1) is not None  # one in 3 windows of busy time: 0.03 per second
     assert BacklogGate(0.0, clock).refusal(1000, 1) is None  # 0: off
 
 
@@ -50,7 +54,7 @@ def test_the_rate_forgets_what_is_older_than_the_window_and_idle_time_does_not_c
     gate.changed(1)
     clock.t += 1.0
     gate.finished(0)  # 1 per busy second
-    clock.t += 10.0  # idle: not busy time
+    clock.t += 20.0  # idle: not busy time
     gate.changed(1)
     clock.t += 3.0
     gate.finished(0)
