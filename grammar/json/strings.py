@@ -17,7 +17,8 @@ import numpy as np
 from . import automata
 from . import formats as F
 from ..regex import regex_to_dfa
-from ..regex.dfa import DEAD, ByteDFA, _minimise, _trim, repeat_dfa
+from ..regex.dfa import DEAD, ByteDFA, repeat_dfa, trim_minimise
+from ..rtn.module import column_classes
 from ..errors import GrammarError, is_fatal
 from ..regex.fsa import intersect_all, product
 
@@ -25,8 +26,9 @@ _ESCAPES = {ord('"'): ord('"'), ord("\\"): ord("\\"), ord("/"): ord("/"), ord("b
             ord("n"): 10, ord("r"): 13, ord("t"): 9}
 
 
-def encode_json_body(dfa: ByteDFA) -> ByteDFA:
-    """Automaton of the escaped JSON string bodies whose decoded text `dfa` accepts."""
+def encode_json_body(dfa: ByteDFA, budget=None) -> ByteDFA:
+    """Automaton of the escaped JSON string bodies whose decoded text `dfa` accepts (trimmed and minimised natively
+    when the budget carries the kernel)."""
     n = dfa.num_states
     t = np.zeros((2 * n, 256), np.int32)  # state q (1..n-1) and its after-backslash twin n + q
     raw = dfa.trans.copy()
@@ -40,10 +42,9 @@ def encode_json_body(dfa: ByteDFA) -> ByteDFA:
         t[n + np.arange(n), esc] = dfa.trans[:, dec]
     t[n + DEAD] = DEAD
     acc = np.concatenate([dfa.accepting, np.zeros(n, bool)])
-    cls = np.unique(t.T, axis=0, return_inverse=True)[1].reshape(-1)
+    cls = column_classes(t)  # hashed columns, checked (np.unique over [256, 2n] columns took seconds)
     _, first = np.unique(cls, return_index=True)
-    ct, acc, init = _trim(t[:, first], acc, dfa.initial)
-    ct, acc, init = _minimise(ct, acc, init)
+    ct, acc, init = trim_minimise(np.ascontiguousarray(t[:, first]), acc, dfa.initial, budget, "a string's escapes")
     return ByteDFA(np.ascontiguousarray(ct[:, cls]), acc, init)
 
 
@@ -89,7 +90,7 @@ def pattern_key_atom(conv, pattern: str, mode: str) -> str | None:
     key = ("patternkey", pattern, mode)
     if key not in conv.dfa_cache:
         m = pattern_dfa(conv, pattern, mode)
-        conv.dfa_cache[key] = None if m is None else automata.atom(conv, encode_json_body(m))
+        conv.dfa_cache[key] = None if m is None else automata.atom(conv, encode_json_body(m, conv.budget))
     return conv.dfa_cache[key]
 
 
@@ -156,7 +157,7 @@ def _string_re(conv, n, mode: str) -> str | None:
         lo, hi = _lengths(conv, n, JSON_CHAR, mode)
         body = _counted(JSON_CHAR, lo, hi, conv.max_states, "minLength/maxLength")
     else:
-        body = encode_json_body(content)
+        body = encode_json_body(content, conv.budget)
     if not body.accepting.any():
         return None
     if conv.plain_text:
@@ -174,7 +175,7 @@ def key_body_dfa(conv, name: str) -> ByteDFA:
 
         lit = regex_to_dfa(re.escape(name) if name else "", conv.max_states, budget=conv.budget,
                            allow_empty=True)
-        got = conv.dfa_cache[key] = encode_json_body(lit)
+        got = conv.dfa_cache[key] = encode_json_body(lit, conv.budget)
     return got
 
 
