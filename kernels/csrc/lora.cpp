@@ -1,11 +1,12 @@
-// Segmented LoRA for a few rows (decode steps):                     oracle: kernels/lora.py:lora_delta_reference
+// Segmented LoRA, decode steps and prefill chunks:                   oracle: kernels/lora.py:lora_delta_reference
 //   sglpy_lora_delta   y[rows[i]] += per output slice s: (A_s x[rows[i]]) B_s, with A_s, B_s the slot's weights
 // Segment k holds rows[indptr[k] .. indptr[k + 1]) and uses pool slot slots[k] of rank ranks[k] (<= pool_rank).
 // A: [slots, n_slices * pool_rank, n_in], Bt: [slots, pool_rank, out] (B transposed: the expand adds rows of Bt,
 // scaled by h, to y), contiguous, float32 or bf16 (w_dtype); x and y float32. y's slice s is the columns
 // offsets[s] .. offsets[s + 1]. Two phases, each split across threads into work items that read disjoint weights:
-// the shrink by (segment, slice, block of rank rows), the expand by (segment, block of output columns); every
-// output element is summed by one thread in a fixed order (the result does not depend on the thread count).
+// the shrink by (segment, 16-row block, slice, block of rank rows), the expand by (segment, block of output
+// columns); every output element is summed by one thread in a fixed order (the result does not depend on the thread
+// count).
 // The fused decode layer (decode_layer.cpp) calls the same entry point per projection.
 #include <type_traits>
 #include <vector>
