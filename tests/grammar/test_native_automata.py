@@ -102,6 +102,45 @@ SCHEMAS = [
     {"type": "object", "properties": {"tree": {"$ref": "#"}, "name": {"type": "string", "pattern": "^[a-z]+$"}}},
     {"anyOf": [{"type": "string", "format": "date"}, {"type": "integer", "multipleOf": 7}], "not": {"const": 14}},
     {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "integer"}}, "maxProperties": 3},
+    # modules that call modules and are stepped through by their callers (the classes a caller reads must refine
+    # its callees' classes): $ref'd objects with string arrays, enums, patterns, nested required objects
+    {"type": "object", "additionalProperties": False,
+     "definitions": {
+         "maker": {"type": "object", "additionalProperties": False, "required": ["name"],
+                   "properties": {"name": {"type": "string"}, "ids": {"type": "array", "items": {"type": "string"}},
+                                  "links": {"type": "array", "items": {"type": "string"}}}},
+         "kind": {"enum": ["tipRack", "tubeRack", "reservoir", "trash", "wellPlate", "other"]},
+         "size": {"type": "number", "minimum": 0},
+         "slug": {"type": "string", "pattern": "^[a-z0-9._]+$"}},
+     "properties": {
+         "maker": {"$ref": "#/definitions/maker"},
+         "offset": {"type": "object", "additionalProperties": False, "required": ["x", "y", "z"],
+                    "properties": {"x": {"type": "number"}, "y": {"type": "number"}, "z": {"type": "number"}}},
+         "dims": {"type": "object", "additionalProperties": False, "required": ["xDim", "yDim"],
+                  "properties": {"xDim": {"$ref": "#/definitions/size"}, "yDim": {"$ref": "#/definitions/size"},
+                                 "zDim": {"$ref": "#/definitions/size"}}},
+         "meta": {"type": "object", "required": ["kind"],
+                  "properties": {"kind": {"$ref": "#/definitions/kind"}, "load": {"$ref": "#/definitions/slug"},
+                                 "tags": {"type": "array", "items": {"$ref": "#/definitions/slug"}}}},
+         "wells": {"type": "object", "additionalProperties": False,
+                   "patternProperties": {"^[A-Z]+[0-9]+$": {
+                       "type": "object", "required": ["depth", "shape"],
+                       "properties": {"depth": {"$ref": "#/definitions/size"},
+                                      "shape": {"enum": ["circular", "rectangular"]},
+                                      "maker": {"$ref": "#/definitions/maker"}}}}}},
+     "required": ["maker", "dims", "meta"]},
+    # pattern-keyed objects whose values need oneOf / not over required sets (products of modules that call)
+    {"type": "object", "additionalProperties": False, "minProperties": 1,
+     "definitions": {"pos": {"type": "number", "minimum": 0}},
+     "patternProperties": {"[A-Z]+[0-9]+": {
+         "type": "object", "additionalProperties": False,
+         "not": {"anyOf": [{"required": ["radius", "width"]}, {"required": ["radius", "height"]}]},
+         "oneOf": [{"required": ["width", "height"]}, {"required": ["radius"]}],
+         "properties": {"depth": {"$ref": "#/definitions/pos"}, "radius": {"$ref": "#/definitions/pos"},
+                        "form": {"enum": ["square", "round"]}, "volume": {"$ref": "#/definitions/pos"},
+                        "x": {"$ref": "#/definitions/pos"}, "width": {"$ref": "#/definitions/pos"},
+                        "y": {"$ref": "#/definitions/pos"}, "height": {"$ref": "#/definitions/pos"}},
+         "required": ["depth", "form", "volume", "x", "y"]}}},
 ]
 
 
