@@ -25,7 +25,7 @@ def shared_engine():
         if "engine" not in _shared:
             import torch
 
-            torch.set_num_threads(2)
+            torch.set_num_threads(min(2, torch.get_num_threads()))  # at most 2; fewer where the test run says so
             _shared["engine"] = sgl.Engine()
             atexit.register(_shared["engine"].shutdown)  # stop the step loop before interpreter teardown
         return _shared["engine"]

@@ -4,6 +4,14 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# pytest-xdist workers share the machine's cores: each worker, and every engine or server process it starts (they
+# inherit this), gets cores // workers torch threads. `make test`'s two workers on a 2-core machine with torch's
+# default of 2 threads each put 4+ OpenMP threads on 2 cores, whose barriers then wait on descheduled threads: the
+# programs-over-HTTP tests took 68.5 s of CPU instead of 20.0 s. tests/kernels/conftest.py keeps 2 threads for the
+# kernels' own tests (their multi-thread splits are what they check).
+_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _XDIST_WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _XDIST_WORKERS)))
 
 import pytest  # noqa: E402
 
