@@ -87,7 +87,7 @@ def _router_view(url: str) -> dict:
 @pytest.fixture(scope="module")
 def real(tools):
     """The default model: the constrained programs directly, then through a router in front of the same server."""
-    with run_server("--num-threads", "2", startup_timeout=600) as srv:
+    with run_server(startup_timeout=600) as srv:  # torch threads: the test run's share (tests/conftest.py)
         direct = run_programs(srv.url, HEAVY, timeout=300)
         routed = None
         if not tools:

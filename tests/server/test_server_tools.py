@@ -320,7 +320,7 @@ def test_native_template_server_calls_in_its_format(hermes_model):
 
 @pytest.mark.slow
 def test_generic_format_on_the_default_model():
-    with run_server("--max-total-tokens", "16384", "--num-threads", "2") as s:
+    with run_server("--max-total-tokens", "16384") as s:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=600)
         r = client.chat.completions.create(model="m", messages=MSGS, tools=TOOLS, tool_choice="required", n=4,
                                            temperature=1.0, max_tokens=200, parallel_tool_calls=False)
