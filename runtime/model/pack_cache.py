@@ -1,5 +1,5 @@
 """Packed weights on disk: a GGUF model's quantized projections and head, packed once per machine and read back on
-every later load (packing the default model's int4 weights costs ~16 s of CPU; reading them back, well under one).
+every later load (the default model's load: 16.7 s of CPU packing, 3.1 s reading them back; 2-vCPU Sapphire Rapids).
 
 An entry is a folder under $SGLPY_CACHE/packed named after its key: the GGUF's identity (resolved path, size,
 mtime), what was asked for (quantization, dense copies), how this machine packs (native layout, dense dtype), and
