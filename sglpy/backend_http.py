@@ -45,25 +45,37 @@ def wire_sampling_params(sp: SamplingParams) -> dict:
 class HttpClient:
     """Minimal JSON-over-HTTP client (stdlib) with Bearer auth, timeouts and clear errors."""
 
-    def __init__(self, base_url: str, api_key: Optional[str] = None, timeout: float = 600.0):
+    def __init__(self, base_url: str, api_key: Optional[str] = None, timeout: float = 600.0,
+                 max_retries: int = 8):
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
+        self.max_retries = max_retries  # 503/429 answers with Retry-After: the server did not start the request
 
     def _request(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.base_url + path, data=data, headers=headers, method=method)
-        try:
-            return urllib.request.urlopen(req, timeout=self.timeout)
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace")[:2000]
-            raise RuntimeError(f"{method} {path} failed with HTTP {e.code}: {detail}") from None
-        except (urllib.error.URLError, ConnectionError, socket.timeout) as e:
-            reason = getattr(e, "reason", e)
-            raise ConnectionError(f"cannot reach the server at {self.base_url} ({method} {path}): {reason}") from None
+        deadline = time.monotonic() + self.timeout
+        for attempt in range(self.max_retries + 1):
+            req = urllib.request.Request(self.base_url + path, data=data, headers=headers, method=method)
+            try:
+                return urllib.request.urlopen(req, timeout=self.timeout)
+            except urllib.error.HTTPError as e:
+                detail = e.read().decode(errors="replace")[:2000]
+                wait = _retry_after(e)
+                # a refusal for load (or a restarting engine) names when to come back: honour it, as the openai
+                # client does, while the retries and the request's timeout last
+                if wait is not None and attempt < self.max_retries and time.monotonic() + wait < deadline:
+                    time.sleep(wait)
+                    continue
+                raise RuntimeError(f"{method} {path} failed with HTTP {e.code}: {detail}") from None
+            except (urllib.error.URLError, ConnectionError, socket.timeout) as e:
+                reason = getattr(e, "reason", e)
+                raise ConnectionError(f"cannot reach the server at {self.base_url} ({method} {path}): {reason}") \
+                    from None
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def get(self, path: str) -> Any:
         """GET and decode JSON (or return text)."""
@@ -90,6 +102,16 @@ class HttpClient:
                     err = obj["error"]
                     raise RuntimeError(f"stream error: {err.get('message', err) if isinstance(err, dict) else err}")
                 yield obj
+
+
+def _retry_after(e: urllib.error.HTTPError) -> Optional[float]:
+    """Seconds to wait before resending a request refused with 503/429 + Retry-After (None: do not resend)."""
+    if e.code not in (429, 503):
+        return None
+    try:
+        return min(max(float(e.headers.get("Retry-After", "")), 0.0), 60.0)
+    except ValueError:
+        return None
 
 
 def _decode(raw: bytes) -> Any:

@@ -31,6 +31,7 @@ class Stub:
     def __init__(self, tokenize=True, api_key=None, answer="stub answer", liked="B"):
         self.requests, self.tokenize, self.api_key = [], tokenize, api_key
         self.answer, self.liked, self.fail_generate = answer, liked, None
+        self.overloaded, self.retry_after = 0, "0"  # the next N /generate answers: 503 (+ Retry-After unless None)
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -72,6 +73,16 @@ class Stub:
                     texts = body["text"] if isinstance(body["text"], list) else [body["text"]]
                     self._send(200, {"tokens": [[ord(c) for c in t] for t in texts]})
                 elif self.path == "/generate":
+                    if stub.overloaded:
+                        stub.overloaded -= 1
+                        data = json.dumps({"error": {"message": "server overloaded"}}).encode()
+                        self.send_response(503)
+                        if stub.retry_after is not None:
+                            self.send_header("Retry-After", stub.retry_after)
+                        self.send_header("Content-Length", str(len(data)))
+                        self.end_headers()
+                        self.wfile.write(data)
+                        return
                     if stub.fail_generate:
                         self._send(400, {"error": {"message": stub.fail_generate}})
                         return
@@ -288,6 +299,30 @@ def test_backend_down_and_http_errors_are_clear(stub):
         st = prog.run(backend=ep)
         with pytest.raises(sgl.ProgramError, match="cannot reach the server"):
             st["a"]
+
+
+def test_refusals_for_load_are_resent_after_retry_after(stub):
+    ep = RuntimeEndpoint(stub.url)
+
+    @sgl.function
+    def prog(s):
+        s += "x" + sgl.gen("a", max_tokens=4)
+
+    stub.overloaded = 3  # three 503s with Retry-After: 0, then served
+    assert prog.run(backend=ep)["a"] == "stub answer"
+    assert len(stub.posts()) == 4
+
+    stub.overloaded, stub.retry_after = 1, None  # a 503 without Retry-After is an error at once
+    with pytest.warns(RuntimeWarning):
+        with pytest.raises(sgl.ProgramError, match="HTTP 503.*overloaded"):
+            prog.run(backend=ep)["a"]
+    assert stub.overloaded == 0
+
+    stub.overloaded, stub.retry_after = 100, "0"  # the retries are bounded
+    with pytest.warns(RuntimeWarning):
+        with pytest.raises(sgl.ProgramError, match="HTTP 503"):
+            prog.run(backend=ep)["a"]
+    assert stub.overloaded == 100 - 1 - ep.client.max_retries
 
 
 def test_runtime_flag_translation():
