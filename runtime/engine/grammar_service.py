@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 START_TRIES = 5  # failed worker starts in a row before pending compiles fail and starts pause
 RETRY_MAX_S = 30.0  # the longest pause between tries to start a worker
+UNSENT_TRIES = 3  # workers found dead at hand-over before a compile fails with "the compile worker is gone"
 GRACE_S = 1.0  # a cancelled worker that is still busy after this is killed and replaced
 CACHE_BYTES = 1 << 30  # compiled guides kept at most (a 20k-state guide is tens of MB)
 # Worker priority. Measured on the 2-core box (plain request during a 5 s compile, vs alone): nice 0
@@ -85,6 +86,7 @@ class _Job:
     started: float = 0.0  # monotonic, when a worker took it
     cpu0: float | None = None
     over: bool = False  # answered (result, error, budget) or cancelled: a late reply is ignored
+    unsent: int = 0  # workers found dead when this job was handed to them (it never started on those)
 
 
 class _Worker:
@@ -239,6 +241,8 @@ class GrammarService:
                 busy = any(w.job is not None or w.kill_at is not None or not w.ready for w in self._workers)
                 pause = max(0.0, self._retry_at - time.monotonic()) if self._retry_at else None
                 timeout = 0.05 if busy else pause
+                if len(self._workers) < self.num_workers and not self._retry_at:
+                    timeout = 0.0  # workers were lost while dispatching: start their replacements now
                 ready = wait([self._wake_r] + [w.recv_conn for w in self._workers], timeout=timeout)
                 for obj in ready:
                     if obj == self._wake_r:
@@ -289,7 +293,7 @@ class GrammarService:
             self._finish(job, error=message, error_type=CompileServiceError)
 
     def _dispatch(self) -> None:
-        for w in self._workers:
+        for w in list(self._workers):
             if not (w.ready and w.job is None and w.kill_at is None):
                 continue
             with self._lock:
@@ -301,6 +305,13 @@ class GrammarService:
             try:
                 w.send_conn.send(CompileJob(job.job_id, job.kind, job.value))
             except (OSError, ValueError) as e:
+                # the worker died between jobs (killed, or exited before its death was read): the job never
+                # reached it, so it goes back to the front of the queue for the next worker, a few times at most
+                job.unsent += 1
+                if job.unsent < UNSENT_TRIES:
+                    w.job, job.worker = None, None
+                    with self._lock:
+                        self._queue.appendleft(job)
                 self._lost(w, f"the compile worker is gone ({e})")
 
     def _receive(self, w: _Worker) -> None:

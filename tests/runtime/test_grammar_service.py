@@ -145,6 +145,36 @@ def test_a_worker_crash_fails_only_its_compile(service):
     assert service.compile("regex", r"alive[0-9]").result(timeout=60) is not None
 
 
+class _DeadPipe:
+    """A worker's command pipe whose reader has exited: sending fails."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def send(self, obj):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def close(self):
+        self.conn.close()
+
+
+def test_a_worker_found_dead_at_hand_over_never_fails_the_compile():
+    service = GrammarService(INFO, workers=2, timeout_s=1.0)
+    try:
+        assert service.compile("regex", r"warm[0-9]").result(timeout=60) is not None
+        deadline = time.monotonic() + 60
+        while not all(w.ready and w.job is None for w in service._workers) or len(service._workers) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        idle = list(service._workers)
+        for w in idle:  # each died between jobs and its exit was not read yet: the hand-over finds a broken pipe
+            w.send_conn = _DeadPipe(w.send_conn)
+        assert service.compile("regex", r"after[0-9]").result(timeout=60) is not None  # on fresh workers
+        assert all(w not in service._workers for w in idle)
+    finally:
+        service.close()
+
+
 def test_thread_mode_compiles_in_process():
     svc = GrammarService(INFO, workers=0)
     try:
